@@ -1,0 +1,58 @@
+//! Command-line front end: parses arguments and hands each subcommand to its module.
+//!
+//! Exit codes: 0 done, 1 a runtime failure, 2 bad input (arguments, config, JSON), so scripts
+//! can tell "you asked wrongly" from "the node said no".
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod config;
+
+/// A node agent that handles memory, disk and pid pressure by the kubelet's rules,
+/// woken by the kernel's own pressure events.
+#[derive(Parser)]
+#[command(name = "reactor", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the default config or validate a config file.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
+}
+
+/// A failure with the exit code it maps to.
+pub(crate) enum Failure {
+    /// Bad input: exit 2 with one line on stderr.
+    Input(String),
+    /// Something failed while running: exit 1.
+    Runtime(anyhow::Error),
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure::Runtime(e.into())
+    }
+}
+
+pub(crate) fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Config(cmd) => config::run(cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Input(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

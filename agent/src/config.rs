@@ -1,0 +1,527 @@
+//! The agent's config file (see `shared/spec/config.md`).
+//!
+//! Settings the kubelet also has use the KubeletConfiguration's key names, value formats and
+//! defaults, so an operator can paste their kubelet's values. Everything is parsed and
+//! validated before the agent binds a socket or attaches a program, and a bad file is refused
+//! with the key path and the reason in one line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::decide::duration::{format_go_duration, parse_go_duration};
+use crate::decide::quantity::Quantity;
+
+/// A non-negative Go duration (`"10s"`, `"1m30s"`) that prints back in Go's form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GoDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_go_duration(&text)
+            .map(GoDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for GoDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_go_duration(self.0))
+    }
+}
+
+/// A Kubernetes quantity in the config: a string (`"1Gi"`, `"500m"`) or a plain integer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConfigQuantity(pub Quantity);
+
+impl<'de> Deserialize<'de> for ConfigQuantity {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        let q = match Raw::deserialize(d)? {
+            Raw::Int(n) => Quantity::from_units(n),
+            Raw::Text(t) => Quantity::parse(&t).map_err(serde::de::Error::custom)?,
+        };
+        if q.is_negative() {
+            return Err(serde::de::Error::custom(format!(
+                "quantity {q} is negative"
+            )));
+        }
+        Ok(ConfigQuantity(q))
+    }
+}
+
+impl Serialize for ConfigQuantity {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.to_string())
+    }
+}
+
+/// The whole config file. Every key is optional; [`Config::default`] is what
+/// `reactor config defaults` prints.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Config {
+    /// Hard eviction thresholds by signal (`memory.available: "100Mi"`), KubeletConfiguration form.
+    pub eviction_hard: BTreeMap<String, String>,
+    /// Soft eviction thresholds by signal.
+    pub eviction_soft: BTreeMap<String, String>,
+    /// How long each soft threshold must hold before it acts.
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    /// Minimum reclaim per signal, beyond the threshold.
+    pub eviction_minimum_reclaim: BTreeMap<String, String>,
+    /// How long a node condition stays after its threshold was last met.
+    pub eviction_pressure_transition_period: GoDuration,
+    /// The longest grace period a soft eviction grants a pod, in seconds.
+    pub eviction_max_pod_grace_period: i64,
+    /// Whether unset hard thresholds keep the kubelet's defaults.
+    pub merge_default_eviction_settings: bool,
+    /// Image-filesystem usage (percent) that starts a GC round.
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    pub image_gc_high_threshold_percent: i32,
+    /// Image-filesystem usage (percent) a GC round frees down to.
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    pub image_gc_low_threshold_percent: i32,
+    /// An image younger than this is never garbage collected for space.
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: GoDuration,
+    /// An image unused for longer than this is removed whatever the usage (0s: off).
+    #[serde(rename = "imageMaximumGCAge")]
+    pub image_maximum_gc_age: GoDuration,
+    /// Resources held back for the OS.
+    pub system_reserved: BTreeMap<String, ConfigQuantity>,
+    /// Resources held back for node agents.
+    pub kube_reserved: BTreeMap<String, ConfigQuantity>,
+    /// Which cgroups get node-allocatable limits enforced (`pods`).
+    pub enforce_node_allocatable: Vec<String>,
+    /// Per-resource percentage of higher-QoS requests reserved from lower QoS classes.
+    pub qos_reserved: BTreeMap<String, String>,
+    /// The cgroup the agent builds `kubepods/…` under.
+    pub cgroup_root: String,
+    /// How cgroup names are formed; only `cgroupfs` is supported.
+    pub cgroup_driver: String,
+    /// A directory of static pod manifests; empty means none.
+    pub static_pod_path: String,
+    /// Whether CPU limits become CFS quotas (the kubelet's `enforceCPULimits`).
+    #[serde(rename = "cpuCFSQuota")]
+    pub cpu_cfs_quota: bool,
+    /// The CFS period quotas are computed in.
+    #[serde(rename = "cpuCFSQuotaPeriod")]
+    pub cpu_cfs_quota_period: GoDuration,
+    /// The fallback tick: how often signals are read when no kernel event arrives.
+    pub housekeeping_interval: GoDuration,
+    /// The node this agent models.
+    pub node: NodeConfig,
+    /// Which kernel sources the agent listens to.
+    pub sense: SenseConfig,
+    /// The container runtime.
+    pub runtime: RuntimeConfig,
+    /// Where checkpoints live (pods, devices, image records).
+    pub state_dir: PathBuf,
+    /// The agent's API socket.
+    pub api_socket: PathBuf,
+    /// Where device plugins register.
+    pub device_plugin_dir: PathBuf,
+    /// Prometheus endpoint address; empty turns it off.
+    pub metrics_address: String,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// The node's size and filesystems.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Memory capacity; empty reads it from the machine, a value models a smaller node.
+    pub memory_capacity: String,
+    /// CPU capacity; empty reads it from the machine.
+    pub cpu_capacity: String,
+    /// The filesystem the `nodefs` signals are read from.
+    pub nodefs_path: PathBuf,
+    /// The filesystem the `imagefs` signals are read from; empty asks the runtime.
+    pub imagefs_path: String,
+}
+
+/// Which sense sources run, and how the PSI trigger is set.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SenseConfig {
+    /// eBPF programs on the oom, vmscan and memcg tracepoints.
+    pub ebpf: bool,
+    /// PSI triggers.
+    pub psi: bool,
+    /// Stall time per window that fires the PSI trigger.
+    pub psi_threshold: GoDuration,
+    /// The PSI trigger's window.
+    pub psi_window: GoDuration,
+    /// memcg threshold notification (v1 eventfd, v2 memory.events).
+    pub memcg_threshold: bool,
+    /// The housekeeping tick.
+    pub poll: bool,
+}
+
+/// Which runtime runs the pods' containers.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// `process` or `cri`.
+    pub kind: String,
+    /// The CRI endpoint (`unix:///…`).
+    pub endpoint: String,
+    /// The pause image for CRI sandboxes; empty uses the runtime's own.
+    pub sandbox_image: String,
+}
+
+/// Log output.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `plain` or `json`.
+    pub format: String,
+    /// A tracing level or filter (`info`, `reactor=debug`).
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            eviction_hard: BTreeMap::from([
+                ("memory.available".to_string(), "100Mi".to_string()),
+                ("nodefs.available".to_string(), "10%".to_string()),
+                ("nodefs.inodesFree".to_string(), "5%".to_string()),
+                ("imagefs.available".to_string(), "15%".to_string()),
+                ("imagefs.inodesFree".to_string(), "5%".to_string()),
+            ]),
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period: BTreeMap::new(),
+            eviction_minimum_reclaim: BTreeMap::new(),
+            eviction_pressure_transition_period: GoDuration(Duration::from_secs(300)),
+            eviction_max_pod_grace_period: 0,
+            merge_default_eviction_settings: false,
+            image_gc_high_threshold_percent: 85,
+            image_gc_low_threshold_percent: 80,
+            image_minimum_gc_age: GoDuration(Duration::from_secs(120)),
+            image_maximum_gc_age: GoDuration(Duration::ZERO),
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            enforce_node_allocatable: vec!["pods".to_string()],
+            qos_reserved: BTreeMap::new(),
+            cgroup_root: "/".to_string(),
+            cgroup_driver: "cgroupfs".to_string(),
+            static_pod_path: String::new(),
+            cpu_cfs_quota: true,
+            cpu_cfs_quota_period: GoDuration(Duration::from_millis(100)),
+            housekeeping_interval: GoDuration(Duration::from_secs(10)),
+            node: NodeConfig {
+                nodefs_path: PathBuf::from("/var/lib/reactor"),
+                ..NodeConfig::default()
+            },
+            sense: SenseConfig::default(),
+            runtime: RuntimeConfig::default(),
+            state_dir: PathBuf::from("/var/lib/reactor"),
+            api_socket: PathBuf::from("/run/reactor/reactor.sock"),
+            device_plugin_dir: PathBuf::from("/var/lib/reactor/device-plugins"),
+            metrics_address: "127.0.0.1:9464".to_string(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for SenseConfig {
+    fn default() -> Self {
+        SenseConfig {
+            ebpf: true,
+            psi: true,
+            psi_threshold: GoDuration(Duration::from_millis(5)),
+            psi_window: GoDuration(Duration::from_secs(2)),
+            memcg_threshold: true,
+            poll: true,
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            kind: "process".to_string(),
+            endpoint: "unix:///run/containerd/containerd.sock".to_string(),
+            sandbox_image: String::new(),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: "plain".to_string(),
+            level: "info".to_string(),
+        }
+    }
+}
+
+/// A config file that cannot be used: where, and why, in one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not YAML/JSON.
+    #[error("config is not valid YAML: {0}")]
+    Syntax(String),
+    /// A key is unknown or a value has the wrong form or range.
+    #[error("config key {key}: {reason}")]
+    Invalid {
+        /// The key path, dotted (`sense.psiWindow`).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text)
+    }
+
+    /// Parses and validates a config document (YAML, or JSON, which is YAML too).
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        // An empty document is the all-defaults config.
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        let value: serde_json::Value = serde_saphyr::from_str(text)
+            .map_err(|e| ConfigError::Syntax(one_line(&e.to_string())))?;
+        if value.is_null() {
+            return Ok(Config::default());
+        }
+        let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::invalid(
+                if path == "." {
+                    "<document>".into()
+                } else {
+                    path
+                },
+                one_line(&e.into_inner().to_string()),
+            )
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks value ranges and combinations that the types alone do not capture.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let high = self.image_gc_high_threshold_percent;
+        let low = self.image_gc_low_threshold_percent;
+        if !(0..=100).contains(&high) {
+            return Err(ConfigError::invalid(
+                "imageGCHighThresholdPercent",
+                format!("{high} is not a percentage in 0..=100"),
+            ));
+        }
+        if !(0..=100).contains(&low) {
+            return Err(ConfigError::invalid(
+                "imageGCLowThresholdPercent",
+                format!("{low} is not a percentage in 0..=100"),
+            ));
+        }
+        if low > high {
+            return Err(ConfigError::invalid(
+                "imageGCLowThresholdPercent",
+                format!("{low} is above imageGCHighThresholdPercent {high}"),
+            ));
+        }
+        if self.eviction_max_pod_grace_period < 0 {
+            return Err(ConfigError::invalid(
+                "evictionMaxPodGracePeriod",
+                "must not be negative",
+            ));
+        }
+        if self.cgroup_driver != "cgroupfs" {
+            return Err(ConfigError::invalid(
+                "cgroupDriver",
+                format!(
+                    "{:?} is not supported (only \"cgroupfs\")",
+                    self.cgroup_driver
+                ),
+            ));
+        }
+        if !self.cgroup_root.starts_with('/') {
+            return Err(ConfigError::invalid(
+                "cgroupRoot",
+                "must be an absolute cgroup path",
+            ));
+        }
+        if self.housekeeping_interval.0.is_zero() {
+            return Err(ConfigError::invalid(
+                "housekeepingInterval",
+                "must be greater than zero",
+            ));
+        }
+        let period = self.cpu_cfs_quota_period.0;
+        if period < Duration::from_millis(1) || period > Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "cpuCFSQuotaPeriod",
+                "must be between 1ms and 1s",
+            ));
+        }
+        for value in ["memoryCapacity", "cpuCapacity"] {
+            let text = if value == "memoryCapacity" {
+                &self.node.memory_capacity
+            } else {
+                &self.node.cpu_capacity
+            };
+            if !text.is_empty() {
+                match Quantity::parse(text) {
+                    Ok(q) if !q.is_negative() => {}
+                    Ok(_) => {
+                        return Err(ConfigError::invalid(
+                            format!("node.{value}"),
+                            "must not be negative",
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(ConfigError::invalid(format!("node.{value}"), e.to_string()))
+                    }
+                }
+            }
+        }
+        self.validate_sense()?;
+        match self.runtime.kind.as_str() {
+            "process" | "cri" => {}
+            other => {
+                return Err(ConfigError::invalid(
+                    "runtime.kind",
+                    format!("{other:?} is not a runtime (process | cri)"),
+                ))
+            }
+        }
+        match self.log.format.as_str() {
+            "plain" | "json" => {}
+            other => {
+                return Err(ConfigError::invalid(
+                    "log.format",
+                    format!("{other:?} is not a format (plain | json)"),
+                ))
+            }
+        }
+        for (i, entry) in self.enforce_node_allocatable.iter().enumerate() {
+            if !matches!(
+                entry.as_str(),
+                "pods" | "system-reserved" | "kube-reserved" | "none"
+            ) {
+                return Err(ConfigError::invalid(
+                    format!("enforceNodeAllocatable[{i}]"),
+                    format!("{entry:?} is not one of pods, system-reserved, kube-reserved, none"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_sense(&self) -> Result<(), ConfigError> {
+        let window = self.sense.psi_window.0;
+        let threshold = self.sense.psi_threshold.0;
+        // The kernel accepts PSI windows of 500ms..10s, and the stall threshold must fit in it.
+        if window < Duration::from_millis(500) || window > Duration::from_secs(10) {
+            return Err(ConfigError::invalid(
+                "sense.psiWindow",
+                "must be between 500ms and 10s (the kernel's limits)",
+            ));
+        }
+        if threshold.is_zero() || threshold > window {
+            return Err(ConfigError::invalid(
+                "sense.psiThreshold",
+                "must be greater than zero and at most sense.psiWindow",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The config as the YAML document `reactor config defaults` prints.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip() {
+        let text = Config::default().to_yaml();
+        let back = Config::from_yaml(&text).expect(&text);
+        assert_eq!(back, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let err = Config::from_yaml("sense:\n  ebpf: true\n  bogus: 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sense"), "{err}");
+        assert!(err.contains("bogus"), "{err}");
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn negative_interval_names_its_key() {
+        let err = Config::from_yaml("housekeepingInterval: -5s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("config key housekeepingInterval:"), "{err}");
+        let err = Config::from_yaml("sense:\n  psiWindow: 20s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sense.psiWindow"), "{err}");
+    }
+
+    #[test]
+    fn kubelet_values_are_accepted() {
+        let c = Config::from_yaml(
+            "evictionHard:\n  memory.available: 500Mi\nimageGCHighThresholdPercent: 90\nimageMinimumGCAge: 1m30s\nsystemReserved:\n  cpu: 500m\n  memory: 1Gi\n",
+        )
+        .unwrap();
+        assert_eq!(c.image_minimum_gc_age.0, Duration::from_secs(90));
+        assert_eq!(c.system_reserved["memory"].0, Quantity::from_units(1 << 30));
+    }
+
+    #[test]
+    fn percent_ranges() {
+        let err = Config::from_yaml("imageGCLowThresholdPercent: 90\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("imageGCLowThresholdPercent"), "{err}");
+    }
+}

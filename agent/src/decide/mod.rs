@@ -1,0 +1,8 @@
+//! `decide`: every rule the agent acts on, as pure functions over plain data.
+//!
+//! Nothing here reads a file, a clock or a socket: time is an argument and inputs are plain
+//! values, so `reactor plan` can run the same rules offline on a JSON snapshot and tests can
+//! hold them to the kubelet's behaviour without a node.
+
+pub mod duration;
+pub mod quantity;

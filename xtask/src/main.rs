@@ -1,0 +1,102 @@
+//! `cargo xtask`: the project's own tasks, so a fresh machine needs only `cargo` to start.
+//!
+//! Both user-facing commands (`cargo xtask run`, `cargo xtask test`) go through [`setup`],
+//! which installs whatever the eBPF build and the kernel tests need and is quick when it is
+//! all there already.
+
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker) and mount
+               tracefs/bpffs; idempotent
+  test         setup, then fmt check, clippy, every test (unit, integration, doc)
+  run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
+               (default: `run`, the agent on this node)";
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let Some(cmd) = args.next() else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    let rest: Vec<String> = args.collect();
+    match cmd.as_str() {
+        "setup" => setup::run(),
+        "test" => test(&rest),
+        "run" => run(&rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown xtask command {other:?}\n{USAGE}"),
+    }
+}
+
+/// Runs a command, failing with its name when it fails.
+pub(crate) fn sh(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: {shown}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    setup::run()?;
+    sh(cargo().args(["fmt", "--all", "--check"]))?;
+    // Integration tests run the `reactor` binary itself, so build it first.
+    sh(cargo().args(["build", "--workspace", "--bins"]))?;
+    sh(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    if setup::have_nextest() {
+        sh(cargo()
+            .args([
+                "nextest",
+                "run",
+                "--workspace",
+                "--no-fail-fast",
+                "--profile",
+                "ci",
+            ])
+            .args(extra))?;
+    } else {
+        sh(cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .args(extra))?;
+    }
+    sh(cargo().args(["test", "--workspace", "--doc"]))?;
+    Ok(())
+}
+
+fn run(extra: &[String]) -> Result<()> {
+    setup::run()?;
+    sh(cargo().args(["build", "--release", "-p", "reactor"]))?;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bin = root.join("target/release/reactor");
+    let args: Vec<String> = if extra.is_empty() {
+        vec!["run".into()]
+    } else {
+        extra.to_vec()
+    };
+    sh(Command::new(bin).args(args))
+}

@@ -1,0 +1,135 @@
+//! Installs what the build and the kernel tests need, idempotently.
+//!
+//! Each step first checks whether its tool is already there, so on a prepared machine the
+//! whole setup is a handful of version probes.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+
+use crate::sh;
+
+/// Debian packages bpf-linker is built against.
+const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev"];
+
+/// Everything the project needs, in order.
+pub(crate) fn run() -> Result<()> {
+    nightly_with_rust_src()?;
+    bpf_linker()?;
+    kernel_filesystems()?;
+    Ok(())
+}
+
+fn quiet(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn output(cmd: &mut Command) -> String {
+    cmd.stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn is_root() -> bool {
+    output(Command::new("id").arg("-u")).trim() == "0"
+}
+
+/// The eBPF programs build with nightly's `-Z build-std=core`, which needs `rust-src`.
+fn nightly_with_rust_src() -> Result<()> {
+    if !quiet(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
+        sh(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]));
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        sh(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    Ok(())
+}
+
+/// bpf-linker links the eBPF object; it is built from crates.io against Debian's LLVM 22.
+fn bpf_linker() -> Result<()> {
+    if quiet(Command::new("bpf-linker").arg("--version")) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = LLVM_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .contains("install ok installed")
+        })
+        .collect();
+    if !missing.is_empty() {
+        sh(Command::new("apt-get").arg("update").arg("-qq"))?;
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-qq"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    sh(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
+            "install",
+            "bpf-linker",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ]),
+    )
+    .context("installing bpf-linker")
+}
+
+/// tracefs (tracepoint ids) and bpffs (pinned maps) must be mounted for the kernel tests.
+fn kernel_filesystems() -> Result<()> {
+    if !is_root() {
+        eprintln!("xtask: not root: not mounting tracefs/bpffs (kernel tests will skip)");
+        return Ok(());
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mounted = |fstype: &str, at: &str| {
+        mounts.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, ty) = (f.next(), f.next(), f.next());
+            dir == Some(at) && ty == Some(fstype)
+        })
+    };
+    if !mounted("tracefs", "/sys/kernel/tracing") && Path::new("/sys/kernel/tracing").is_dir() {
+        sh(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
+    }
+    if !mounted("bpf", "/sys/fs/bpf") && Path::new("/sys/fs/bpf").is_dir() {
+        sh(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
+    }
+    Ok(())
+}
+
+/// Whether `cargo nextest` is available (it is on these machines; plain `cargo test` otherwise).
+pub(crate) fn have_nextest() -> bool {
+    quiet(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["nextest", "--version"]),
+    )
+}
