@@ -91,14 +91,18 @@ fn bpf_linker() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
+    // bpf-linker's build finds LLVM through the `llvm-config` on PATH, which on Debian may
+    // belong to an older LLVM; point it at LLVM 22 explicitly.
     sh(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
-            "install",
-            "bpf-linker",
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-        ]),
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+            .args([
+                "install",
+                "bpf-linker",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ]),
     )
     .context("installing bpf-linker")
 }
