@@ -49,3 +49,97 @@ pub fn reactor_bin() -> PathBuf {
     };
     target.join(profile).join("reactor")
 }
+
+/// The `memhog` helper binary built beside the tests.
+pub fn memhog_bin() -> PathBuf {
+    reactor_bin().with_file_name("memhog")
+}
+
+/// A cgroup v1 memory cgroup with a limit, unique to one test, removed on drop (after the
+/// processes the test started in it are killed by pid).
+pub struct TestMemcg {
+    /// The cgroup's directory in the memory hierarchy.
+    pub path: PathBuf,
+    /// Its path inside the hierarchy (`/reactor-test-…`), as events name cgroups.
+    pub cgroup: String,
+    children: Vec<std::process::Child>,
+}
+
+/// Where the cgroup v1 memory controller is mounted on these machines.
+pub const MEMCG_V1_ROOT: &str = "/sys/fs/cgroup/memory";
+
+impl TestMemcg {
+    /// Creates `/sys/fs/cgroup/memory/reactor-test-<name>-<pid>` with a memory limit.
+    pub fn new(name: &str, limit_bytes: u64) -> std::io::Result<TestMemcg> {
+        let cgroup = format!("/reactor-test-{name}-{}", std::process::id());
+        let path = PathBuf::from(MEMCG_V1_ROOT).join(&cgroup[1..]);
+        if path.exists() {
+            let _ = std::fs::remove_dir(&path);
+        }
+        std::fs::create_dir(&path)?;
+        let memcg = TestMemcg {
+            path,
+            cgroup,
+            children: Vec::new(),
+        };
+        std::fs::write(
+            memcg.path.join("memory.limit_in_bytes"),
+            limit_bytes.to_string(),
+        )?;
+        Ok(memcg)
+    }
+
+    /// Starts a command inside this cgroup (it joins before it execs).
+    pub fn spawn(&mut self, cmd: &mut std::process::Command) -> std::io::Result<u32> {
+        use std::os::unix::process::CommandExt;
+        let procs = self.path.join("cgroup.procs");
+        // SAFETY: the closure only writes a file with std calls that are safe between fork
+        // and exec for this single-purpose child (no locks are held by the test at spawn).
+        unsafe {
+            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
+        }
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        self.children.push(child);
+        Ok(pid)
+    }
+
+    /// Waits for every child started here to exit, up to `timeout`; returns their statuses.
+    pub fn wait_all(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Vec<Option<std::process::ExitStatus>> {
+        let deadline = std::time::Instant::now() + timeout;
+        self.children
+            .iter_mut()
+            .map(|c| loop {
+                match c.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    _ => break None,
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestMemcg {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!(
+            "warning: could not remove test cgroup {}",
+            self.path.display()
+        );
+    }
+}
