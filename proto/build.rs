@@ -1,0 +1,33 @@
+//! Compiles every `.proto` under `proto/` with protox (pure Rust, no `protoc` needed) and
+//! generates tonic clients and servers for all of them.
+
+use std::path::{Path, PathBuf};
+
+fn protos(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            protos(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "proto") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("proto");
+    println!("cargo:rerun-if-changed={}", root.display());
+    let mut files = Vec::new();
+    protos(&root, &mut files)?;
+    files.sort();
+    if files.is_empty() {
+        return Ok(());
+    }
+    let descriptors = protox::compile(&files, [&root])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}
