@@ -85,7 +85,26 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
+    setup::deploy_checker()?;
+    sh(Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet"])
+        .args(deploy_manifests()?))?;
     Ok(())
+}
+
+/// The Kubernetes manifests under `deploy/kubernetes/`, checked offline against the schemas.
+fn deploy_manifests() -> Result<Vec<std::path::PathBuf>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no manifests under {}", dir.display());
+    }
+    Ok(files)
 }
 
 fn run(extra: &[String]) -> Result<()> {

@@ -137,3 +137,13 @@ pub(crate) fn have_nextest() -> bool {
             .args(["nextest", "--version"]),
     )
 }
+
+/// `kubernetes-validate` (PyPI) checks the deployment manifests offline: it ships the
+/// Kubernetes schemas, so no cluster is needed.
+pub(crate) fn deploy_checker() -> Result<()> {
+    if quiet(Command::new("kubernetes-validate").arg("--version")) {
+        return Ok(());
+    }
+    sh(Command::new("python3").args(["-m", "pip", "install", "--quiet", "kubernetes-validate"]))
+        .context("installing kubernetes-validate")
+}
