@@ -3,3 +3,11 @@
 //!
 //! Generated types stay at the edge: the agent converts them to its own domain types where a
 //! request enters, so the core never depends on wire shapes.
+
+/// The Container Runtime Interface, `runtime.v1` (vendored from `kubernetes/cri-api`): the
+/// agent talks to containerd or CRI-O through it to run, stop and inspect pods and to
+/// garbage-collect images, exactly as the kubelet does.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod runtime_v1 {
+    tonic::include_proto!("runtime.v1");
+}
