@@ -13,8 +13,9 @@ use anyhow::{bail, Context, Result};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker) and mount
-               tracefs/bpffs; idempotent
+  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker), mount
+               tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests;
+               idempotent
   test         setup, then fmt check, clippy, every test (unit, integration, doc)
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";

@@ -18,6 +18,7 @@ pub(crate) fn run() -> Result<()> {
     nightly_with_rust_src()?;
     bpf_linker()?;
     kernel_filesystems()?;
+    container_runtime()?;
     Ok(())
 }
 
@@ -128,6 +129,37 @@ fn kernel_filesystems() -> Result<()> {
         sh(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
     }
     Ok(())
+}
+
+/// Debian packages the CRI tests run against: a real containerd with runc, and a static
+/// busybox the tests put into the images they build.
+const RUNTIME_PACKAGES: &[(&str, &str)] = &[
+    ("containerd", "/usr/bin/containerd"),
+    ("runc", "/usr/sbin/runc"),
+    ("busybox-static", "/bin/busybox"),
+];
+
+/// containerd, runc and busybox for the CRI integration tests; only as root (the tests need
+/// root anyway), and only the packages whose binary is missing.
+fn container_runtime() -> Result<()> {
+    if !is_root() {
+        eprintln!("xtask: not root: not installing containerd/runc (CRI tests will skip)");
+        return Ok(());
+    }
+    let missing: Vec<&str> = RUNTIME_PACKAGES
+        .iter()
+        .filter(|(_, bin)| !Path::new(bin).exists())
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    sh(Command::new("apt-get").arg("update").arg("-qq"))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context("installing containerd, runc and busybox-static")
 }
 
 /// Whether `cargo nextest` is available (it is on these machines; plain `cargo test` otherwise).
