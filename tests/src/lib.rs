@@ -6,6 +6,12 @@
 
 use std::path::PathBuf;
 
+pub mod containerd;
+pub mod oci;
+
+pub use containerd::{containerd_available, Containerd, TestCgroupTree};
+pub use oci::{BuiltImage, TestImage};
+
 /// Whether the tests run in CI, where every kernel test must run.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
