@@ -8,7 +8,8 @@
 //! - The runc shim keeps runc's state in `/run/containerd/runc` unless the runtime options
 //!   name a `Root`; the config points it into the temp dir.
 //! - Shims outlive containerd by design: after containerd exits, the containers' init pids
-//!   and shim pids recorded in the task bundles are killed, and the shim sockets removed.
+//!   recorded in the task bundles are killed, then the shims started with this containerd's
+//!   (unique) socket as `-address` (1.6 writes no shim pid file), and their sockets removed.
 //! - The CRI plugin refreshes snapshot usage (ImageFsInfo, writable layers) only every
 //!   `stats_collect_period` seconds (default 10): set to 1 so tests see changes quickly.
 //! - Images imported with `ctr` reach the CRI image cache through an event, a moment later:
@@ -129,14 +130,7 @@ impl Containerd {
         let config = base.join("config.toml");
         std::fs::write(&config, config_toml(&base, &pause.name))?;
 
-        let child = Command::new("/usr/bin/containerd")
-            .arg("--config")
-            .arg(&config)
-            .env("PATH", PATH)
-            .stdin(Stdio::null())
-            .stdout(File::create(&log)?)
-            .stderr(File::create(&log)?)
-            .spawn()?;
+        let child = spawn_containerd(&config, &log)?;
         let pid = child.id();
         let mut ctd = Containerd {
             dir,
@@ -151,6 +145,30 @@ impl Containerd {
         ctd.wait_for_socket(Duration::from_secs(20))?;
         ctd.import(&pause)?;
         Ok(ctd)
+    }
+
+    /// Stops containerd by pid and starts it again on the same root, state and socket, as a
+    /// runtime restart looks to the agent (running containers stay); returns once CRI
+    /// answers.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop_daemon();
+        let child = spawn_containerd(&self.dir.path().join("config.toml"), &self.log)?;
+        self.pid = child.id();
+        self.child = Some(child);
+        self.wait_for_socket(Duration::from_secs(20))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.cri_images() {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(io::Error::other(format!(
+                        "CRI not answering after restart: {e}\n{}",
+                        self.log_tail()
+                    )))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
     }
 
     fn wait_for_socket(&mut self, limit: Duration) -> io::Result<()> {
@@ -180,6 +198,11 @@ impl Containerd {
     /// The CRI endpoint (`unix:///…/containerd.sock`).
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    /// Pids of the runc shims this containerd started (they outlive containerd itself).
+    pub fn shim_pids(&self) -> Vec<u32> {
+        shims_for(self.socket.as_os_str().as_encoded_bytes())
     }
 
     /// The socket path.
@@ -270,8 +293,15 @@ impl Containerd {
     }
 
     /// Stops containerd by its pid (SIGTERM, SIGKILL after 10 s), then kills what it left
-    /// running (container inits and shims recorded in its state dir). Idempotent.
+    /// running (container inits from its state dir, then its shims). Idempotent.
     pub fn stop(&mut self) {
+        self.stop_daemon();
+        self.kill_leftovers();
+    }
+
+    /// Stops only the containerd process by pid (SIGTERM, SIGKILL after 10 s); shims and
+    /// containers keep running, as in a real runtime restart.
+    fn stop_daemon(&mut self) {
         if let Some(mut child) = self.child.take() {
             signal(self.pid, rustix::process::Signal::TERM);
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -289,11 +319,10 @@ impl Containerd {
                 }
             }
         }
-        self.kill_leftovers();
     }
 
-    /// Kills the container processes and shims this containerd started, by the pids in its
-    /// task bundles, and removes the shims' sockets.
+    /// Kills the container processes (pids from the task bundles) and the shims this
+    /// containerd started, and removes the shims' sockets.
     fn kill_leftovers(&self) {
         let tasks = self.state.join("io.containerd.runtime.v2.task");
         let bundles: Vec<PathBuf> = std::fs::read_dir(&tasks)
@@ -308,15 +337,13 @@ impl Containerd {
                 signal(pid, rustix::process::Signal::KILL);
             }
         }
-        let socket = self.socket.display().to_string();
+        // containerd 1.6 records no shim pid in the bundle: find the shims this containerd
+        // started by their `-address <our socket>` argument (the socket path is unique to
+        // this test) and kill them by pid.
+        for pid in self.shim_pids() {
+            signal(pid, rustix::process::Signal::KILL);
+        }
         for bundle in &bundles {
-            if let Some(pid) = read_pid(&bundle.join("shim.pid")) {
-                // Only a shim that was started for this containerd's socket.
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                if String::from_utf8_lossy(&cmdline).contains(&socket) {
-                    signal(pid, rustix::process::Signal::KILL);
-                }
-            }
             if let Ok(address) = std::fs::read_to_string(bundle.join("address")) {
                 if let Some(path) = address.trim().strip_prefix("unix://") {
                     let _ = std::fs::remove_file(path);
@@ -348,6 +375,38 @@ impl Drop for Containerd {
         self.unmount_all();
         // The TempDir field removes the directory itself after this.
     }
+}
+
+/// Starts containerd with `config`, appending its output to `log`.
+fn spawn_containerd(config: &Path, log: &Path) -> io::Result<Child> {
+    let out = File::options().create(true).append(true).open(log)?;
+    Command::new("/usr/bin/containerd")
+        .arg("--config")
+        .arg(config)
+        .env("PATH", PATH)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+}
+
+/// Pids of containerd shims started with `-address <socket>`.
+fn shims_for(socket: &[u8]) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"-address" && w[1] == socket)
+        })
+        .collect()
 }
 
 fn read_pid(path: &Path) -> Option<u32> {
@@ -405,7 +464,9 @@ disabled_plugins = [
   sandbox_image = "{sandbox_image}"
   stats_collect_period = 1
   disable_apparmor = true
-  restrict_oom_score_adj = false
+  # This machine grants no CAP_SYS_RESOURCE, so a pause oom_score_adj of -998 (the CRI
+  # default) is refused by the kernel; restricting clamps it to containerd's own score.
+  restrict_oom_score_adj = true
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -470,7 +531,10 @@ impl TestCgroupTree {
     }
 
     fn remove_all(&self) {
-        let hierarchies = std::fs::read_dir(CGROUP_MOUNT).into_iter().flatten().flatten();
+        let hierarchies = std::fs::read_dir(CGROUP_MOUNT)
+            .into_iter()
+            .flatten()
+            .flatten();
         for h in hierarchies {
             let top = h.path().join(self.root.trim_start_matches('/'));
             if top.is_dir() {

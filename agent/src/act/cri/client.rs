@@ -81,7 +81,6 @@ impl CriClient {
         // ignores it and dials the socket.
         let channel = Endpoint::from_static("http://cri.invalid")
             .connect_timeout(timeouts.connect)
-            .timeout(timeouts.request)
             .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
                 let dial = dial.clone();
                 async move {
@@ -102,6 +101,9 @@ impl CriClient {
         &self.socket
     }
 
+    /// Runs one RPC under `limit`. The limit is enforced here, not by tonic's endpoint
+    /// timeout, so an expired call is always [`CriError::Timeout`] (tonic's own would race it
+    /// and report `Cancelled`).
     async fn call<T>(
         &self,
         rpc: &'static str,
@@ -204,9 +206,13 @@ impl CriClient {
         let req = pb::StopPodSandboxRequest {
             pod_sandbox_id: id.into(),
         };
-        self.call("StopPodSandbox", self.timeouts.request, c.stop_pod_sandbox(req))
-            .await
-            .map(drop)
+        self.call(
+            "StopPodSandbox",
+            self.timeouts.request,
+            c.stop_pod_sandbox(req),
+        )
+        .await
+        .map(drop)
     }
 
     /// Removes a stopped sandbox and its containers.
@@ -234,7 +240,11 @@ impl CriClient {
             filter: Some(convert::sandbox_filter(filter)),
         };
         let r = self
-            .call("ListPodSandbox", self.timeouts.request, c.list_pod_sandbox(req))
+            .call(
+                "ListPodSandbox",
+                self.timeouts.request,
+                c.list_pod_sandbox(req),
+            )
             .await?;
         Ok(r.items.into_iter().map(convert::sandbox).collect())
     }
@@ -273,9 +283,13 @@ impl CriClient {
         let req = pb::StartContainerRequest {
             container_id: id.into(),
         };
-        self.call("StartContainer", self.timeouts.request, c.start_container(req))
-            .await
-            .map(drop)
+        self.call(
+            "StartContainer",
+            self.timeouts.request,
+            c.start_container(req),
+        )
+        .await
+        .map(drop)
     }
 
     /// Stops a container: its stop signal, then SIGKILL after `grace` (whole seconds, as CRI
@@ -321,7 +335,11 @@ impl CriClient {
             filter: Some(convert::container_filter(filter)),
         };
         let r = self
-            .call("ListContainers", self.timeouts.request, c.list_containers(req))
+            .call(
+                "ListContainers",
+                self.timeouts.request,
+                c.list_containers(req),
+            )
             .await?;
         Ok(r.containers.into_iter().map(convert::container).collect())
     }

@@ -82,7 +82,13 @@ pub(crate) fn sandbox_config(
             namespace: s.namespace.clone(),
             attempt: s.attempt,
         }),
-        hostname: s.hostname.clone(),
+        // As the kubelet does: a pod in the node's network namespace shares the node's UTS
+        // namespace too, and runc refuses to set a hostname there.
+        hostname: if s.network == NamespaceMode::Node {
+            String::new()
+        } else {
+            s.hostname.clone()
+        },
         log_directory: s
             .log_directory
             .as_ref()
@@ -344,10 +350,7 @@ pub(crate) fn sandbox_image(info: &HashMap<String, String>) -> Option<String> {
     let found = config
         .get("sandboxImage")
         .or_else(|| config.get("pinnedImages").and_then(|p| p.get("sandbox")))?;
-    found
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
+    found.as_str().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
 #[cfg(test)]
@@ -402,6 +405,10 @@ mod tests {
         assert_eq!(linux.cgroup_parent, "/kubepods/podu");
         let ns = linux.security_context.unwrap().namespace_options.unwrap();
         assert_eq!(ns.network, pb::NamespaceMode::Node as i32);
+        s.hostname = "web".into();
+        assert_eq!(sandbox_config("RunPodSandbox", &s).unwrap().hostname, "");
+        s.network = NamespaceMode::Pod;
+        assert_eq!(sandbox_config("RunPodSandbox", &s).unwrap().hostname, "web");
         s.uid.clear();
         assert!(sandbox_config("RunPodSandbox", &s).is_err());
     }

@@ -76,12 +76,45 @@ pub enum CriError {
     },
 }
 
+/// Whether the status came from the connection rather than from the runtime's answer.
+fn transport_failure(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::transport::Error>() || e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// The status message followed by its causes, so "transport error" says what broke.
+fn error_chain(status: &tonic::Status) -> String {
+    let mut out = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = e.source();
+    }
+    out
+}
+
 impl CriError {
     /// Maps a gRPC status from `rpc` to the error the agent decides on.
     pub(crate) fn from_status(rpc: &'static str, status: &tonic::Status) -> CriError {
         let message = status.message().to_string();
         match status.code() {
             tonic::Code::Unavailable => CriError::Unavailable { rpc, message },
+            // A connection that broke under a call (the runtime exited) surfaces from tonic as
+            // `Unknown: transport error`; for the agent that is the runtime being down.
+            tonic::Code::Unknown if transport_failure(status) => CriError::Unavailable {
+                rpc,
+                message: error_chain(status),
+            },
             tonic::Code::NotFound => CriError::NotFound { rpc, message },
             tonic::Code::Unimplemented => CriError::Unimplemented { rpc, message },
             tonic::Code::InvalidArgument => CriError::InvalidArgument { rpc, message },
@@ -110,7 +143,10 @@ impl CriError {
     /// Whether the runtime could not be reached at all (down, or hung), as opposed to
     /// answering with an error: the agent then retries later rather than giving up on a pod.
     pub fn is_runtime_down(&self) -> bool {
-        matches!(self, CriError::Unavailable { .. } | CriError::Timeout { .. })
+        matches!(
+            self,
+            CriError::Unavailable { .. } | CriError::Timeout { .. }
+        )
     }
 
     /// Whether the thing asked about does not exist: for stop/remove this means "done".
@@ -143,5 +179,13 @@ mod tests {
         assert!(e.is_not_found());
         let e = CriError::from_status("Version", &tonic::Status::internal("boom"));
         assert_eq!(e.to_string(), "Version: Internal: boom");
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        )));
+        assert_eq!(broken.code(), tonic::Code::Unknown);
+        let e = CriError::from_status("ListContainers", &broken);
+        assert!(e.is_runtime_down(), "{e}");
+        let plain_unknown = tonic::Status::unknown("runtime said so");
+        assert!(!CriError::from_status("Version", &plain_unknown).is_runtime_down());
     }
 }

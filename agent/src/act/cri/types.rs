@@ -91,7 +91,8 @@ pub struct PodSandboxSpec {
     pub namespace: String,
     /// Restart attempt, 0 for the first.
     pub attempt: u32,
-    /// Hostname inside the pod (ignored by the runtime in the node's network namespace).
+    /// Hostname inside the pod; not sent for [`NamespaceMode::Node`] networking, where the
+    /// pod shares the node's UTS namespace (runc refuses a hostname there).
     pub hostname: String,
     /// Where the runtime writes container logs (`<dir>/<container log_path>`).
     pub log_directory: Option<PathBuf>,
