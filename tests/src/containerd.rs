@@ -46,9 +46,11 @@ static INSTALL: Mutex<()> = Mutex::new(());
 /// missing (needs root; `cargo xtask setup` does the same ahead of time).
 pub fn ensure_installed() -> Result<(), String> {
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    // Debian's dynamic `busybox` package also installs /bin/busybox, useless inside an image
+    // without a libc: only a static one counts.
     let mut missing: Vec<&str> = TOOLS
         .iter()
-        .filter(|(bin, _)| !Path::new(bin).exists())
+        .filter(|(bin, _)| !Path::new(bin).exists() || (*bin == BUSYBOX && !is_static_elf(bin)))
         .map(|(_, pkg)| *pkg)
         .collect();
     missing.dedup();
@@ -72,6 +74,35 @@ pub fn ensure_installed() -> Result<(), String> {
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
     args.extend(missing.iter().copied());
     run(&args)
+}
+
+/// Whether an ELF executable has no program interpreter (is statically linked).
+fn is_static_elf(path: &str) -> bool {
+    let Ok(elf) = std::fs::read(path) else {
+        return false;
+    };
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    // 64-bit little-endian ELF only (what Debian ships on the machines the tests run on).
+    if elf.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    const PT_INTERP: u32 = 3;
+    (0..usize::from(phnum)).all(|i| {
+        let at = usize::try_from(phoff).unwrap_or(usize::MAX) + i * usize::from(phentsize);
+        elf.get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .is_some_and(|t| t != PT_INTERP)
+    })
 }
 
 /// Whether the CRI tests can run here: root, and the tools installed (installing them if
@@ -568,4 +599,37 @@ fn remove_cgroup(dir: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("warning: could not remove test cgroup {}", dir.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_binaries_without_an_interpreter_count_as_static() {
+        // The test binary itself is dynamically linked; a text file is no ELF at all.
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static_elf(me.to_str().unwrap()));
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("x");
+        std::fs::write(&text, "#!/bin/sh\n").unwrap();
+        assert!(!is_static_elf(text.to_str().unwrap()));
+        assert!(!is_static_elf("/nonexistent/busybox"));
+        if crate::require(Path::new(BUSYBOX).exists(), "busybox-static's /bin/busybox") {
+            assert!(is_static_elf(BUSYBOX), "Debian's busybox-static");
+        }
+    }
+
+    #[test]
+    fn config_keeps_everything_under_the_temp_dir() {
+        let toml = config_toml(Path::new("/tmp/reactor-ctd-x"), "localhost/p:1");
+        for line in toml.lines().filter(|l| l.contains('/') && l.contains('"')) {
+            let quoted = line.split('"').nth(1).unwrap_or_default();
+            if quoted.starts_with('/') {
+                assert!(quoted.starts_with("/tmp/reactor-ctd-x/"), "{line}");
+            }
+        }
+        assert!(toml.contains(r#"snapshotter = "native""#));
+        assert!(toml.contains("SystemdCgroup = false"));
+    }
 }

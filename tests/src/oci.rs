@@ -279,3 +279,55 @@ pub fn archive_entries(archive: &Path) -> io::Result<Vec<String>> {
         .map(|e| Ok(e?.path()?.display().to_string()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archive_is_an_oci_layout_whose_blobs_match_their_digests() {
+        if !crate::require(Path::new(BUSYBOX).exists(), "busybox-static's /bin/busybox") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let built = TestImage::busybox("localhost/reactor/unit:7", 100_000)
+            .build(dir.path())
+            .unwrap();
+        let mut tar = tar::Archive::new(File::open(&built.archive).unwrap());
+        let mut names = Vec::new();
+        let mut index = serde_json::Value::Null;
+        for entry in tar.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().display().to_string();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            if let Some(hex_digest) = name.strip_prefix("blobs/sha256/") {
+                assert_eq!(digest(&data), format!("sha256:{hex_digest}"), "{name}");
+            }
+            if name == "index.json" {
+                index = serde_json::from_slice(&data).unwrap();
+            }
+            names.push(name);
+        }
+        assert_eq!(names.len(), 5, "{names:?}");
+        assert!(names.contains(&format!("blobs/sha256/{}", &built.id[7..])));
+        let m = &index["manifests"][0];
+        assert_eq!(m["digest"], built.manifest_digest.as_str());
+        assert_eq!(
+            m["annotations"]["io.containerd.image.name"],
+            "localhost/reactor/unit:7"
+        );
+        assert_eq!(m["annotations"]["org.opencontainers.image.ref.name"], "7");
+        assert!(built.layer_bytes > 100_000);
+        assert_eq!(archive_entries(&built.archive).unwrap(), names);
+    }
+
+    #[test]
+    fn filler_differs_per_image_name() {
+        let mut a = [0u8; 64];
+        let mut b = [0u8; 64];
+        Filler::new("a").read_exact(&mut a).unwrap();
+        Filler::new("b").read_exact(&mut b).unwrap();
+        assert_ne!(a, b);
+    }
+}

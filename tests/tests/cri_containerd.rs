@@ -326,7 +326,7 @@ async fn pod_and_container_land_in_the_cgroup_parent_with_their_limits() {
     })
     .await;
     assert_eq!(memory_cgroup_of(pid), tree.cgroup(&container_cgroup));
-    assert_eq!(read_trim(&format!("/proc/{pid}/oom_score_adj")), "789");
+    assert_eq!(read_trim(format!("/proc/{pid}/oom_score_adj")), "789");
     assert_eq!(
         read_trim(mem_dir.join("memory.limit_in_bytes")),
         (48 * MIB).to_string()

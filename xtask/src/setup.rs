@@ -146,9 +146,15 @@ fn container_runtime() -> Result<()> {
         eprintln!("xtask: not root: not installing containerd/runc (CRI tests will skip)");
         return Ok(());
     }
+    // Checked by package, not only by file: Debian's dynamic `busybox` also installs
+    // /bin/busybox, which would not run inside the tests' images.
     let missing: Vec<&str> = RUNTIME_PACKAGES
         .iter()
-        .filter(|(_, bin)| !Path::new(bin).exists())
+        .filter(|(pkg, bin)| {
+            !Path::new(bin).exists()
+                || !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+                    .contains("install ok installed")
+        })
         .map(|(pkg, _)| *pkg)
         .collect();
     if missing.is_empty() {
