@@ -4,7 +4,7 @@
 //! Why a client of our own: pod eviction and image garbage collection act through the
 //! runtime, and the agent must see the runtime's answers (not found, unavailable, not
 //! implemented by an older runtime) as plain values it can decide on. Wire types stay in this
-//! module: [`convert`] turns them into the domain types of [`types`] at the edge, and every
+//! module: `convert` turns them into the domain types re-exported here at the edge, and every
 //! gRPC failure becomes one [`CriError`] that names the RPC.
 
 mod client;

@@ -263,7 +263,8 @@ pub struct ContainerFilter {
 /// A container's detailed status: how it ended matters to eviction records (`OOMKilled`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerStatus {
-    /// What the runtime lists about it.
+    /// What the runtime lists about it; `pod_sandbox_id` is empty here, since CRI's
+    /// `ContainerStatus` does not carry it (take it from [`ContainerInfo`] in a listing).
     pub info: ContainerInfo,
     /// Start time (ns since the epoch), 0 if never started.
     pub started_at_ns: i64,
