@@ -351,6 +351,34 @@ async fn pod_and_container_land_in_the_cgroup_parent_with_their_limits() {
         "log file under the sandbox's log dir"
     );
 
+    // In-place update: a new memory limit and CPU quota reach the same cgroup.
+    client
+        .update_container_resources(
+            &container_id,
+            &LinuxResources {
+                cpu_shares: Some(512),
+                cpu_quota_us: Some(20_000),
+                cpu_period_us: Some(100_000),
+                memory_limit_bytes: Some(40 * MIB),
+                oom_score_adj: Some(789),
+            },
+        )
+        .await
+        .expect("UpdateContainerResources");
+    assert_eq!(
+        read_trim(mem_dir.join("memory.limit_in_bytes")),
+        (40 * MIB).to_string()
+    );
+    assert_eq!(read_trim(cpu_dir.join("cpu.cfs_quota_us")), "20000");
+    assert_eq!(read_trim(cpu_dir.join("cpu.shares")), "512");
+
+    let sandbox_status = client
+        .pod_sandbox_status(&sandbox_id)
+        .await
+        .expect("PodSandboxStatus");
+    assert_eq!(sandbox_status.state, SandboxState::Ready);
+    assert_eq!(sandbox_status.labels, labels);
+
     let status = client
         .container_status(&container_id)
         .await
@@ -365,7 +393,7 @@ async fn pod_and_container_land_in_the_cgroup_parent_with_their_limits() {
     assert_eq!(stats.id, container_id);
     assert_eq!(stats.name, "sleeper");
     let working_set = stats.memory_working_set_bytes.expect("working set");
-    assert!(working_set > 0 && working_set <= 48 * MIB, "{stats:?}");
+    assert!(working_set > 0 && working_set <= 40 * MIB, "{stats:?}");
     assert!(stats.cpu_usage_core_ns.is_some(), "{stats:?}");
     let layer = eventually("the writable layer's usage", || async {
         let s = client
@@ -437,6 +465,11 @@ async fn pod_and_container_land_in_the_cgroup_parent_with_their_limits() {
         .await
         .expect("ListPodSandbox");
     assert!(left.is_empty(), "{left:?}");
+    let e = client
+        .pod_sandbox_status(&sandbox_id)
+        .await
+        .expect_err("a removed sandbox has no status");
+    assert!(e.is_not_found(), "{e}");
     assert!(
         procs(&tree.path("memory", &sandbox_cgroup)).is_empty(),
         "no process left in the sandbox cgroup"

@@ -230,6 +230,24 @@ impl CriClient {
         .map(drop)
     }
 
+    /// One sandbox's state (what the kubelet checks before reusing or removing a sandbox).
+    pub async fn pod_sandbox_status(&self, id: &str) -> Result<SandboxInfo, CriError> {
+        const RPC: &str = "PodSandboxStatus";
+        let mut c = self.runtime.clone();
+        let req = pb::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        };
+        let r = self
+            .call(RPC, self.timeouts.request, c.pod_sandbox_status(req))
+            .await?;
+        let status = r.status.ok_or(CriError::BadResponse {
+            rpc: RPC,
+            what: "no status".into(),
+        })?;
+        Ok(convert::sandbox_status(status))
+    }
+
     /// Lists pod sandboxes matching `filter`.
     pub async fn list_pod_sandboxes(
         &self,
@@ -305,6 +323,29 @@ impl CriClient {
             "StopContainer",
             self.timeouts.request.saturating_add(grace),
             c.stop_container(req),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Changes a running container's cgroup settings in place (the kubelet's in-place pod
+    /// resize); fields left `None` are left to the runtime's default.
+    pub async fn update_container_resources(
+        &self,
+        id: &str,
+        resources: &LinuxResources,
+    ) -> Result<(), CriError> {
+        const RPC: &str = "UpdateContainerResources";
+        let req = pb::UpdateContainerResourcesRequest {
+            container_id: id.into(),
+            linux: Some(convert::resources(RPC, resources)?),
+            ..Default::default()
+        };
+        let mut c = self.runtime.clone();
+        self.call(
+            RPC,
+            self.timeouts.request,
+            c.update_container_resources(req),
         )
         .await
         .map(drop)
@@ -514,6 +555,37 @@ mod tests {
             ..u.clone()
         });
         assert_eq!(missing.capacity_bytes, None);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_never_answers_is_a_timeout_naming_the_rpc() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("silent.sock");
+        // Accepts connections and never speaks: a hung runtime.
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                conns.push(c);
+            }
+        });
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(1),
+            request: Duration::from_millis(300),
+        };
+        let client = CriClient::connect(&format!("unix://{}", path.display()), timeouts)
+            .await
+            .unwrap();
+        let e = client.list_images().await.unwrap_err();
+        assert_eq!(
+            e,
+            CriError::Timeout {
+                rpc: "ListImages",
+                after: Duration::from_millis(300)
+            }
+        );
+        assert!(e.is_runtime_down());
+        held.abort();
     }
 
     #[tokio::test]

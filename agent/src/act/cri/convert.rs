@@ -251,6 +251,21 @@ pub(crate) fn sandbox(p: pb::PodSandbox) -> SandboxInfo {
     }
 }
 
+pub(crate) fn sandbox_status(p: pb::PodSandboxStatus) -> SandboxInfo {
+    let meta = p.metadata.unwrap_or_default();
+    SandboxInfo {
+        id: p.id,
+        name: meta.name,
+        uid: meta.uid,
+        namespace: meta.namespace,
+        attempt: meta.attempt,
+        state: sandbox_state_in(p.state),
+        created_at_ns: p.created_at,
+        labels: map_in(p.labels),
+        annotations: map_in(p.annotations),
+    }
+}
+
 pub(crate) fn container(c: pb::Container) -> ContainerInfo {
     let meta = c.metadata.unwrap_or_default();
     ContainerInfo {
