@@ -16,6 +16,8 @@ commands:
   setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker) and mount
                tracefs/bpffs; idempotent
   test         setup, then fmt check, clippy, every test (unit, integration, doc)
+  bench        detection-lag benchmark of the sources without eBPF (root; real kernel):
+               memcg eventfds, PSI trigger, and the tick (SENSE_BENCH_* env, see the bench)
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -30,6 +32,7 @@ fn main() -> Result<()> {
         "setup" => setup::run(),
         "test" => test(&rest),
         "run" => run(&rest),
+        "bench" => bench(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -86,6 +89,14 @@ fn test(extra: &[String]) -> Result<()> {
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
     Ok(())
+}
+
+fn bench(extra: &[String]) -> Result<()> {
+    // The bench starts the release `memhog` beside it.
+    sh(cargo().args(["build", "--release", "-p", "reactor-tests", "--bins"]))?;
+    sh(cargo()
+        .args(["bench", "-p", "reactor-tests", "--bench", "sense_lag"])
+        .args(extra))
 }
 
 fn run(extra: &[String]) -> Result<()> {
