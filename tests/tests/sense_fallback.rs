@@ -197,6 +197,110 @@ fn memcg_and_psi_report_pressure_without_ebpf() {
     assert!(!cg_path.exists(), "test cgroup removed");
 }
 
+/// A cgroup v2 directory of the unified hierarchy, removed on drop.
+struct V2Cgroup(PathBuf);
+
+impl Drop for V2Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// On this hybrid node the memory controller is on v1, but every v2 cgroup still has its own
+/// `memory.pressure`. Processes limited by a v1 memcg and placed in a v2 cgroup thrash; a
+/// per-cgroup trigger armed through the v2 path must fire and name that cgroup.
+#[test]
+fn cgroup_v2_memory_pressure_trigger_fires() {
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    if !require_kernel()
+        || !require(
+            unified.join("cgroup.procs").exists(),
+            "cgroup2 at /sys/fs/cgroup/unified",
+        )
+    {
+        return;
+    }
+    let v2_name = format!("/reactor-test-v2psi-{}", std::process::id());
+    let v2 = V2Cgroup(unified.join(&v2_name[1..]));
+    std::fs::create_dir(&v2.0).expect("create v2 cgroup");
+    let mut cg = TestMemcg::new("v2psi", LIMIT).expect("create test memcg");
+    let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir on disk");
+    let file = make_cache_file(&mut cg, dir.path());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut opts = SenseOptions::from_config(
+        &Config::default(),
+        vec![MemcgTarget {
+            cgroup: v2_name.clone(),
+            threshold_bytes: None,
+        }],
+    );
+    opts.ebpf = false;
+    opts.memcg = false;
+    opts.poll = false;
+    opts.hierarchy = Some(reactor::sense::MemoryHierarchy::V2(unified.to_path_buf()));
+
+    let procs = v2.0.join("cgroup.procs");
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_workload = stop.clone();
+    let fired = runtime.block_on(async {
+        let mut sense = Sense::start(&opts).expect("sense starts");
+        let report = sense.report().clone();
+        assert!(
+            report.attached.iter().any(|a| a.source == Source::Psi
+                && a.what
+                    .contains(&format!("{}/memory.pressure", v2.0.display()))),
+            "{report:?}"
+        );
+        let workload = std::thread::spawn(move || {
+            let stop = stop_workload;
+            let hog = cg
+                .spawn(Command::new(memhog_bin()).args(["52", "0", "120"]))
+                .expect("spawn holding hog");
+            std::fs::write(&procs, hog.to_string()).expect("hog joins the v2 cgroup");
+            std::thread::sleep(Duration::from_millis(500));
+            // The reader joins the v2 cgroup itself before it starts reading.
+            let script = format!(
+                "echo $$ > '{}'; for i in $(seq 40); do cat '{}' > /dev/null; done",
+                procs.display(),
+                file.display()
+            );
+            cg.spawn(Command::new("sh").args(["-c", &script]))
+                .expect("spawn reader");
+            let started = Instant::now();
+            while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            cg
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut fired = None;
+        while let Ok(Some(r)) = tokio::time::timeout_at(deadline, sense.next()).await {
+            if r.event.cgroup.as_deref() == Some(v2_name.as_str()) {
+                fired = Some(r);
+                break;
+            }
+        }
+        sense.shutdown().await;
+        stop.store(true, Ordering::SeqCst);
+        // Ends the workload (kills the hog and reader) once the thread hands the cgroup back.
+        drop(workload.join().expect("workload thread"));
+        fired
+    });
+    let r = fired.expect("the v2 cgroup's memory.pressure trigger fired");
+    assert_eq!(r.event.source, Source::Psi);
+    assert!(matches!(r.event.kind, Kind::PsiTrigger { .. }), "{r:?}");
+}
+
 /// Kills the watched process on drop if the test fails before it stops it.
 struct ChildGuard(Child);
 
