@@ -225,8 +225,10 @@ impl PsiWatch {
             let at_ns = monotonic_ns();
             let ready = guard.ready();
             guard.clear_ready();
-            if ready.is_error() && !ready.is_priority() {
-                tracing::warn!(path = %self.path.display(), "PSI trigger reported an error (cgroup removed?); source stops");
+            // A firing trigger only ever sets POLLPRI; POLLERR means the trigger or its file is
+            // gone (the cgroup was removed, PSI was switched off), and it would never fire again.
+            if ready.is_error() {
+                tracing::warn!(path = %self.path.display(), "PSI trigger file reported an error (cgroup removed?); source stops");
                 return;
             }
             let total_us = std::fs::read_to_string(&self.path)
