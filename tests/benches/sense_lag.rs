@@ -7,7 +7,8 @@
 //!
 //! Environment: `SENSE_BENCH_ROUNDS` (OOM rounds, default 30), `SENSE_BENCH_PSI_SECS`
 //! (seconds of page-cache thrash for PSI, default 20), `SENSE_BENCH_INTERVAL` (the tick,
-//! default 1s; 10s is the kubelet's default).
+//! default 1s; 10s is the kubelet's default), `SENSE_BENCH_GAP_MS` (pause between OOM
+//! rounds, default 150; make it larger with a long tick so OOMs fall at different phases).
 //!
 //! Lag is what the agent measures for every event: `CLOCK_MONOTONIC` when the consumer takes
 //! the event minus the event's timestamp (the source's wake-up for these sources). The
@@ -66,6 +67,7 @@ fn main() {
     }
     let rounds = env_u64("SENSE_BENCH_ROUNDS", 30);
     let psi_secs = env_u64("SENSE_BENCH_PSI_SECS", 20);
+    let gap = Duration::from_millis(env_u64("SENSE_BENCH_GAP_MS", 150));
     let interval = std::env::var("SENSE_BENCH_INTERVAL")
         .ok()
         .and_then(|v| parse_go_duration(&v).ok())
@@ -116,7 +118,7 @@ fn main() {
                 {
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                std::thread::sleep(Duration::from_millis(150));
+                std::thread::sleep(gap);
             }
             // Phase 2: hold 52 MiB and stream a 64 MiB file through the rest (PSI).
             cg.spawn(Command::new(memhog_bin()).args(["52", "0", "3600"]))
