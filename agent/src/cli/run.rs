@@ -23,6 +23,8 @@ pub(crate) struct RunArgs {
     sense: SenseArgs,
 }
 
+/// Runs the agent until SIGTERM/SIGINT. Bad config or flags exit 2 before anything attaches;
+/// a node where no sense source can start exits 1 naming every reason.
 pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     // Everything that can be wrong with the input is found before anything attaches.
     let config = load_config(args.config.as_ref())?;

@@ -43,6 +43,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::Runtime(anyhow::anyhow!("cannot start the tokio runtime: {e}")))
 }
 
+/// Prints events until SIGTERM/SIGINT (or until every source stops), then the lag summary.
 pub(crate) fn run(args: WatchArgs) -> Result<(), Failure> {
     let config = load_config(args.config.as_ref())?;
     super::logging::init(&config.log)?;
