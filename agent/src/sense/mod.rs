@@ -6,6 +6,24 @@
 //! or the polling fallback). The event carries the kernel's own timestamp where the kernel
 //! gives one, so the detection lag (`now - at_ns` when the reactor takes the event) is a
 //! measured figure rather than an estimate.
+//!
+//! [`Sense::start`] attaches whatever the options switch on, says what attached and why
+//! anything did not, and runs on what is left; [`Sense::next`] hands out events with their lag
+//! and keeps the per-source lag histograms ([`lag`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), reactor::sense::SenseError> {
+//! use reactor::config::Config;
+//! use reactor::sense::{MemcgTarget, Sense, SenseOptions};
+//!
+//! let target = MemcgTarget { cgroup: "/kubepods".into(), threshold_bytes: Some(30 << 30) };
+//! let mut sense = Sense::start(&SenseOptions::from_config(&Config::default(), vec![target]))?;
+//! while let Some(r) = sense.next().await {
+//!     println!("{} {} {} lag {}ns", r.event.source, r.event.kind, r.event.at_ns, r.lag_ns);
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -335,123 +353,60 @@ impl Sense {
     /// Must be called inside a tokio runtime.
     pub fn start(opts: &SenseOptions) -> Result<Sense, SenseError> {
         let (tx, rx) = mpsc::channel(opts.channel_capacity.max(1));
-        let mut report = AttachReport::default();
-        let mut parts: Vec<Attachment> = Vec::new();
-        let mut missing = |source: Source, reason: String| {
-            report.missing.push(MissingPart { source, reason });
+        let mut attaching = Attaching {
+            tx,
+            parts: Vec::new(),
+            missing: Vec::new(),
         };
-
-        if !opts.ebpf {
-            missing(Source::Ebpf, "switched off (sense.ebpf: false)".into());
-        } else {
-            match attach_ebpf(opts, &tx) {
-                Ok(attached) => parts.extend(attached),
-                Err(reason) => missing(Source::Ebpf, reason),
-            }
-        }
-
         let hierarchy = match &opts.hierarchy {
             Some(h) => Ok(h.clone()),
             None => MemoryHierarchy::detect(),
         };
-
-        if !opts.psi {
-            missing(Source::Psi, "switched off (sense.psi: false)".into());
+        if opts.ebpf {
+            match attach_ebpf(opts, &attaching.tx) {
+                Ok(attached) => attaching.parts.extend(attached),
+                Err(reason) => attaching.missing(Source::Ebpf, reason),
+            }
         } else {
-            for level in [psi::Level::Some, psi::Level::Full] {
-                match psi::arm(
-                    &opts.proc_pressure,
-                    None,
-                    level,
-                    opts.psi_threshold,
-                    opts.psi_window,
-                ) {
-                    Ok(watch) => {
-                        parts.push(Attachment::new(
-                            Source::Psi,
-                            watch.describe(),
-                            watch.run(tx.clone()),
-                        ));
-                    }
-                    Err(reason) => missing(Source::Psi, reason),
-                }
-            }
-            match &hierarchy {
-                Ok(MemoryHierarchy::V2(_)) => {
-                    for target in &opts.targets {
-                        let armed = hierarchy
-                            .as_ref()
-                            .map_err(Clone::clone)
-                            .and_then(|h| h.dir(&target.cgroup))
-                            .and_then(|dir| {
-                                psi::arm(
-                                    &dir.join("memory.pressure"),
-                                    Some(target.cgroup.clone()),
-                                    psi::Level::Some,
-                                    opts.psi_threshold,
-                                    opts.psi_window,
-                                )
-                            });
-                        match armed {
-                            Ok(watch) => parts.push(Attachment::new(
-                                Source::Psi,
-                                watch.describe(),
-                                watch.run(tx.clone()),
-                            )),
-                            Err(reason) => missing(Source::Psi, reason),
-                        }
-                    }
-                }
-                Ok(MemoryHierarchy::V1(_)) if !opts.targets.is_empty() => missing(
-                    Source::Psi,
-                    "per-cgroup memory.pressure: the memory controller is on cgroup v1, so PSI \
-                     is node-wide only"
-                        .into(),
-                ),
-                _ => {}
-            }
+            attaching.missing(Source::Ebpf, "switched off (sense.ebpf: false)".into());
         }
-
+        if opts.psi {
+            attaching.psi(opts, &hierarchy);
+        } else {
+            attaching.missing(Source::Psi, "switched off (sense.psi: false)".into());
+        }
         if !opts.memcg {
-            missing(
-                Source::MemcgThreshold,
-                "switched off (sense.memcgThreshold: false)".into(),
-            );
+            let reason = "switched off (sense.memcgThreshold: false)";
+            attaching.missing(Source::MemcgThreshold, reason.into());
         } else if opts.targets.is_empty() {
-            missing(
-                Source::MemcgThreshold,
-                "no cgroup to watch was given".into(),
-            );
+            let reason = "no cgroup to watch was given";
+            attaching.missing(Source::MemcgThreshold, reason.into());
         } else {
             match &hierarchy {
-                Err(reason) => missing(Source::MemcgThreshold, reason.clone()),
-                Ok(h) => {
-                    for target in &opts.targets {
-                        for armed in arm_memcg(h, target) {
-                            match armed {
-                                Ok(part) => parts.push(part(&tx)),
-                                Err(reason) => missing(Source::MemcgThreshold, reason),
-                            }
-                        }
-                    }
-                }
+                Err(reason) => attaching.missing(Source::MemcgThreshold, reason.clone()),
+                Ok(h) => attaching.memcg(h, &opts.targets),
             }
         }
-
-        if !opts.poll {
-            missing(Source::Poll, "switched off (sense.poll: false)".into());
+        if opts.poll {
+            let what = format!(
+                "housekeeping tick every {}",
+                crate::decide::duration::format_go_duration(opts.poll_interval)
+            );
+            let task = poll::run(opts.poll_interval, attaching.tx.clone());
+            attaching
+                .parts
+                .push(Attachment::new(Source::Poll, what, task));
         } else {
-            parts.push(Attachment::new(
-                Source::Poll,
-                format!(
-                    "housekeeping tick every {}",
-                    crate::decide::duration::format_go_duration(opts.poll_interval)
-                ),
-                poll::run(opts.poll_interval, tx.clone()),
-            ));
+            attaching.missing(Source::Poll, "switched off (sense.poll: false)".into());
         }
-        drop(tx);
 
+        let Attaching { tx, parts, missing } = attaching;
+        // Only the tasks hold senders now: the channel closes when the last source stops.
+        drop(tx);
+        let mut report = AttachReport {
+            attached: Vec::new(),
+            missing,
+        };
         if parts.is_empty() {
             let reasons: Vec<String> = report
                 .missing
@@ -505,38 +460,113 @@ impl Sense {
     }
 }
 
-type PartBuilder = Box<dyn FnOnce(&mpsc::Sender<PressureEvent>) -> Attachment>;
+/// The parts attached so far and the reasons for the ones that are not, while starting.
+struct Attaching {
+    tx: mpsc::Sender<PressureEvent>,
+    parts: Vec<Attachment>,
+    missing: Vec<MissingPart>,
+}
 
-/// The memcg notifications for one target, as builders waiting for the channel, or reasons.
-fn arm_memcg(h: &MemoryHierarchy, target: &MemcgTarget) -> Vec<Result<PartBuilder, String>> {
-    let dir = match h.dir(&target.cgroup) {
-        Ok(dir) => dir,
-        Err(reason) => return vec![Err(reason)],
-    };
-    let cgroup = target.cgroup.clone();
-    match h {
-        MemoryHierarchy::V1(_) => {
-            let mut armed = Vec::new();
-            if let Some(bytes) = target.threshold_bytes {
-                armed.push(memcg::arm_v1_threshold(&dir, &cgroup, bytes).map(|w| {
-                    Box::new(move |tx: &mpsc::Sender<PressureEvent>| {
-                        Attachment::new(Source::MemcgThreshold, w.describe(), w.run(tx.clone()))
-                    }) as PartBuilder
-                }));
+impl Attaching {
+    fn missing(&mut self, source: Source, reason: String) {
+        self.missing.push(MissingPart { source, reason });
+    }
+
+    fn psi_watch(&mut self, armed: Result<psi::PsiWatch, String>) {
+        match armed {
+            Ok(watch) => {
+                let what = watch.describe();
+                let task = watch.run(self.tx.clone());
+                self.parts.push(Attachment::new(Source::Psi, what, task));
             }
-            armed.push(memcg::arm_v1_oom(&dir, &cgroup).map(|w| {
-                Box::new(move |tx: &mpsc::Sender<PressureEvent>| {
-                    Attachment::new(Source::MemcgThreshold, w.describe(), w.run(tx.clone()))
-                }) as PartBuilder
-            }));
-            armed
+            Err(reason) => self.missing(Source::Psi, reason),
         }
-        MemoryHierarchy::V2(_) => vec![memcg::arm_v2_events(&dir, &cgroup, target.threshold_bytes)
-            .map(|w| {
-                Box::new(move |tx: &mpsc::Sender<PressureEvent>| {
-                    Attachment::new(Source::MemcgThreshold, w.describe(), w.run(tx.clone()))
-                }) as PartBuilder
-            })],
+    }
+
+    /// Node-wide `some` and `full` triggers, and on cgroup v2 a `some` trigger on each
+    /// target's `memory.pressure`.
+    fn psi(&mut self, opts: &SenseOptions, hierarchy: &Result<MemoryHierarchy, String>) {
+        for level in [psi::Level::Some, psi::Level::Full] {
+            let armed = psi::arm(
+                &opts.proc_pressure,
+                None,
+                level,
+                opts.psi_threshold,
+                opts.psi_window,
+            );
+            self.psi_watch(armed);
+        }
+        match hierarchy {
+            Ok(h @ MemoryHierarchy::V2(_)) => {
+                for target in &opts.targets {
+                    let armed = h.dir(&target.cgroup).and_then(|dir| {
+                        psi::arm(
+                            &dir.join("memory.pressure"),
+                            Some(target.cgroup.clone()),
+                            psi::Level::Some,
+                            opts.psi_threshold,
+                            opts.psi_window,
+                        )
+                    });
+                    self.psi_watch(armed);
+                }
+            }
+            Ok(MemoryHierarchy::V1(_)) if !opts.targets.is_empty() => self.missing(
+                Source::Psi,
+                "per-cgroup memory.pressure: the memory controller is on cgroup v1, so PSI is \
+                 node-wide only"
+                    .into(),
+            ),
+            _ => {}
+        }
+    }
+
+    /// v1: a threshold eventfd (when the target has a threshold) and the OOM eventfd per
+    /// target; v2: inotify on each target's `memory.events`.
+    fn memcg(&mut self, h: &MemoryHierarchy, targets: &[MemcgTarget]) {
+        for target in targets {
+            let dir = match h.dir(&target.cgroup) {
+                Ok(dir) => dir,
+                Err(reason) => {
+                    self.missing(Source::MemcgThreshold, reason);
+                    continue;
+                }
+            };
+            let cgroup = &target.cgroup;
+            match h {
+                MemoryHierarchy::V1(_) => {
+                    if let Some(bytes) = target.threshold_bytes {
+                        let armed = memcg::arm_v1_threshold(&dir, cgroup, bytes);
+                        self.eventfd_watch(armed);
+                    }
+                    let armed = memcg::arm_v1_oom(&dir, cgroup);
+                    self.eventfd_watch(armed);
+                }
+                MemoryHierarchy::V2(_) => {
+                    match memcg::arm_v2_events(&dir, cgroup, target.threshold_bytes) {
+                        Ok(watch) => {
+                            let what = watch.describe();
+                            let task = watch.run(self.tx.clone());
+                            self.parts
+                                .push(Attachment::new(Source::MemcgThreshold, what, task));
+                        }
+                        Err(reason) => self.missing(Source::MemcgThreshold, reason),
+                    }
+                }
+            }
+        }
+    }
+
+    fn eventfd_watch(&mut self, armed: Result<memcg::EventfdWatch, String>) {
+        match armed {
+            Ok(watch) => {
+                let what = watch.describe();
+                let task = watch.run(self.tx.clone());
+                self.parts
+                    .push(Attachment::new(Source::MemcgThreshold, what, task));
+            }
+            Err(reason) => self.missing(Source::MemcgThreshold, reason),
+        }
     }
 }
 
