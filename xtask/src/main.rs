@@ -17,6 +17,8 @@ commands:
                tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests;
                idempotent
   test         setup, then fmt check, clippy, every test (unit, integration, doc)
+  bench        detection-lag benchmark of the sources without eBPF (root; real kernel):
+               memcg eventfds, PSI trigger, and the tick (SENSE_BENCH_* env, see the bench)
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
         "setup" => setup::run(),
         "test" => test(&rest),
         "run" => run(&rest),
+        "bench" => bench(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -106,6 +109,14 @@ fn deploy_manifests() -> Result<Vec<std::path::PathBuf>> {
         bail!("no manifests under {}", dir.display());
     }
     Ok(files)
+}
+
+fn bench(extra: &[String]) -> Result<()> {
+    // The bench starts the release `memhog` beside it.
+    sh(cargo().args(["build", "--release", "-p", "reactor-tests", "--bins"]))?;
+    sh(cargo()
+        .args(["bench", "-p", "reactor-tests", "--bench", "sense_lag"])
+        .args(extra))
 }
 
 fn run(extra: &[String]) -> Result<()> {

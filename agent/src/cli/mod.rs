@@ -8,6 +8,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod config;
+mod logging;
+mod run;
+mod sense_args;
+mod shutdown;
+mod watch;
 
 /// A node agent that handles memory, disk and pid pressure by the kubelet's rules,
 /// woken by the kernel's own pressure events.
@@ -23,6 +28,12 @@ enum Command {
     /// Print the default config or validate a config file.
     #[command(subcommand)]
     Config(config::ConfigCommand),
+    /// Run the agent: load the config, start the sense layer, log each pressure event with
+    /// its detection lag; stops on SIGTERM/SIGINT.
+    Run(run::RunArgs),
+    /// Print live pressure events from the kernel with their detection lag; on Ctrl-C or
+    /// SIGTERM print the lag summary per source (stderr).
+    Watch(watch::WatchArgs),
 }
 
 /// A failure with the exit code it maps to.
@@ -43,6 +54,8 @@ pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Config(cmd) => config::run(cmd),
+        Command::Run(args) => run::run(args),
+        Command::Watch(args) => watch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

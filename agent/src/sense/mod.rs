@@ -6,8 +6,41 @@
 //! or the polling fallback). The event carries the kernel's own timestamp where the kernel
 //! gives one, so the detection lag (`now - at_ns` when the reactor takes the event) is a
 //! measured figure rather than an estimate.
+//!
+//! [`Sense::start`] attaches whatever the options switch on, says what attached and why
+//! anything did not, and runs on what is left; [`Sense::next`] hands out events with their lag
+//! and keeps the per-source lag histograms ([`lag`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), reactor::sense::SenseError> {
+//! use reactor::config::Config;
+//! use reactor::sense::{MemcgTarget, Sense, SenseOptions};
+//!
+//! let target = MemcgTarget { cgroup: "/kubepods".into(), threshold_bytes: Some(30 << 30) };
+//! let mut sense = Sense::start(&SenseOptions::from_config(&Config::default(), vec![target]))?;
+//! while let Some(r) = sense.next().await {
+//!     println!("{} {} {} lag {}ns", r.event.source, r.event.kind, r.event.at_ns, r.lag_ns);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+pub mod lag;
+pub mod memcg;
+pub mod poll;
+pub mod psi;
+
+pub use lag::{LagRecorder, LagSnapshot};
+pub use memcg::{MemcgTarget, MemoryHierarchy};
 
 /// Where an event came from. One variant per sense source; the config switches each one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -96,12 +129,578 @@ pub enum Kind {
     PsiTrigger {
         /// `"some"` or `"full"`.
         level: String,
+        /// The level's cumulative stall (`total=`, µs) read just after the wake-up, where it
+        /// could be read: two events' difference is the stall between them.
+        total_us: Option<u64>,
     },
     /// Usage crossed a memcg threshold (v1 eventfd) or `memory.events` changed (v2).
     ThresholdCrossed {
         /// The threshold in bytes, where there is one.
         threshold_bytes: Option<u64>,
+        /// Usage read at wake-up, where it could be read. The v1 eventfd fires on crossings in
+        /// both directions; this says which one it was.
+        usage_bytes: Option<u64>,
     },
     /// The housekeeping tick: nothing from the kernel, just time to look again.
     Tick,
+}
+
+impl std::fmt::Display for Kind {
+    /// One short line for logs and `reactor watch`'s table.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+            v.as_ref().map_or_else(|| "?".to_string(), T::to_string)
+        }
+        match self {
+            Kind::OomKill { pid, comm } => {
+                write!(f, "oom-kill pid={} comm={}", opt(pid), opt(comm))
+            }
+            Kind::ReclaimStall {
+                pid,
+                duration_ns,
+                memcg,
+            } => write!(
+                f,
+                "reclaim-stall pid={pid} {} memcg={memcg}",
+                lag::format_ns(*duration_ns)
+            ),
+            Kind::MemcgEvent { item, count } => write!(f, "memcg-event {item} +{count}"),
+            Kind::PsiTrigger { level, total_us } => {
+                write!(f, "psi-trigger {level} total={}us", opt(total_us))
+            }
+            Kind::ThresholdCrossed {
+                threshold_bytes,
+                usage_bytes,
+            } => write!(
+                f,
+                "threshold-crossed threshold={} usage={}",
+                opt(threshold_bytes),
+                opt(usage_bytes)
+            ),
+            Kind::Tick => f.write_str("tick"),
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock `bpf_ktime_get_ns()` reads, so eBPF
+/// timestamps and ours compare directly.
+pub fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Registers an fd we own with tokio's reactor for the given readiness.
+pub(crate) fn register_fd(
+    fd: std::os::fd::OwnedFd,
+    interest: tokio::io::Interest,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: an `OwnedFd` owns its descriptor until it is dropped, and the `AsyncFd` owns the
+    // `OwnedFd`, so the raw fd stays open and the same for the `AsyncFd`'s whole life.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+/// What the sense layer should listen to. Built from the config ([`SenseOptions::from_config`])
+/// and adjusted by command-line flags.
+#[derive(Clone, Debug)]
+pub struct SenseOptions {
+    /// Attach the eBPF programs.
+    pub ebpf: bool,
+    /// Arm PSI triggers.
+    pub psi: bool,
+    /// Register memcg notifications on [`SenseOptions::targets`].
+    pub memcg: bool,
+    /// Run the housekeeping tick.
+    pub poll: bool,
+    /// Stall per window that fires a PSI trigger.
+    pub psi_threshold: Duration,
+    /// The PSI trigger window.
+    pub psi_window: Duration,
+    /// The housekeeping tick's interval.
+    pub poll_interval: Duration,
+    /// Cgroups to watch (memcg notifications; on cgroup v2 also their `memory.pressure`).
+    pub targets: Vec<MemcgTarget>,
+    /// The memory hierarchy; `None` finds it from `/proc/self/mountinfo`.
+    pub hierarchy: Option<MemoryHierarchy>,
+    /// The node-wide pressure file (injectable for tests of the failure paths).
+    pub proc_pressure: PathBuf,
+    /// Events that may wait in the channel before sources block.
+    pub channel_capacity: usize,
+}
+
+impl SenseOptions {
+    /// The options a config file asks for, watching `targets`.
+    pub fn from_config(config: &crate::config::Config, targets: Vec<MemcgTarget>) -> Self {
+        SenseOptions {
+            ebpf: config.sense.ebpf,
+            psi: config.sense.psi,
+            memcg: config.sense.memcg_threshold,
+            poll: config.sense.poll,
+            psi_threshold: config.sense.psi_threshold.0,
+            psi_window: config.sense.psi_window.0,
+            poll_interval: config.housekeeping_interval.0,
+            targets,
+            hierarchy: None,
+            proc_pressure: PathBuf::from(psi::PROC_PRESSURE_MEMORY),
+            channel_capacity: 1024,
+        }
+    }
+}
+
+/// One source (or one part of one: a trigger, an eventfd) that is listening.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AttachedPart {
+    /// The source it feeds.
+    pub source: Source,
+    /// What it watches, for people.
+    pub what: String,
+}
+
+/// A source, or part of one, that is not listening, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MissingPart {
+    /// The source.
+    pub source: Source,
+    /// Why (switched off, not root, file absent, v1/v2 mismatch, the kernel's errno...).
+    pub reason: String,
+}
+
+/// What attached at start and what did not: the agent says so rather than run blind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AttachReport {
+    /// Parts that are listening.
+    pub attached: Vec<AttachedPart>,
+    /// Parts that are not, with the reason.
+    pub missing: Vec<MissingPart>,
+}
+
+impl AttachReport {
+    /// Whether any part of `source` is listening.
+    pub fn has(&self, source: Source) -> bool {
+        self.attached.iter().any(|a| a.source == source)
+    }
+}
+
+/// The sense layer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SenseError {
+    /// Every source is off or failed to attach, the tick included.
+    #[error("no sense source could start (and sense.poll is off): {0}")]
+    NoSources(String),
+}
+
+type SourceTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A part that attached: what it is and the task that feeds the channel.
+pub(crate) struct Attachment {
+    source: Source,
+    what: String,
+    task: SourceTask,
+}
+
+impl Attachment {
+    /// Wraps a source's running future.
+    pub(crate) fn new(
+        source: Source,
+        what: String,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        Attachment {
+            source,
+            what,
+            task: Box::pin(task),
+        }
+    }
+}
+
+/// The one seam for the eBPF source, which lives on its own branch: attach the programs and
+/// return their task, or the reason they are not there. Everything else (reporting,
+/// fallback, lag) treats it like any other source.
+fn attach_ebpf(
+    _opts: &SenseOptions,
+    _tx: &mpsc::Sender<PressureEvent>,
+) -> Result<Vec<Attachment>, String> {
+    // At merge: `ebpf::EbpfSource::attach(..)`, log `.missing()`, and
+    // `Attachment::new(Source::Ebpf, <.attached() listed>, source.run(tx.clone()))`.
+    Err("eBPF source not built in this branch".to_string())
+}
+
+/// One event as the consumer took it, with its detection lag.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Received {
+    /// The event.
+    #[serde(flatten)]
+    pub event: PressureEvent,
+    /// `CLOCK_MONOTONIC` at take-up minus the event's `at_ns`.
+    pub lag_ns: u64,
+}
+
+/// The running sense layer: every attached source as a task feeding one channel, and the
+/// lag histograms of what the consumer has taken.
+pub struct Sense {
+    rx: mpsc::Receiver<PressureEvent>,
+    tasks: JoinSet<()>,
+    report: AttachReport,
+    lag: LagRecorder,
+}
+
+impl Sense {
+    /// Attaches every source the options switch on, logs what attached and why anything is
+    /// missing, and runs on whatever is left. Fails only when nothing at all could start.
+    ///
+    /// Must be called inside a tokio runtime.
+    pub fn start(opts: &SenseOptions) -> Result<Sense, SenseError> {
+        let (tx, rx) = mpsc::channel(opts.channel_capacity.max(1));
+        let mut attaching = Attaching {
+            tx,
+            parts: Vec::new(),
+            missing: Vec::new(),
+        };
+        let hierarchy = match &opts.hierarchy {
+            Some(h) => Ok(h.clone()),
+            None => MemoryHierarchy::detect(),
+        };
+        if opts.ebpf {
+            match attach_ebpf(opts, &attaching.tx) {
+                Ok(attached) => attaching.parts.extend(attached),
+                Err(reason) => attaching.missing(Source::Ebpf, reason),
+            }
+        } else {
+            attaching.missing(Source::Ebpf, "switched off (sense.ebpf: false)".into());
+        }
+        if opts.psi {
+            attaching.psi(opts, &hierarchy);
+        } else {
+            attaching.missing(Source::Psi, "switched off (sense.psi: false)".into());
+        }
+        if !opts.memcg {
+            let reason = "switched off (sense.memcgThreshold: false)";
+            attaching.missing(Source::MemcgThreshold, reason.into());
+        } else if opts.targets.is_empty() {
+            let reason = "no cgroup to watch was given";
+            attaching.missing(Source::MemcgThreshold, reason.into());
+        } else {
+            match &hierarchy {
+                Err(reason) => attaching.missing(Source::MemcgThreshold, reason.clone()),
+                Ok(h) => attaching.memcg(h, &opts.targets),
+            }
+        }
+        if opts.poll {
+            let what = format!(
+                "housekeeping tick every {}",
+                crate::decide::duration::format_go_duration(opts.poll_interval)
+            );
+            let task = poll::run(opts.poll_interval, attaching.tx.clone());
+            attaching
+                .parts
+                .push(Attachment::new(Source::Poll, what, task));
+        } else {
+            attaching.missing(Source::Poll, "switched off (sense.poll: false)".into());
+        }
+
+        let Attaching { tx, parts, missing } = attaching;
+        // Only the tasks hold senders now: the channel closes when the last source stops.
+        drop(tx);
+        let mut report = AttachReport {
+            attached: Vec::new(),
+            missing,
+        };
+        if parts.is_empty() {
+            let reasons: Vec<String> = report
+                .missing
+                .iter()
+                .map(|m| format!("{}: {}", m.source, m.reason))
+                .collect();
+            return Err(SenseError::NoSources(reasons.join("; ")));
+        }
+        let mut tasks = JoinSet::new();
+        for part in parts {
+            report.attached.push(AttachedPart {
+                source: part.source,
+                what: part.what,
+            });
+            tasks.spawn(part.task);
+        }
+        log_report(&report);
+        Ok(Sense {
+            rx,
+            tasks,
+            report,
+            lag: LagRecorder::default(),
+        })
+    }
+
+    /// What attached and what is missing.
+    pub fn report(&self) -> &AttachReport {
+        &self.report
+    }
+
+    /// Waits for the next event, measures its lag and records it. `None` once every source
+    /// has stopped.
+    pub async fn next(&mut self) -> Option<Received> {
+        let event = self.rx.recv().await?;
+        let lag_ns = monotonic_ns().saturating_sub(event.at_ns);
+        self.lag.record(event.source, lag_ns);
+        Some(Received { event, lag_ns })
+    }
+
+    /// The lag histograms so far.
+    pub fn lag(&self) -> &LagRecorder {
+        &self.lag
+    }
+
+    /// Stops every source task (closing its fds, which unregisters triggers and eventfds)
+    /// and returns the lag histograms.
+    pub async fn shutdown(mut self) -> LagRecorder {
+        self.rx.close();
+        self.tasks.shutdown().await;
+        self.lag
+    }
+}
+
+/// The parts attached so far and the reasons for the ones that are not, while starting.
+struct Attaching {
+    tx: mpsc::Sender<PressureEvent>,
+    parts: Vec<Attachment>,
+    missing: Vec<MissingPart>,
+}
+
+impl Attaching {
+    fn missing(&mut self, source: Source, reason: String) {
+        self.missing.push(MissingPart { source, reason });
+    }
+
+    fn psi_watch(&mut self, armed: Result<psi::PsiWatch, String>) {
+        match armed {
+            Ok(watch) => {
+                let what = watch.describe();
+                let task = watch.run(self.tx.clone());
+                self.parts.push(Attachment::new(Source::Psi, what, task));
+            }
+            Err(reason) => self.missing(Source::Psi, reason),
+        }
+    }
+
+    /// Node-wide `some` and `full` triggers, and on cgroup v2 a `some` trigger on each
+    /// target's `memory.pressure`.
+    fn psi(&mut self, opts: &SenseOptions, hierarchy: &Result<MemoryHierarchy, String>) {
+        for level in [psi::Level::Some, psi::Level::Full] {
+            let armed = psi::arm(
+                &opts.proc_pressure,
+                None,
+                level,
+                opts.psi_threshold,
+                opts.psi_window,
+            );
+            self.psi_watch(armed);
+        }
+        match hierarchy {
+            Ok(h @ MemoryHierarchy::V2(_)) => {
+                for target in &opts.targets {
+                    let armed = h.dir(&target.cgroup).and_then(|dir| {
+                        psi::arm(
+                            &dir.join("memory.pressure"),
+                            Some(target.cgroup.clone()),
+                            psi::Level::Some,
+                            opts.psi_threshold,
+                            opts.psi_window,
+                        )
+                    });
+                    self.psi_watch(armed);
+                }
+            }
+            Ok(MemoryHierarchy::V1(_)) if !opts.targets.is_empty() => self.missing(
+                Source::Psi,
+                "per-cgroup memory.pressure: the memory controller is on cgroup v1, so PSI is \
+                 node-wide only"
+                    .into(),
+            ),
+            _ => {}
+        }
+    }
+
+    /// v1: a threshold eventfd (when the target has a threshold) and the OOM eventfd per
+    /// target; v2: inotify on each target's `memory.events`.
+    fn memcg(&mut self, h: &MemoryHierarchy, targets: &[MemcgTarget]) {
+        for target in targets {
+            let dir = match h.dir(&target.cgroup) {
+                Ok(dir) => dir,
+                Err(reason) => {
+                    self.missing(Source::MemcgThreshold, reason);
+                    continue;
+                }
+            };
+            let cgroup = &target.cgroup;
+            match h {
+                MemoryHierarchy::V1(_) => {
+                    if let Some(bytes) = target.threshold_bytes {
+                        let armed = memcg::arm_v1_threshold(&dir, cgroup, bytes);
+                        self.eventfd_watch(armed);
+                    }
+                    let armed = memcg::arm_v1_oom(&dir, cgroup);
+                    self.eventfd_watch(armed);
+                }
+                MemoryHierarchy::V2(_) => {
+                    match memcg::arm_v2_events(&dir, cgroup, target.threshold_bytes) {
+                        Ok(watch) => {
+                            let what = watch.describe();
+                            let task = watch.run(self.tx.clone());
+                            self.parts
+                                .push(Attachment::new(Source::MemcgThreshold, what, task));
+                        }
+                        Err(reason) => self.missing(Source::MemcgThreshold, reason),
+                    }
+                }
+            }
+        }
+    }
+
+    fn eventfd_watch(&mut self, armed: Result<memcg::EventfdWatch, String>) {
+        match armed {
+            Ok(watch) => {
+                let what = watch.describe();
+                let task = watch.run(self.tx.clone());
+                self.parts
+                    .push(Attachment::new(Source::MemcgThreshold, what, task));
+            }
+            Err(reason) => self.missing(Source::MemcgThreshold, reason),
+        }
+    }
+}
+
+fn log_report(report: &AttachReport) {
+    for part in &report.attached {
+        tracing::info!(source = %part.source, what = %part.what, "sense source attached");
+    }
+    for part in &report.missing {
+        tracing::warn!(source = %part.source, reason = %part.reason, "sense source missing");
+    }
+    let kernel = [Source::Ebpf, Source::Psi, Source::MemcgThreshold]
+        .into_iter()
+        .filter(|&s| report.has(s))
+        .map(Source::name)
+        .collect::<Vec<_>>();
+    if kernel.is_empty() {
+        tracing::warn!("no kernel notification attached: running on the housekeeping tick only");
+    } else {
+        tracing::info!(sources = %kernel.join(","), "sense running");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_off() -> SenseOptions {
+        let mut opts = SenseOptions::from_config(&crate::config::Config::default(), Vec::new());
+        opts.ebpf = false;
+        opts.psi = false;
+        opts.memcg = false;
+        opts.poll = false;
+        opts
+    }
+
+    #[tokio::test]
+    async fn nothing_switched_on_is_a_clear_error() {
+        let Err(err) = Sense::start(&all_off()) else {
+            panic!("started with no sources");
+        };
+        let text = err.to_string();
+        assert!(text.contains("sense.poll is off"), "{text}");
+        assert!(text.contains("ebpf: switched off"), "{text}");
+        assert!(!text.contains('\n'));
+    }
+
+    #[tokio::test]
+    async fn runs_on_the_tick_when_kernel_sources_are_missing() {
+        let mut opts = all_off();
+        opts.psi = true;
+        opts.proc_pressure = PathBuf::from("/nonexistent/pressure/memory");
+        opts.memcg = true; // with no targets
+        opts.poll = true;
+        opts.poll_interval = Duration::from_millis(10);
+        let mut sense = Sense::start(&opts).expect("tick alone is enough");
+        let report = sense.report().clone();
+        assert!(report.has(Source::Poll));
+        assert!(!report.has(Source::Psi));
+        let reasons: Vec<&str> = report.missing.iter().map(|m| m.reason.as_str()).collect();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("/nonexistent/pressure/memory absent")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons.iter().any(|r| r.contains("no cgroup to watch")),
+            "{reasons:?}"
+        );
+        for _ in 0..3 {
+            let r = sense.next().await.expect("tick");
+            assert_eq!(r.event.kind, Kind::Tick);
+            assert_eq!(r.event.source, Source::Poll);
+        }
+        let lag = sense.shutdown().await;
+        assert_eq!(lag.histogram(Source::Poll).map(|h| h.count()), Some(3));
+    }
+
+    #[tokio::test]
+    async fn v2_memory_events_change_becomes_events() {
+        // A directory shaped like a v2 cgroup: inotify and the parsing are real, the files
+        // are plain files we change.
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("memory.events");
+        std::fs::write(&events, "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n").unwrap();
+        std::fs::write(dir.path().join("memory.current"), "900\n").unwrap();
+        let mut opts = all_off();
+        opts.memcg = true;
+        opts.hierarchy = Some(MemoryHierarchy::V2(dir.path().to_path_buf()));
+        opts.targets = vec![MemcgTarget {
+            cgroup: "/".into(),
+            threshold_bytes: Some(500),
+        }];
+        let mut sense = Sense::start(&opts).unwrap();
+        assert!(sense.report().has(Source::MemcgThreshold));
+        std::fs::write(&events, "low 0\nhigh 4\nmax 0\noom 1\noom_kill 1\n").unwrap();
+        let mut kinds = Vec::new();
+        while kinds.len() < 4 {
+            let r = tokio::time::timeout(Duration::from_secs(5), sense.next())
+                .await
+                .expect("memory.events change seen")
+                .unwrap();
+            assert_eq!(r.event.cgroup.as_deref(), Some("/"));
+            kinds.push(r.event.kind);
+        }
+        assert!(kinds.contains(&Kind::OomKill {
+            pid: None,
+            comm: None
+        }));
+        assert!(kinds.contains(&Kind::MemcgEvent {
+            item: "high".into(),
+            count: 4
+        }));
+        assert!(kinds.contains(&Kind::ThresholdCrossed {
+            threshold_bytes: Some(500),
+            usage_bytes: Some(900)
+        }));
+        sense.shutdown().await;
+    }
+
+    #[test]
+    fn kinds_print_on_one_line() {
+        let k = Kind::ThresholdCrossed {
+            threshold_bytes: Some(10),
+            usage_bytes: None,
+        };
+        assert_eq!(k.to_string(), "threshold-crossed threshold=10 usage=?");
+        assert_eq!(Kind::Tick.to_string(), "tick");
+    }
+
+    #[test]
+    fn monotonic_clock_moves_forward() {
+        let a = monotonic_ns();
+        let b = monotonic_ns();
+        assert!(a > 0 && b >= a);
+    }
 }

@@ -1,0 +1,706 @@
+//! memcg notifications: the memory controller's own "usage crossed X" and "OOM" signals.
+//!
+//! - cgroup v1: a threshold on `memory.usage_in_bytes` registered through
+//!   `cgroup.event_control` with an eventfd (`"<eventfd> <fd of memory.usage_in_bytes>
+//!   <bytes>"`, what the kubelet's `--kernel-memcg-notification` does), and the OOM
+//!   notification (an eventfd registered against `memory.oom_control`), so OOMs are seen
+//!   without eBPF. The kernel signals a threshold eventfd when usage crosses it in *either*
+//!   direction, so the event carries the usage read at wake-up to tell which.
+//! - cgroup v2: `memory.events` is watched with inotify (`IN_MODIFY`, which the kernel raises
+//!   on every counter change) and the `low`/`high`/`max`/`oom`/`oom_kill` deltas become
+//!   events. v2 has no byte thresholds; a target's threshold is checked against
+//!   `memory.current` whenever `memory.events` moves.
+//!
+//! Which cgroups to watch is an input ([`MemcgTarget`]): the reactor loop sets them from the
+//! eviction thresholds; `reactor watch`/`run` from flags or the config ([`node_target`]).
+//!
+//! Minimum kernel: 2.6.34 for v1 thresholds, 4.5 for v2 `memory.events`.
+
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::event::{eventfd, EventfdFlags};
+use rustix::fs::inotify;
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+
+use super::{monotonic_ns, Kind, PressureEvent, Source};
+
+/// A cgroup to watch and, optionally, a usage threshold on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemcgTarget {
+    /// The cgroup as a path inside the memory hierarchy (`/`, `/kubepods`).
+    pub cgroup: String,
+    /// Usage in bytes whose crossing wakes us; `None` watches OOMs / `memory.events` only.
+    pub threshold_bytes: Option<u64>,
+}
+
+/// Where the memory controller lives on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemoryHierarchy {
+    /// The v1 memory controller mounted at this directory.
+    V1(PathBuf),
+    /// The v2 unified hierarchy (with the memory controller) mounted at this directory.
+    V2(PathBuf),
+}
+
+/// Mount points of cgroup hierarchies found in `/proc/self/mountinfo`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CgroupMounts {
+    /// The v1 hierarchy that has the memory controller.
+    pub v1_memory: Option<PathBuf>,
+    /// The cgroup2 mount.
+    pub v2: Option<PathBuf>,
+}
+
+/// Finds the cgroup mounts in the text of `/proc/self/mountinfo`.
+pub fn parse_mountinfo(text: &str) -> CgroupMounts {
+    let mut mounts = CgroupMounts::default();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(dash) = fields.iter().position(|&f| f == "-") else {
+            continue;
+        };
+        let (Some(mount_point), Some(fstype)) = (fields.get(4), fields.get(dash + 1)) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(mount_point.replace("\\040", " "));
+        let super_opts = fields.get(dash + 3).copied().unwrap_or_default();
+        match *fstype {
+            "cgroup" if super_opts.split(',').any(|o| o == "memory") => {
+                mounts.v1_memory.get_or_insert(mount_point);
+            }
+            "cgroup2" => {
+                mounts.v2.get_or_insert(mount_point);
+            }
+            _ => {}
+        }
+    }
+    mounts
+}
+
+impl MemoryHierarchy {
+    /// Finds the memory controller: the v1 memory hierarchy if one is mounted (the
+    /// controller can be bound to only one hierarchy), else cgroup2 if its root lists
+    /// `memory` in `cgroup.controllers`.
+    pub fn detect() -> Result<MemoryHierarchy, String> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let mounts = parse_mountinfo(&text);
+        if let Some(root) = mounts.v1_memory {
+            return Ok(MemoryHierarchy::V1(root));
+        }
+        if let Some(root) = mounts.v2 {
+            let controllers =
+                std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            if controllers.split_whitespace().any(|c| c == "memory") {
+                return Ok(MemoryHierarchy::V2(root));
+            }
+            return Err(format!(
+                "cgroup2 at {} has no memory controller and no v1 memory hierarchy is mounted",
+                root.display()
+            ));
+        }
+        Err("no memory cgroup hierarchy is mounted".into())
+    }
+
+    /// The hierarchy's mount point.
+    pub fn root(&self) -> &Path {
+        match self {
+            MemoryHierarchy::V1(root) | MemoryHierarchy::V2(root) => root,
+        }
+    }
+
+    /// `"v1"` or `"v2"`, for logs.
+    pub fn version(&self) -> &'static str {
+        match self {
+            MemoryHierarchy::V1(_) => "v1",
+            MemoryHierarchy::V2(_) => "v2",
+        }
+    }
+
+    /// The directory of a cgroup given as a path inside the hierarchy; refuses paths that
+    /// would leave it (`..`).
+    pub fn dir(&self, cgroup: &str) -> Result<PathBuf, String> {
+        cgroup_dir(self.root(), cgroup)
+    }
+}
+
+/// Joins a cgroup path under a hierarchy root so that it cannot escape it.
+pub fn cgroup_dir(root: &Path, cgroup: &str) -> Result<PathBuf, String> {
+    let mut dir = root.to_path_buf();
+    for component in Path::new(cgroup).components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(part) => dir.push(part),
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(format!("cgroup path {cgroup:?} must not contain \"..\""));
+            }
+        }
+    }
+    Ok(dir)
+}
+
+/// The counters of a v2 `memory.events` file (or any flat `key value` file).
+pub type EventCounters = BTreeMap<String, u64>;
+
+/// Parses a flat keyed file of counters (`memory.events`, `memory.oom_control`).
+pub fn parse_counters(text: &str) -> Result<EventCounters, String> {
+    let mut counters = EventCounters::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut words = line.split_whitespace();
+        let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
+            return Err(format!("line {line:?} is not \"key value\""));
+        };
+        let value = value
+            .parse()
+            .map_err(|_| format!("{key} value {value:?} is not a count"))?;
+        counters.insert(key.to_string(), value);
+    }
+    Ok(counters)
+}
+
+/// The `memory.events` items worth an event, by kernel name.
+const EVENT_ITEMS: [&str; 5] = ["low", "high", "max", "oom", "oom_group_kill"];
+
+/// What changed between two readings of `memory.events`: one [`Kind::OomKill`] when
+/// `oom_kill` moved, one [`Kind::MemcgEvent`] per other item that moved. A counter that went
+/// down (the file was recreated) counts from zero.
+pub fn events_delta(before: &EventCounters, now: &EventCounters) -> Vec<Kind> {
+    let moved = |key: &str| {
+        let n = now.get(key).copied().unwrap_or(0);
+        let b = before.get(key).copied().unwrap_or(0);
+        if n >= b {
+            n - b
+        } else {
+            n
+        }
+    };
+    let mut kinds = Vec::new();
+    if moved("oom_kill") > 0 {
+        kinds.push(Kind::OomKill {
+            pid: None,
+            comm: None,
+        });
+    }
+    for item in EVENT_ITEMS {
+        let count = moved(item);
+        if count > 0 {
+            kinds.push(Kind::MemcgEvent {
+                item: item.to_string(),
+                count,
+            });
+        }
+    }
+    kinds
+}
+
+/// The usage threshold that wakes us before the `memory.available` hard eviction threshold is
+/// met: `capacity - hard`.
+///
+/// memory.available is `capacity - working_set` and the working set is usage minus inactive
+/// file pages, so usage ≥ working set: a threshold on usage at `capacity - hard` fires at or
+/// before the moment the signal crosses, never after. The reactor then reads the real signal.
+/// `hard` is a quantity (`"100Mi"`) or a percentage of capacity (`"10%"`).
+pub fn node_threshold(capacity_bytes: u64, hard: &str) -> Result<u64, String> {
+    let hard_bytes = if let Some(percent) = hard.strip_suffix('%') {
+        let p: f64 = percent
+            .parse()
+            .map_err(|_| format!("{hard:?} is not a percentage"))?;
+        if !(0.0..=100.0).contains(&p) {
+            return Err(format!("{hard:?} is not a percentage in 0..100"));
+        }
+        (capacity_bytes as f64 * p / 100.0) as u64
+    } else {
+        let q = crate::decide::quantity::Quantity::parse(hard).map_err(|e| e.to_string())?;
+        if q.is_negative() {
+            return Err(format!("{hard:?} is negative"));
+        }
+        u64::try_from(q.value()).map_err(|_| format!("{hard:?} is out of range"))?
+    };
+    Ok(capacity_bytes.saturating_sub(hard_bytes))
+}
+
+/// The node's memory capacity: `node.memoryCapacity` when set, else `MemTotal` of
+/// `/proc/meminfo`.
+pub fn memory_capacity(configured: &str) -> Result<u64, String> {
+    if !configured.is_empty() {
+        let q = crate::decide::quantity::Quantity::parse(configured)
+            .map_err(|e| format!("node.memoryCapacity: {e}"))?;
+        return u64::try_from(q.value())
+            .map_err(|_| format!("node.memoryCapacity {configured:?} is out of range"));
+    }
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| format!("cannot read /proc/meminfo: {e}"))?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or("no MemTotal in /proc/meminfo")?;
+    Ok(kib * 1024)
+}
+
+/// The node target: the cgroup the agent manages (`cgroupRoot`) with the usage threshold
+/// derived from capacity and the `memory.available` hard eviction threshold, or no
+/// threshold (OOM / events only) when there is no such eviction threshold.
+pub fn node_target(config: &crate::config::Config) -> Result<MemcgTarget, String> {
+    let threshold_bytes = match config.eviction_hard.get("memory.available") {
+        None => None,
+        Some(hard) => {
+            let capacity = memory_capacity(&config.node.memory_capacity)?;
+            Some(
+                node_threshold(capacity, hard)
+                    .map_err(|e| format!("evictionHard.memory.available: {e}"))?,
+            )
+        }
+    };
+    Ok(MemcgTarget {
+        cgroup: config.cgroup_root.clone(),
+        threshold_bytes,
+    })
+}
+
+/// What a v1 eventfd is registered for.
+#[derive(Clone, Copy, Debug)]
+enum V1Notification {
+    Threshold(u64),
+    Oom,
+}
+
+/// A v1 eventfd registered with `cgroup.event_control`.
+pub(crate) struct EventfdWatch {
+    eventfd: AsyncFd<OwnedFd>,
+    /// The file the notification is registered on (`memory.usage_in_bytes` or
+    /// `memory.oom_control`), read through this fd at wake-up.
+    watched: OwnedFd,
+    dir: PathBuf,
+    cgroup: String,
+    what: V1Notification,
+}
+
+fn open_ro(path: &Path) -> Result<OwnedFd, String> {
+    rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(|e| match e {
+        Errno::NOENT => format!("{} absent", path.display()),
+        _ => format!("cannot open {}: {e}", path.display()),
+    })
+}
+
+fn register_v1(dir: &Path, file: &str, arg: Option<u64>) -> Result<(OwnedFd, OwnedFd), String> {
+    if !dir.is_dir() {
+        return Err(format!("cgroup {} absent", dir.display()));
+    }
+    let watched = open_ro(&dir.join(file))?;
+    let efd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+        .map_err(|e| format!("eventfd: {e}"))?;
+    let line = match arg {
+        Some(bytes) => format!("{} {} {bytes}", efd.as_raw_fd(), watched.as_raw_fd()),
+        None => format!("{} {}", efd.as_raw_fd(), watched.as_raw_fd()),
+    };
+    let control = dir.join("cgroup.event_control");
+    std::fs::write(&control, &line).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::PermissionDenied => " (not root?)",
+            std::io::ErrorKind::NotFound => " (not a v1 memory cgroup?)",
+            _ => "",
+        };
+        format!(
+            "kernel refused {line:?} on {}: {e}{hint}",
+            control.display()
+        )
+    })?;
+    Ok((efd, watched))
+}
+
+/// Registers a v1 usage threshold on a cgroup directory.
+pub(crate) fn arm_v1_threshold(
+    dir: &Path,
+    cgroup: &str,
+    threshold_bytes: u64,
+) -> Result<EventfdWatch, String> {
+    let (efd, watched) = register_v1(dir, "memory.usage_in_bytes", Some(threshold_bytes))?;
+    EventfdWatch::new(
+        efd,
+        watched,
+        dir,
+        cgroup,
+        V1Notification::Threshold(threshold_bytes),
+    )
+}
+
+/// Registers the v1 OOM notification on a cgroup directory.
+pub(crate) fn arm_v1_oom(dir: &Path, cgroup: &str) -> Result<EventfdWatch, String> {
+    let (efd, watched) = register_v1(dir, "memory.oom_control", None)?;
+    EventfdWatch::new(efd, watched, dir, cgroup, V1Notification::Oom)
+}
+
+fn read_u64_file(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Reads a cgroup file through an fd we hold open (from offset 0, as the kernel regenerates
+/// the text on every read).
+fn pread_text(fd: &OwnedFd) -> Option<String> {
+    let mut buf = [0u8; 512];
+    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// The `oom_kill` count of a `memory.oom_control` text.
+fn oom_kills(text: Option<String>) -> u64 {
+    text.and_then(|t| parse_counters(&t).ok())
+        .and_then(|c| c.get("oom_kill").copied())
+        .unwrap_or(0)
+}
+
+impl EventfdWatch {
+    fn new(
+        efd: OwnedFd,
+        watched: OwnedFd,
+        dir: &Path,
+        cgroup: &str,
+        what: V1Notification,
+    ) -> Result<EventfdWatch, String> {
+        let eventfd = super::register_fd(efd, tokio::io::Interest::READABLE)
+            .map_err(|e| format!("cannot register eventfd: {e}"))?;
+        Ok(EventfdWatch {
+            eventfd,
+            watched,
+            dir: dir.to_path_buf(),
+            cgroup: cgroup.to_string(),
+            what,
+        })
+    }
+
+    /// What this watch is, for the attach report.
+    pub(crate) fn describe(&self) -> String {
+        match self.what {
+            V1Notification::Threshold(bytes) => format!(
+                "v1 threshold {bytes} bytes on {}/memory.usage_in_bytes",
+                self.dir.display()
+            ),
+            V1Notification::Oom => {
+                format!(
+                    "v1 OOM notification on {}/memory.oom_control",
+                    self.dir.display()
+                )
+            }
+        }
+    }
+
+    /// Sends one event per eventfd wake-up until the receiver is gone or the cgroup is
+    /// removed (the kernel signals the eventfd on removal too).
+    pub(crate) async fn run(self, tx: mpsc::Sender<PressureEvent>) {
+        let mut kills_seen = oom_kills(pread_text(&self.watched));
+        loop {
+            let mut guard = match self.eventfd.readable().await {
+                Ok(guard) => guard,
+                Err(e) => {
+                    tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg eventfd wait failed; watch stops");
+                    return;
+                }
+            };
+            let at_ns = monotonic_ns();
+            let mut counter = [0u8; 8];
+            match guard.try_io(|fd| {
+                rustix::io::read(fd.get_ref(), &mut counter).map_err(std::io::Error::from)
+            }) {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg eventfd read failed; watch stops");
+                    return;
+                }
+                Err(_would_block) => continue,
+            }
+            if !self.dir.is_dir() {
+                tracing::info!(cgroup = %self.cgroup, "cgroup removed; its memcg watch stops");
+                return;
+            }
+            let kind = match self.what {
+                V1Notification::Threshold(bytes) => Kind::ThresholdCrossed {
+                    threshold_bytes: Some(bytes),
+                    usage_bytes: pread_text(&self.watched).and_then(|t| t.trim().parse().ok()),
+                },
+                V1Notification::Oom => {
+                    let kills = oom_kills(pread_text(&self.watched));
+                    let killed = kills > kills_seen;
+                    kills_seen = kills;
+                    if killed {
+                        Kind::OomKill {
+                            pid: None,
+                            comm: None,
+                        }
+                    } else {
+                        Kind::MemcgEvent {
+                            item: "oom".to_string(),
+                            count: u64::from_ne_bytes(counter),
+                        }
+                    }
+                }
+            };
+            let event = PressureEvent {
+                at_ns,
+                source: Source::MemcgThreshold,
+                cgroup: Some(self.cgroup.clone()),
+                kind,
+            };
+            if tx.send(event).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A v2 `memory.events` file watched with inotify.
+pub(crate) struct EventsWatch {
+    inotify: AsyncFd<OwnedFd>,
+    events_file: PathBuf,
+    current_file: PathBuf,
+    cgroup: String,
+    threshold_bytes: Option<u64>,
+    last: EventCounters,
+}
+
+/// Watches `memory.events` in `dir` (a v2 cgroup directory) for changes.
+pub(crate) fn arm_v2_events(
+    dir: &Path,
+    cgroup: &str,
+    threshold_bytes: Option<u64>,
+) -> Result<EventsWatch, String> {
+    let events_file = dir.join("memory.events");
+    let text = std::fs::read_to_string(&events_file).map_err(|e| {
+        format!(
+            "cannot read {}: {e} (no v2 memory controller here?)",
+            events_file.display()
+        )
+    })?;
+    let last = parse_counters(&text).map_err(|e| format!("{}: {e}", events_file.display()))?;
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
+        .map_err(|e| format!("inotify_init: {e}"))?;
+    inotify::add_watch(&fd, &events_file, inotify::WatchFlags::MODIFY)
+        .map_err(|e| format!("inotify watch on {}: {e}", events_file.display()))?;
+    let inotify = super::register_fd(fd, tokio::io::Interest::READABLE)
+        .map_err(|e| format!("cannot register inotify fd: {e}"))?;
+    Ok(EventsWatch {
+        inotify,
+        current_file: dir.join("memory.current"),
+        events_file,
+        cgroup: cgroup.to_string(),
+        threshold_bytes,
+        last,
+    })
+}
+
+impl EventsWatch {
+    /// What this watch is, for the attach report.
+    pub(crate) fn describe(&self) -> String {
+        match self.threshold_bytes {
+            Some(bytes) => format!(
+                "inotify on {} (threshold {bytes} bytes checked on change)",
+                self.events_file.display()
+            ),
+            None => format!("inotify on {}", self.events_file.display()),
+        }
+    }
+
+    /// Sends the counter deltas each time `memory.events` changes, until the receiver is gone
+    /// or the file is removed.
+    pub(crate) async fn run(mut self, tx: mpsc::Sender<PressureEvent>) {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 1024];
+        loop {
+            let mut guard = match self.inotify.readable().await {
+                Ok(guard) => guard,
+                Err(e) => {
+                    tracing::warn!(cgroup = %self.cgroup, error = %e, "inotify wait failed; watch stops");
+                    return;
+                }
+            };
+            let at_ns = monotonic_ns();
+            // Drain every queued inotify event; note whether the watch was removed.
+            let mut gone = false;
+            let mut any = false;
+            let drained = guard.try_io(|fd| {
+                let mut reader = inotify::Reader::new(fd.get_ref(), &mut buf);
+                loop {
+                    match reader.next() {
+                        Ok(ev) => {
+                            any = true;
+                            if ev.events().contains(inotify::ReadFlags::IGNORED) {
+                                gone = true;
+                            }
+                        }
+                        Err(Errno::AGAIN) if any => return Ok(()),
+                        Err(e) => return Err(std::io::Error::from(e)),
+                    }
+                }
+            });
+            match drained {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(cgroup = %self.cgroup, error = %e, "inotify read failed; watch stops");
+                    return;
+                }
+                Err(_would_block) => continue,
+            }
+            let now = match std::fs::read_to_string(&self.events_file)
+                .map_err(|e| e.to_string())
+                .and_then(|t| parse_counters(&t))
+            {
+                Ok(now) => now,
+                Err(e) => {
+                    tracing::info!(cgroup = %self.cgroup, reason = %e, "memory.events unreadable (cgroup removed?); watch stops");
+                    return;
+                }
+            };
+            let mut kinds = events_delta(&self.last, &now);
+            self.last = now;
+            if let Some(bytes) = self.threshold_bytes {
+                if let Some(usage) = read_u64_file(&self.current_file) {
+                    if usage >= bytes {
+                        kinds.push(Kind::ThresholdCrossed {
+                            threshold_bytes: Some(bytes),
+                            usage_bytes: Some(usage),
+                        });
+                    }
+                }
+            }
+            for kind in kinds {
+                let event = PressureEvent {
+                    at_ns,
+                    source: Source::MemcgThreshold,
+                    cgroup: Some(self.cgroup.clone()),
+                    kind,
+                };
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+            if gone {
+                tracing::info!(cgroup = %self.cgroup, "memory.events removed; watch stops");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+31 25 0:27 / /sys/fs/cgroup/unified rw,relatime shared:7 - cgroup2 cgroup2 rw,nsdelegate
+33 25 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+34 25 0:30 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
+";
+
+    #[test]
+    fn finds_v1_memory_and_v2_mounts() {
+        let m = parse_mountinfo(MOUNTINFO);
+        assert_eq!(m.v1_memory, Some(PathBuf::from("/sys/fs/cgroup/memory")));
+        assert_eq!(m.v2, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+    }
+
+    #[test]
+    fn pure_v2_node_has_no_v1_memory() {
+        let m = parse_mountinfo(
+            "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n",
+        );
+        assert_eq!(m.v1_memory, None);
+        assert_eq!(m.v2, Some(PathBuf::from("/sys/fs/cgroup")));
+    }
+
+    #[test]
+    fn cgroup_dirs_stay_inside_the_root() {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        assert_eq!(cgroup_dir(root, "/").unwrap(), root);
+        assert_eq!(
+            cgroup_dir(root, "/kubepods/burstable").unwrap(),
+            root.join("kubepods/burstable")
+        );
+        assert_eq!(cgroup_dir(root, "kubepods").unwrap(), root.join("kubepods"));
+        assert!(cgroup_dir(root, "/kubepods/../../etc").is_err());
+    }
+
+    #[test]
+    fn parses_memory_events() {
+        let c =
+            parse_counters("low 0\nhigh 12\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n").unwrap();
+        assert_eq!(c["high"], 12);
+        assert_eq!(c["oom_kill"], 1);
+        assert!(parse_counters("high twelve\n").is_err());
+        assert!(parse_counters("high 1 2\n").is_err());
+    }
+
+    #[test]
+    fn parses_v1_oom_control() {
+        let c = parse_counters("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n").unwrap();
+        assert_eq!(c["oom_kill"], 4);
+    }
+
+    #[test]
+    fn delta_names_what_moved() {
+        let before = parse_counters("low 0\nhigh 10\nmax 0\noom 0\noom_kill 0\n").unwrap();
+        let now = parse_counters("low 0\nhigh 15\nmax 2\noom 1\noom_kill 1\n").unwrap();
+        let kinds = events_delta(&before, &now);
+        assert_eq!(
+            kinds,
+            vec![
+                Kind::OomKill {
+                    pid: None,
+                    comm: None
+                },
+                Kind::MemcgEvent {
+                    item: "high".into(),
+                    count: 5
+                },
+                Kind::MemcgEvent {
+                    item: "max".into(),
+                    count: 2
+                },
+                Kind::MemcgEvent {
+                    item: "oom".into(),
+                    count: 1
+                },
+            ]
+        );
+        assert!(events_delta(&now, &now).is_empty());
+    }
+
+    #[test]
+    fn delta_after_reset_counts_from_zero() {
+        let before = parse_counters("high 10\n").unwrap();
+        let now = parse_counters("high 3\n").unwrap();
+        assert_eq!(
+            events_delta(&before, &now),
+            vec![Kind::MemcgEvent {
+                item: "high".into(),
+                count: 3
+            }]
+        );
+    }
+
+    #[test]
+    fn node_threshold_from_quantity_or_percent() {
+        let gib = 1u64 << 30;
+        assert_eq!(
+            node_threshold(8 * gib, "100Mi").unwrap(),
+            8 * gib - (100 << 20)
+        );
+        assert_eq!(node_threshold(1000, "10%").unwrap(), 900);
+        assert_eq!(node_threshold(50, "1Ki").unwrap(), 0);
+        assert!(node_threshold(1000, "12Qi").is_err());
+        assert!(node_threshold(1000, "150%").is_err());
+        assert!(node_threshold(1000, "-1").is_err());
+    }
+
+    #[test]
+    fn configured_capacity_wins() {
+        assert_eq!(memory_capacity("2Gi").unwrap(), 2 << 30);
+        assert!(memory_capacity("lots").is_err());
+    }
+}
