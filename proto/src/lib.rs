@@ -3,3 +3,13 @@
 //!
 //! Generated types stay at the edge: the agent converts them to its own domain types where a
 //! request enters, so the core never depends on wire shapes.
+
+/// The Kubernetes device-plugin API `v1beta1` (Registration and DevicePlugin services), as the
+/// kubelet serves and dials it; vendored upstream in `proto/deviceplugin/v1beta1/api.proto`.
+pub mod deviceplugin_v1beta1 {
+    #![expect(
+        missing_docs,
+        reason = "generated from the upstream .proto, whose messages are not all documented"
+    )]
+    tonic::include_proto!("v1beta1");
+}
