@@ -43,6 +43,7 @@
 pub mod allocate;
 pub mod checkpoint;
 mod endpoint;
+pub use endpoint::dial_unix;
 mod manager;
 pub mod names;
 mod registration;
