@@ -346,3 +346,38 @@ async fn bad_registrations_are_refused_with_the_kubelets_words() {
         .expect("still allocates");
     assert_eq!(a.containers["app"].envs["SAMPLE_DEVICES"], "dev-0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_registration_replaces_the_old_endpoint() {
+    let node = Node::new();
+    let m = node.start().await;
+    let mut old = Plugin::start(&node, 4, &["--socket", "old.sock"]);
+    wait_registered(&m, 4).await;
+    let mut new = Plugin::start(&node, 2, &["--socket", "new.sock"]);
+    wait_registered(&m, 2).await;
+
+    // The old plugin dying no longer matters: the manager follows the new one.
+    old.kill();
+    new.set_health("dev-1", false);
+    let c = wait_counts(&m, "the new plugin's health change", |c| c.allocatable == 1).await;
+    assert_eq!(
+        c.capacity, 2,
+        "the old plugin's death did not touch the new endpoint"
+    );
+    let a = m
+        .allocate(
+            &pod("pod-r", vec![], vec![container("app", 1)]),
+            &uids(&["pod-r"]),
+        )
+        .await
+        .expect("allocated through the new plugin");
+    assert_eq!(a.containers["app"].envs["SAMPLE_DEVICES"], "dev-0");
+    assert!(new.journal().contains("allocate dev-0"));
+    assert!(!old.journal().contains("allocate"));
+
+    new.kill();
+    wait_counts(&m, "the new plugin's devices unhealthy", |c| {
+        c.allocatable == 0 && c.capacity == 2
+    })
+    .await;
+}
