@@ -556,6 +556,9 @@ impl DeviceManager {
     /// calls the plugin's `Allocate` (after `GetPreferredAllocation` when offered) outside the
     /// lock. On any failure every assignment this call made is rolled back. The checkpoint is
     /// written before returning.
+    ///
+    /// Devices the init containers held beyond what the app containers reuse stay with the
+    /// pod until it leaves `active_pods`, as in the kubelet (see [`super::allocate`] for why).
     pub async fn allocate(
         &self,
         pod: &PodRequest,
@@ -821,5 +824,56 @@ impl Drop for DeviceManager {
             handle.abort();
             let _ = std::fs::remove_file(self.inner.config.socket_path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Admission shares the manager across tasks: its futures must be `Send` and the
+    /// manager `Send + Sync`. This only has to compile.
+    #[expect(dead_code, reason = "a compile-time check, never called")]
+    fn futures_are_send(m: &DeviceManager, pod: &PodRequest, active: &BTreeSet<String>) {
+        fn send<T: Send>(_: T) {}
+        fn shared<T: Send + Sync>() {}
+        shared::<DeviceManager>();
+        send(m.allocate(pod, active));
+        send(m.capacity());
+        send(m.prepare_container("pod", "container"));
+        send(m.remove_inactive_pods(active));
+        send(DeviceManager::start(DeviceManagerConfig::new("/p", "/s")));
+    }
+
+    #[test]
+    fn checkpoint_data_mirrors_the_book() {
+        let mut book = Book::default();
+        book.update_devices(
+            "vendor.example/dev",
+            &[("d0".into(), true, vec![]), ("d1".into(), false, vec![])],
+        );
+        let data = to_checkpoint(&book);
+        assert_eq!(
+            data.entries, None,
+            "no assignments: null, as the kubelet writes"
+        );
+        assert_eq!(
+            data.registered,
+            Some(
+                [(
+                    "vendor.example/dev".to_string(),
+                    Some(vec!["d0".to_string()])
+                )]
+                .into()
+            ),
+            "only healthy devices are registered"
+        );
+        let set: DeviceSet = ["d0".to_string()].into();
+        book.insert("p", "c", "vendor.example/dev", &set, Default::default());
+        let mut state = State::default();
+        restore(&mut state, to_checkpoint(&book), Instant::now());
+        assert_eq!(state.book.pods, book.pods);
+        assert!(state.book.healthy["vendor.example/dev"].is_empty());
+        assert!(state.endpoints["vendor.example/dev"].stopped_at.is_some());
     }
 }
