@@ -28,6 +28,9 @@ fn main() -> anyhow::Result<()> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Device-plugin maps (envs, annotations) encode in key order, so a checkpointed
+        // allocation response is byte-for-byte stable, as the kubelet's gogo encoding is.
+        .btree_map(".v1beta1")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -11,3 +11,13 @@
 pub mod runtime_v1 {
     tonic::include_proto!("runtime.v1");
 }
+
+/// The Kubernetes device-plugin API `v1beta1` (Registration and DevicePlugin services), as the
+/// kubelet serves and dials it; vendored upstream in `proto/deviceplugin/v1beta1/api.proto`.
+pub mod deviceplugin_v1beta1 {
+    #![expect(
+        missing_docs,
+        reason = "generated from the upstream .proto, whose messages are not all documented"
+    )]
+    tonic::include_proto!("v1beta1");
+}

@@ -1,0 +1,58 @@
+//! Device bookkeeping for device plugins, by the kubelet's rules and on the kubelet's wire:
+//! the Kubernetes device-plugin API `v1beta1` over unix sockets, allocation at admission with
+//! init-container reuse, and the kubelet's own checkpoint format.
+//!
+//! How it fits together:
+//! - [`DeviceManager::start`] reads the checkpoint and serves `Registration` on
+//!   `<devicePluginDir>/kubelet.sock`. A plugin registers (version and resource name are
+//!   checked as the kubelet checks them); the manager dials the plugin's socket, reads its
+//!   options, and follows its `ListAndWatch`.
+//! - Admission asks [`DeviceManager::can_admit`] and then [`DeviceManager::allocate`], which
+//!   returns per container the devices, envs, mounts, device nodes and annotations for the
+//!   runtime. Before a container starts, [`DeviceManager::prepare_container`] runs the
+//!   plugin's `PreStartContainer` where asked for.
+//! - Node status reads [`DeviceManager::capacity`].
+//!
+//! The allocation rules are pure and tested on their own in [`allocate`]; wire types stay in
+//! `endpoint` and `registration`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), reactor::devices::DeviceError> {
+//! use reactor::devices::{ContainerRequest, DeviceManager, DeviceManagerConfig, PodRequest};
+//! let manager = DeviceManager::start(DeviceManagerConfig::new(
+//!     "/var/lib/reactor/device-plugins",
+//!     "/var/lib/reactor",
+//! ))
+//! .await?;
+//! let pod = PodRequest {
+//!     uid: "4f1c…".into(),
+//!     init_containers: vec![],
+//!     containers: vec![ContainerRequest {
+//!         name: "app".into(),
+//!         devices: [("vendor.example/dev".to_string(), 2)].into(),
+//!         restartable: false,
+//!     }],
+//! };
+//! let active = [pod.uid.clone()].into();
+//! manager.can_admit(&pod, &active)?;
+//! let allocation = manager.allocate(&pod, &active).await?;
+//! println!("{:?}", allocation.containers["app"].envs);
+//! # Ok(()) }
+//! ```
+
+pub mod allocate;
+pub mod checkpoint;
+mod endpoint;
+pub use endpoint::dial_unix;
+mod manager;
+pub mod names;
+mod registration;
+mod types;
+
+pub use manager::{
+    DeviceError, DeviceManager, DeviceManagerConfig, DEFAULT_STOP_GRACE_PERIOD, KUBELET_SOCKET,
+};
+pub use types::{
+    Capacity, ContainerAllocation, ContainerRequest, DeviceMount, DeviceNode, DeviceSet,
+    Insufficient, PluginResponse, PodAllocation, PodRequest, ResourceCapacity,
+};
