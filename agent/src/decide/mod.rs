@@ -5,4 +5,7 @@
 //! hold them to the kubelet's behaviour without a node.
 
 pub mod duration;
+pub mod pod;
+pub mod qos;
 pub mod quantity;
+pub mod resources;
