@@ -10,11 +10,17 @@ use reactor_tests::reactor_bin;
 use serde_json::{json, Value};
 
 fn plan(input: &Value) -> (Option<i32>, Value, String) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("in.json");
-    std::fs::write(&file, serde_json::to_vec(input).unwrap()).unwrap();
+    std::fs::write(&file, serde_json::to_vec(input).expect("serialize input"))
+        .expect("write input");
     let out = Command::new(reactor_bin())
-        .args(["plan", "cgroups", "--input", file.to_str().unwrap()])
+        .args([
+            "plan",
+            "cgroups",
+            "--input",
+            file.to_str().expect("utf-8 path"),
+        ])
         .output()
         .expect("run reactor");
     let stdout = if out.status.success() {

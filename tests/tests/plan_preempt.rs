@@ -11,11 +11,20 @@ use reactor_tests::reactor_bin;
 use serde_json::{json, Value};
 
 fn plan(input: &Value) -> (Option<i32>, Value, String) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("in.json");
-    std::fs::write(&file, serde_json::to_vec_pretty(input).unwrap()).unwrap();
+    std::fs::write(
+        &file,
+        serde_json::to_vec_pretty(input).expect("serialize input"),
+    )
+    .expect("write input");
     let out = Command::new(reactor_bin())
-        .args(["plan", "preempt", "--input", file.to_str().unwrap()])
+        .args([
+            "plan",
+            "preempt",
+            "--input",
+            file.to_str().expect("utf-8 path"),
+        ])
         .output()
         .expect("run reactor");
     let stdout: Value = if out.status.success() {
