@@ -144,13 +144,13 @@ impl PodInfo {
         if resource == super::resources::PODS {
             return 1;
         }
-        let q = self.ranking_request(resource);
-        let v = if resource == CPU {
-            q.milli_value()
+        let nanos = self.ranking_request(resource).nanos();
+        let per_unit = if resource == CPU {
+            1_000_000
         } else {
-            q.value()
+            1_000_000_000
         };
-        clamp_i64(v)
+        clamp_i64(ceil_div_nanos(nanos, per_unit))
     }
 
     /// Builds the domain pod from a typed `v1.Pod`, parsing every quantity exactly.
@@ -169,6 +169,24 @@ impl PodInfo {
             PodError::new(path, e.into_inner().to_string())
         })?;
         build(&pod)
+    }
+}
+
+/// `nanos / per_unit` rounded up (as `Quantity.Value`/`MilliValue` round), on 64-bit
+/// arithmetic whenever the value fits: preemption reads thousands of requests per decision
+/// and 128-bit division is several times slower.
+fn ceil_div_nanos(nanos: i128, per_unit: i64) -> i128 {
+    if let Ok(n) = i64::try_from(nanos) {
+        let q = n / per_unit;
+        let up = n % per_unit != 0 && n > 0;
+        return (q + i64::from(up)) as i128;
+    }
+    let d = per_unit as i128;
+    let q = nanos / d;
+    if nanos % d != 0 && nanos > 0 {
+        q + 1
+    } else {
+        q
     }
 }
 
@@ -730,6 +748,34 @@ mod tests {
         assert_eq!(p.request_units("memory"), 2);
         assert_eq!(p.request_units("pods"), 1);
         assert_eq!(p.request_units("nvidia.com/gpu"), 0);
+    }
+
+    #[test]
+    fn fast_rounding_matches_quantity_rounding() {
+        for text in [
+            "1",
+            "1500m",
+            "1n",
+            "-1n",
+            "-1500m",
+            "0",
+            "999999999n",
+            "9223372036854775807",
+            "1Ei",
+            "1e20",
+        ] {
+            let q = q(text);
+            assert_eq!(
+                ceil_div_nanos(q.nanos(), 1_000_000),
+                q.milli_value(),
+                "{text}"
+            );
+            assert_eq!(
+                ceil_div_nanos(q.nanos(), 1_000_000_000),
+                q.value(),
+                "{text}"
+            );
+        }
     }
 
     #[test]
