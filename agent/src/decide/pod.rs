@@ -61,8 +61,8 @@ pub struct PodInfo {
     pub is_static: bool,
     /// A mirror pod: `kubernetes.io/config.mirror` is present.
     pub is_mirror: bool,
-    /// The QoS class (`status.qosClass` when the API server already set it, as `GetPodQOS`
-    /// does; computed from the spec otherwise).
+    /// The QoS class, computed from the spec as `ComputePodQOS` does (init containers
+    /// included; pod-level resources decide alone when set).
     pub qos: QosClass,
     /// Effective pod requests as `PodRequests` computes them: app containers and sidecars
     /// summed, maxed against each init container (plus the sidecars started before it),
@@ -472,24 +472,19 @@ fn build(pod: &k8s::Pod) -> Result<PodInfo, PodError> {
         }
     }
 
-    // GetPodQOS: the API server's answer when it gave one.
-    let status_qos = pod.status.as_ref().and_then(|s| s.qos_class.as_deref());
-    let qos = match status_qos.filter(|s| !s.is_empty()) {
-        Some(text) => QosClass::parse(text).ok_or_else(|| {
-            PodError::new(
-                "status.qosClass",
-                format!(
-                    "unknown QoS class {text:?} (expected Guaranteed, Burstable or BestEffort)"
-                ),
-            )
-        })?,
-        None if pod_level_set => qos::resources_qos(&pod_requests, &pod_limits),
-        None => qos::combine(
+    // ComputePodQOS from the spec. The API server's `status.qosClass` is the same value for
+    // any real pod (the class is fixed at creation and a resize may not change it), and the
+    // plan inputs are specified by their spec fields, so the status is not read.
+    // Like ComputePodQOS, the mere presence of `spec.resources` makes it decide.
+    let qos = if pod_resources.is_some() {
+        qos::resources_qos(&pod_requests, &pod_limits)
+    } else {
+        qos::combine(
             init_containers
                 .iter()
                 .chain(containers.iter())
                 .map(|c| qos::resources_qos(&c.requests, &c.limits)),
-        ),
+        )
     };
 
     let (local_volumes, ephemeral_volumes) = volumes(spec);
@@ -632,16 +627,23 @@ mod tests {
     }
 
     #[test]
-    fn status_qos_class_wins() {
+    fn an_empty_pod_level_block_still_decides_qos() {
+        let g = json!({"cpu": "1", "memory": "1Gi"});
+        let p = pod(json!({"metadata": {"name": "e"}, "spec": {"resources": {},
+            "containers": [c("a", g.clone(), g)]}}));
+        assert_eq!(p.qos, QosClass::BestEffort);
+        // But it sets no pod-level requests or limits.
+        assert!(p.pod_level_requests.is_none());
+        assert_eq!(p.requests.cpu(), Some(q("1")));
+    }
+
+    #[test]
+    fn qos_comes_from_the_spec_not_the_status() {
         let p = pod(
             json!({"metadata": {"name": "s"}, "spec": {"containers": [{"name": "a"}]},
             "status": {"qosClass": "Burstable"}}),
         );
-        assert_eq!(p.qos, QosClass::Burstable);
-        let e =
-            PodInfo::from_json(json!({"metadata": {"name": "s"}, "status": {"qosClass": "Gold"}}))
-                .unwrap_err();
-        assert_eq!(e.path, "status.qosClass");
+        assert_eq!(p.qos, QosClass::BestEffort);
     }
 
     #[test]
