@@ -10,4 +10,5 @@ pub mod act;
 pub mod config;
 pub mod decide;
 pub mod devices;
+pub mod plan;
 pub mod sense;

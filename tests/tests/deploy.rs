@@ -4,6 +4,7 @@
 use reactor::config::Config;
 
 const MANIFEST: &str = include_str!("../../deploy/kubernetes/reactor.yaml");
+const UNIT: &str = include_str!("../../deploy/systemd/reactor.service");
 
 #[test]
 fn daemonset_config_validates() {
@@ -20,4 +21,27 @@ fn daemonset_config_validates() {
         }
     }
     assert_eq!(found, 1, "one ConfigMap with the agent's config");
+}
+
+#[test]
+fn systemd_unit_runs_existing_subcommands() {
+    let exec: Vec<&str> = UNIT
+        .lines()
+        .filter(|l| l.starts_with("ExecStart"))
+        .collect();
+    assert_eq!(exec.len(), 2);
+    for line in exec {
+        let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+        // Each command must parse as a real subcommand; `--help` proves clap knows it.
+        let out = std::process::Command::new(reactor_tests::reactor_bin())
+            .args(&args[..args.len().min(2)])
+            .arg("--help")
+            .output()
+            .expect("run reactor");
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod config;
 mod logging;
+mod plan;
 mod run;
 mod sense_args;
 mod shutdown;
@@ -34,6 +35,9 @@ enum Command {
     /// Print live pressure events from the kernel with their detection lag; on Ctrl-C or
     /// SIGTERM print the lag summary per source (stderr).
     Watch(watch::WatchArgs),
+    /// What the agent would decide for a JSON snapshot (no root, no kernel, no runtime).
+    #[command(subcommand)]
+    Plan(plan::PlanCommand),
 }
 
 /// A failure with the exit code it maps to.
@@ -56,6 +60,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Config(cmd) => config::run(cmd),
         Command::Run(args) => run::run(args),
         Command::Watch(args) => watch::run(args),
+        Command::Plan(cmd) => plan::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

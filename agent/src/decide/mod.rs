@@ -4,5 +4,10 @@
 //! values, so `reactor plan` can run the same rules offline on a JSON snapshot and tests can
 //! hold them to the kubelet's behaviour without a node.
 
+pub mod cgroups;
 pub mod duration;
+pub mod pod;
+pub mod preempt;
+pub mod qos;
 pub mod quantity;
+pub mod resources;
