@@ -9,6 +9,8 @@
 
 use serde::Serialize;
 
+pub mod ebpf;
+
 /// Where an event came from. One variant per sense source; the config switches each one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -75,6 +77,13 @@ pub enum Kind {
         pid: Option<u32>,
         /// The victim's command name, where the source knows it.
         comm: Option<String>,
+        /// The victim's resident memory (anon + file + shmem) in bytes, where the source
+        /// knows it (`oom:mark_victim` does).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rss_bytes: Option<u64>,
+        /// The victim's `oom_score_adj`, where the source knows it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        oom_score_adj: Option<i32>,
     },
     /// A task stalled in reclaim; the duration is measured in the kernel.
     ReclaimStall {
@@ -84,6 +93,11 @@ pub enum Kind {
         duration_ns: u64,
         /// Whether it was memcg (limit) reclaim rather than global direct reclaim.
         memcg: bool,
+        /// Earlier stalls in the same cgroup folded into this event by the kernel-side rate
+        /// limit (so a reclaim storm cannot flood the ring buffer); 0 when none.
+        folded: u64,
+        /// Their total stall time, in nanoseconds.
+        folded_ns: u64,
     },
     /// A memcg event counter moved (`memcg:count_memcg_events`: high, max, oom...).
     MemcgEvent {
@@ -104,4 +118,11 @@ pub enum Kind {
     },
     /// The housekeeping tick: nothing from the kernel, just time to look again.
     Tick,
+    /// Events were lost before the agent could read them (the eBPF ring buffer was full);
+    /// `count` is how many since the previous report. Pressure may have been missed, so the
+    /// consumer should look at the signals now.
+    Dropped {
+        /// Records lost since the last `Dropped` report.
+        count: u64,
+    },
 }
