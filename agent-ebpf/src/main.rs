@@ -51,9 +51,11 @@ mod programs {
     #[map]
     static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-    /// Start of a reclaim in progress: key = thread id | (1 << 32 for memcg reclaim).
+    /// Start of a reclaim in progress: key = thread id | (1 << 32 for memcg reclaim). LRU, so
+    /// a begin whose end never came (a task that died in reclaim) ages out instead of filling
+    /// the map.
     #[map]
-    static STALL_START: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
+    static STALL_START: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
 
     /// Rate-limiter state for stall records, per memory cgroup id.
     #[map]
