@@ -249,7 +249,7 @@ fn a_flooded_ring_buffer_counts_and_reports_drops_and_keeps_going() {
     // The source keeps running: a new cgroup's events still arrive.
     let mut after = TestMemcg::new("ebpf-after", LIMIT).expect("test memcg");
     after
-        .spawn(Command::new(memhog_bin()).args(["8", "0", "0"]))
+        .spawn(Command::new(memhog_bin()).args(["32", "0", "0"]))
         .expect("memhog");
     let ours = Some(after.cgroup.clone());
     let seen = collect_until(&rt, &mut rx, Duration::from_secs(20), |e| e.cgroup == ours);

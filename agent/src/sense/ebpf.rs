@@ -288,7 +288,9 @@ fn load_hint(e: &aya::EbpfError) -> String {
     let source = std::error::Error::source(e)
         .map(|s| format!(": {s}"))
         .unwrap_or_default();
-    if format!("{e:?}").contains("EPERM") || format!("{e:?}").contains("PermissionDenied") {
+    let debug = format!("{e:?}");
+    let denied = ["EPERM", "PermissionDenied", "Operation not permitted"];
+    if denied.iter().any(|d| debug.contains(d)) {
         format!("{text}{source} (not root? loading needs CAP_BPF and CAP_PERFMON)")
     } else {
         format!("{text}{source}")
