@@ -12,8 +12,10 @@
 //! `task->cgroups->subsys[memory_cgrp_id]->cgroup->kn->id` with offsets that user space reads
 //! from the kernel's BTF and passes in [`CgroupOffsets`]. The same walk works on cgroup v1
 //! (the memory hierarchy's directory inode) and v2 (the unified hierarchy's inode). User space
-//! maps the id back to a path by the directory inode. Without BTF the id is 0 and user space
-//! falls back to `/proc/<pid>/cgroup`.
+//! maps the id back to a path by the directory inode. OOM records are about the victim, so
+//! a raw tracepoint program on `mark_victim` (which gets the victim's `task_struct`) does the
+//! same walk for the victim ([`OomEvent::cgroup_from`]). Without BTF the id is 0 and user
+//! space falls back to `/proc/<pid>/cgroup`.
 
 #![no_std]
 
@@ -44,12 +46,22 @@ pub struct Header {
     pub pid: u32,
 }
 
+/// `OomEvent::cgroup_from`: `cgroup_id` is the memcg of the task that ran the OOM killer
+/// (the cgroup that hit its limit, or an ancestor of it), not necessarily the victim's.
+pub const OOM_CGROUP_OF_INVOKER: u32 = 0;
+/// `OomEvent::cgroup_from`: the OOM killer ran in the victim itself, so `cgroup_id` is the
+/// victim's memcg.
+pub const OOM_CGROUP_OF_VICTIM: u32 = 1;
+/// `OomEvent::cgroup_from`: `cgroup_id` is the victim's memcg, read from the victim's
+/// `task_struct` by the raw tracepoint program.
+pub const OOM_CGROUP_FROM_RAW_TP: u32 = 2;
+
 /// `oom:mark_victim`: the OOM killer chose `header.pid`.
 ///
-/// `header.cgroup_id` is the memory cgroup of the task that *ran* the OOM killer, which is the
-/// victim's own cgroup when `victim_is_current` is 1 and otherwise the cgroup that hit its
-/// limit (an ancestor of, or the same as, the victim's); user space prefers the victim's
-/// `/proc/<pid>/cgroup` in that case.
+/// `cgroup_from` says whose memory cgroup `header.cgroup_id` is (`OOM_CGROUP_*`). The raw
+/// tracepoint program on the same tracepoint records the victim's own memcg in the
+/// `VICTIM_CGROUP` map; when it ran first the id here is already the victim's, otherwise user
+/// space looks the victim up in that map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OomEvent {
@@ -69,8 +81,8 @@ pub struct OomEvent {
     pub uid: u32,
     /// Victim's `oom_score_adj` (-1000..=1000).
     pub oom_score_adj: i32,
-    /// 1 if the task running the OOM killer is the victim (so `cgroup_id` is the victim's).
-    pub victim_is_current: u32,
+    /// Whose memory cgroup `header.cgroup_id` is: one of the `OOM_CGROUP_*` constants.
+    pub cgroup_from: u32,
     /// Explicit padding.
     pub _pad: u32,
     /// Victim's command name, NUL-padded.
@@ -121,6 +133,8 @@ pub struct MemcgEvent {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CgroupOffsets {
+    /// `task_struct.pid` (the thread id, a `pid_t`).
+    pub task_pid: u64,
     /// `task_struct.cgroups` (a `struct css_set *`).
     pub task_cgroups: u64,
     /// `css_set.subsys` (an array of `struct cgroup_subsys_state *`).
@@ -141,6 +155,7 @@ impl CgroupOffsets {
     /// All zero: the walk is off until user space fills the offsets in.
     pub const fn zeroed() -> Self {
         CgroupOffsets {
+            task_pid: 0,
             task_cgroups: 0,
             css_set_subsys: 0,
             memory_cgrp_id: 0,
@@ -325,4 +340,4 @@ const _: () = assert!(core::mem::size_of::<Header>() == 24);
 const _: () = assert!(core::mem::size_of::<OomEvent>() == 96);
 const _: () = assert!(core::mem::size_of::<StallEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<MemcgEvent>() == 40);
-const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 56);
+const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 64);

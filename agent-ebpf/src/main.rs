@@ -7,6 +7,7 @@
 //!
 //! | program | tracepoint | record |
 //! | --- | --- | --- |
+//! | `oom_victim_cgroup` | raw tracepoint `mark_victim` | victim's memcg into `VICTIM_CGROUP` |
 //! | `oom_mark_victim` | `oom:mark_victim` | `OomEvent` |
 //! | `memcg_reclaim_begin` / `_end` | `vmscan:mm_vmscan_memcg_reclaim_{begin,end}` | `StallEvent` |
 //! | `direct_reclaim_begin` / `_end` | `vmscan:mm_vmscan_direct_reclaim_{begin,end}` | `StallEvent` |
@@ -21,16 +22,17 @@ fn main() {}
 mod programs {
     use agent_ebpf::{
         layout, CgroupOffsets, Header, MemcgEvent, MemcgKey, OomEvent, RateState, StallEvent,
-        COMM_LEN, DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL,
+        COMM_LEN, DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, OOM_CGROUP_FROM_RAW_TP,
+        OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
     };
     use aya_ebpf::{
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
             bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
         },
-        macros::{map, tracepoint},
+        macros::{map, raw_tracepoint, tracepoint},
         maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
-        programs::TracePointContext,
+        programs::{RawTracePointContext, TracePointContext},
         EbpfContext,
     };
 
@@ -65,6 +67,10 @@ mod programs {
     #[map]
     static MEMCG_RATE: LruHashMap<MemcgKey, RateState> = LruHashMap::with_max_entries(16384, 0);
 
+    /// OOM victim thread id → its memory cgroup id, written by `oom_victim_cgroup`.
+    #[map]
+    static VICTIM_CGROUP: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
+
     /// The `vm_event_item`s that mean pressure (filled by user space from BTF names).
     #[map]
     static WATCH_ITEMS: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
@@ -95,23 +101,34 @@ mod programs {
         unsafe { bpf_probe_read_kernel((base + offset) as *const u64) }.ok()
     }
 
-    /// The memory cgroup id of the current task, or 0 when the walk is off or fails.
     #[inline(always)]
-    fn current_memcg_id() -> u64 {
+    fn offsets() -> CgroupOffsets {
         // SAFETY: see `min_interval`.
-        let o: CgroupOffsets = unsafe { core::ptr::read_volatile(&CGROUP_OFFSETS) };
+        unsafe { core::ptr::read_volatile(&CGROUP_OFFSETS) }
+    }
+
+    /// The memory cgroup id of `task` (a `struct task_struct *`), or 0 when the walk is off
+    /// or fails.
+    #[inline(always)]
+    fn memcg_id_of(task: u64, o: &CgroupOffsets) -> u64 {
         if o.valid == 0 {
             return 0;
         }
-        // SAFETY: the helper returns the current task pointer; it is only read through
-        // bpf_probe_read_kernel.
-        let task = unsafe { bpf_get_current_task() };
         let css = read_ptr(task, o.task_cgroups)
             .and_then(|cset| read_ptr(cset, o.css_set_subsys + 8 * o.memory_cgrp_id));
         css.and_then(|css| read_ptr(css, o.css_cgroup))
             .and_then(|cgrp| read_ptr(cgrp, o.cgroup_kn))
             .and_then(|kn| read_ptr(kn, o.kn_id))
             .unwrap_or(0)
+    }
+
+    /// The memory cgroup id of the current task, or 0.
+    #[inline(always)]
+    fn current_memcg_id() -> u64 {
+        // SAFETY: the helper returns the current task pointer; it is only read through
+        // bpf_probe_read_kernel.
+        let task = unsafe { bpf_get_current_task() };
+        memcg_id_of(task, &offsets())
     }
 
     #[inline(always)]
@@ -123,6 +140,27 @@ mod programs {
     fn now() -> u64 {
         // SAFETY: no preconditions.
         unsafe { bpf_ktime_get_ns() }
+    }
+
+    /// Raw tracepoint `mark_victim` (arg 0: the victim's `struct task_struct *`): records the
+    /// victim's own memory cgroup, which the classic tracepoint cannot see, before the victim
+    /// can exit. Attached before `oom_mark_victim` so it normally runs first.
+    #[raw_tracepoint(tracepoint = "mark_victim")]
+    pub fn oom_victim_cgroup(ctx: RawTracePointContext) -> i32 {
+        let task: u64 = ctx.arg(0);
+        let o = offsets();
+        if o.valid == 0 {
+            return 0;
+        }
+        // SAFETY: bpf_probe_read_kernel checks the address.
+        let Ok(pid) = (unsafe { bpf_probe_read_kernel((task + o.task_pid) as *const i32) }) else {
+            return 0;
+        };
+        let id = memcg_id_of(task, &o);
+        if id != 0 {
+            let _ = VICTIM_CGROUP.insert(&(pid as u32), &id, 0);
+        }
+        0
     }
 
     /// `oom:mark_victim`: the OOM killer chose a victim.
@@ -154,6 +192,13 @@ mod programs {
         let comm_at = (ctx.as_ptr() as u64) + u64::from(loc & 0xffff);
         // SAFETY: __data_loc points inside the trace record; the helper bounds the copy.
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(comm_at as *const u8, &mut comm) };
+        let victim = pid as u32;
+        // SAFETY: the value is copied out at once.
+        let (cgroup_id, cgroup_from) = match unsafe { VICTIM_CGROUP.get(&victim) } {
+            Some(id) => (*id, OOM_CGROUP_FROM_RAW_TP),
+            None if current_tid() == victim => (current_memcg_id(), OOM_CGROUP_OF_VICTIM),
+            None => (current_memcg_id(), OOM_CGROUP_OF_INVOKER),
+        };
         let Some(mut entry) = EVENTS.reserve::<OomEvent>(0) else {
             count_drop();
             return Ok(());
@@ -161,9 +206,9 @@ mod programs {
         entry.write(OomEvent {
             header: Header {
                 at_ns,
-                cgroup_id: current_memcg_id(),
+                cgroup_id,
                 kind: KIND_OOM,
-                pid: pid as u32,
+                pid: victim,
             },
             total_vm_kb: total_vm,
             anon_rss_kb: anon,
@@ -172,7 +217,7 @@ mod programs {
             pgtables_kb: pgtables,
             uid,
             oom_score_adj: i32::from(adj),
-            victim_is_current: u32::from(current_tid() == pid as u32),
+            cgroup_from,
             _pad: 0,
             comm,
         });

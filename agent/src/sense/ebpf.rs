@@ -6,20 +6,28 @@
 //!
 //! | program | tracepoint | becomes |
 //! | --- | --- | --- |
+//! | `oom_victim_cgroup` | raw tracepoint `mark_victim` | the victim's memcg, for the next row |
 //! | `oom_mark_victim` | `oom:mark_victim` | [`Kind::OomKill`] |
 //! | `{memcg,direct}_reclaim_{begin,end}` | `vmscan:mm_vmscan_{memcg,direct}_reclaim_{begin,end}` | [`Kind::ReclaimStall`] (duration timed in the kernel) |
 //! | `count_memcg_events` | `memcg:count_memcg_events` (pressure items only) | [`Kind::MemcgEvent`] |
+//!
+//! Each program needs its tracepoint with the layout in `agent_ebpf::layout` (checked at
+//! attach; `memcg:count_memcg_events` is a recent addition that older kernels lack, and
+//! `oom:mark_victim` gained its RSS fields late too): a program whose tracepoint is absent or
+//! different is reported in [`EbpfSource::missing`] and the rest run.
 //!
 //! **Cgroup attribution.** The programs walk
 //! `current->cgroups->subsys[memory_cgrp_id]->cgroup->kn->id` in the kernel, with the struct
 //! offsets read here from the kernel's BTF and passed in as a global, and record the memory
 //! cgroup's id; this works the same on cgroup v1 (memory controller on its own hierarchy, as
 //! on these nodes) and v2. `memcg:count_memcg_events` carries the memcg id itself. User space
-//! maps the id to a path by the cgroup directory's inode ([`cgroup::CgroupNames`]). For
-//! `oom:mark_victim` the kernel records whether the task running the OOM killer *is* the
-//! victim; if not, the victim's cgroup is read from `/proc/<pid>/cgroup` as soon as the record
-//! arrives (the victim cannot have been reaped yet in the common case), falling back to the
-//! OOM-invoking task's memcg. Without BTF the walk is off and every lookup goes through
+//! maps the id to a path by the cgroup directory's inode ([`cgroup::CgroupNames`]). For an
+//! OOM kill the cgroup that matters is the *victim's*, not that of the task running the OOM
+//! killer: a raw tracepoint program on `mark_victim` gets the victim's `task_struct`, does the
+//! same walk and stores victim pid → memcg id in a map, so the id is captured in the kernel
+//! before the victim can exit. If that is unavailable the record falls back to the current
+//! task's memcg when it is the victim, then to `/proc/<pid>/cgroup`, then to the OOM
+//! invoker's memcg. Without BTF the walk is off and every lookup goes through
 //! `/proc/<pid>/cgroup`.
 //!
 //! **Flood control.** A kernel-side rate limit allows one stall record per cgroup, and one
@@ -56,7 +64,7 @@ use std::time::Duration;
 
 use agent_ebpf::{layout, CgroupOffsets, Field};
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::TracePoint;
+use aya::programs::{RawTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -81,45 +89,61 @@ pub struct TracepointSpec {
     pub name: &'static str,
     /// The record fields the program reads, checked against the format file.
     pub fields: &'static [Field],
+    /// A raw tracepoint (attached by `name` alone; reads the tracepoint's C arguments).
+    pub raw: bool,
 }
 
-/// Every program the source attaches, in attach order (stall `begin`s before `end`s).
-pub const TRACEPOINTS: [TracepointSpec; 6] = [
+/// Every program the source attaches, in attach order (the raw `mark_victim` program before
+/// the classic one so it runs first; stall `begin`s before `end`s).
+pub const TRACEPOINTS: [TracepointSpec; 7] = [
+    TracepointSpec {
+        program: "oom_victim_cgroup",
+        category: "oom",
+        name: "mark_victim",
+        fields: layout::NONE,
+        raw: true,
+    },
     TracepointSpec {
         program: "oom_mark_victim",
         category: "oom",
         name: "mark_victim",
         fields: layout::mark_victim::ALL,
+        raw: false,
     },
     TracepointSpec {
         program: "memcg_reclaim_begin",
         category: "vmscan",
         name: "mm_vmscan_memcg_reclaim_begin",
         fields: layout::NONE,
+        raw: false,
     },
     TracepointSpec {
         program: "memcg_reclaim_end",
         category: "vmscan",
         name: "mm_vmscan_memcg_reclaim_end",
         fields: layout::reclaim_end::ALL,
+        raw: false,
     },
     TracepointSpec {
         program: "direct_reclaim_begin",
         category: "vmscan",
         name: "mm_vmscan_direct_reclaim_begin",
         fields: layout::NONE,
+        raw: false,
     },
     TracepointSpec {
         program: "direct_reclaim_end",
         category: "vmscan",
         name: "mm_vmscan_direct_reclaim_end",
         fields: layout::reclaim_end::ALL,
+        raw: false,
     },
     TracepointSpec {
         program: "count_memcg_events",
         category: "memcg",
         name: "count_memcg_events",
         fields: layout::count_memcg_events::ALL,
+        raw: false,
     },
 ];
 
@@ -219,6 +243,12 @@ struct KernelFacts {
     btf_problem: Option<String>,
 }
 
+impl KernelFacts {
+    fn offsets_valid(&self) -> bool {
+        self.offsets.valid == 1
+    }
+}
+
 fn kernel_facts(wanted_items: &[String]) -> KernelFacts {
     let btf = match Btf::from_kernel() {
         Ok(Ok(btf)) => btf,
@@ -257,6 +287,7 @@ fn kernel_facts(wanted_items: &[String]) -> KernelFacts {
 /// The offsets of `current->cgroups->subsys[memory_cgrp_id]->cgroup->kn->id`.
 fn cgroup_offsets(btf: &Btf) -> Option<CgroupOffsets> {
     Some(CgroupOffsets {
+        task_pid: btf.member_offset("task_struct", "pid")?,
         task_cgroups: btf.member_offset("task_struct", "cgroups")?,
         css_set_subsys: btf.member_offset("css_set", "subsys")?,
         memory_cgrp_id: u64::try_from(btf.enum_value("cgroup_subsys_id", "memory_cgrp_id")?)
@@ -303,6 +334,8 @@ pub struct EbpfSource {
     _ebpf: Ebpf,
     ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
+    /// OOM victim pid → memcg id, from the raw `mark_victim` program.
+    victims: HashMap<MapData, u32, u64>,
     attached: Vec<&'static str>,
     missing: Vec<(&'static str, String)>,
     items: StdHashMap<u32, String>,
@@ -378,17 +411,34 @@ impl EbpfSource {
                         None => "none of the configured memcg items exists in this kernel".into(),
                     });
                 }
-                let program: &mut TracePoint = ebpf
+                if spec.raw && !facts.offsets_valid() {
+                    return Err(format!(
+                        "{}: cannot read the victim's cgroup",
+                        facts.btf_problem.as_deref().unwrap_or("no BTF offsets")
+                    ));
+                }
+                let program = ebpf
                     .program_mut(spec.program)
-                    .ok_or("program missing from the object")?
-                    .try_into()
-                    .map_err(|e| format!("{e}"))?;
-                program
-                    .load()
-                    .map_err(|e| format!("verifier refused it: {e:?}"))?;
-                program
-                    .attach(spec.category, spec.name)
-                    .map_err(|e| format!("attach failed: {e}"))?;
+                    .ok_or("program missing from the object")?;
+                if spec.raw {
+                    let program: &mut RawTracePoint =
+                        program.try_into().map_err(|e| format!("{e}"))?;
+                    program
+                        .load()
+                        .map_err(|e| format!("verifier refused it: {e:?}"))?;
+                    program
+                        .attach(spec.name)
+                        .map_err(|e| format!("attach failed: {e}"))?;
+                } else {
+                    let program: &mut TracePoint =
+                        program.try_into().map_err(|e| format!("{e}"))?;
+                    program
+                        .load()
+                        .map_err(|e| format!("verifier refused it: {e:?}"))?;
+                    program
+                        .attach(spec.category, spec.name)
+                        .map_err(|e| format!("attach failed: {e}"))?;
+                }
                 Ok(())
             })();
             match result {
@@ -420,10 +470,16 @@ impl EbpfSource {
                 name: "DROPS",
                 reason: e.to_string(),
             })?;
+        let victims =
+            HashMap::try_from(take(&mut ebpf, "VICTIM_CGROUP")?).map_err(|e| EbpfError::Map {
+                name: "VICTIM_CGROUP",
+                reason: e.to_string(),
+            })?;
         Ok(EbpfSource {
             _ebpf: ebpf,
             ring,
             drops,
+            victims,
             attached,
             missing,
             items: facts.items,
@@ -458,12 +514,15 @@ impl EbpfSource {
     /// and a [`Kind::Dropped`] event whenever the drop counter grew.
     ///
     /// Wakes on the ring buffer's epoll readiness (no polling loop); the drop counter is
-    /// checked every [`EbpfOptions::drop_check_interval`].
+    /// checked every [`EbpfOptions::drop_check_interval`]. A full channel blocks the reader;
+    /// records that then do not fit in the ring buffer are dropped in the kernel and counted,
+    /// so a slow consumer shows up as `Dropped` events rather than as unbounded memory.
     pub async fn run(self, tx: Sender<PressureEvent>) -> Result<(), EbpfError> {
         let EbpfSource {
             _ebpf,
             ring,
             drops,
+            mut victims,
             items,
             mut names,
             opts,
@@ -498,7 +557,12 @@ impl EbpfSource {
                     }
                     drop(guard);
                     for rec in batch.drain(..) {
-                        let event = to_event(&rec, &items, &mut names);
+                        let mut victim_cgroup = |pid: u32| {
+                            let id = victims.get(&pid, 0).ok();
+                            let _ = victims.remove(&pid);
+                            id
+                        };
+                        let event = to_event(&rec, &items, &mut names, &mut victim_cgroup);
                         if tx.send(event).await.is_err() {
                             return Ok(());
                         }
@@ -539,24 +603,28 @@ fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
     }
 }
 
-/// Turns a decoded record into the agent's event, resolving its cgroup.
+/// Turns a decoded record into the agent's event, resolving its cgroup. `victim_cgroup`
+/// looks an OOM victim up in the raw tracepoint's map (and forgets it).
 fn to_event(
     rec: &Record,
     items: &StdHashMap<u32, String>,
     names: &mut CgroupNames,
+    victim_cgroup: &mut dyn FnMut(u32) -> Option<u64>,
 ) -> PressureEvent {
     let header = *rec.header();
     let (cgroup, kind) = match rec {
         Record::Oom(e) => {
-            let cgroup = if e.victim_is_current == 1 {
-                names
-                    .by_id(header.cgroup_id)
-                    .or_else(|| names.by_pid(header.pid))
+            let victims_id = if e.cgroup_from == agent_ebpf::OOM_CGROUP_OF_INVOKER {
+                victim_cgroup(header.pid)
             } else {
-                names
-                    .by_pid(header.pid)
-                    .or_else(|| names.by_id(header.cgroup_id))
+                // Already the victim's; still forget the map entry.
+                let _ = victim_cgroup(header.pid);
+                Some(header.cgroup_id)
             };
+            let cgroup = victims_id
+                .and_then(|id| names.by_id(id))
+                .or_else(|| names.by_pid(header.pid))
+                .or_else(|| names.by_id(header.cgroup_id));
             let rss_kb = e
                 .anon_rss_kb
                 .saturating_add(e.file_rss_kb)
@@ -640,7 +708,7 @@ mod tests {
             _pad: 0,
             count: 32,
         });
-        let ev = to_event(&memcg, &items, &mut names);
+        let ev = to_event(&memcg, &items, &mut names, &mut |_| None);
         assert_eq!(ev.at_ns, 11);
         assert_eq!(ev.source, Source::Ebpf);
         assert_eq!(
@@ -657,7 +725,7 @@ mod tests {
                 _ => unreachable!(),
             }
         });
-        let ev = to_event(&unknown, &items, &mut names);
+        let ev = to_event(&unknown, &items, &mut names, &mut |_| None);
         assert!(matches!(ev.kind, Kind::MemcgEvent { ref item, .. } if item == "item99"));
     }
 

@@ -153,6 +153,26 @@ print fmt: \"pid=%d\", REC->pid
     }
 
     #[test]
+    fn an_absent_tracepoint_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = check_tracepoint(tmp.path(), "memcg", "count_memcg_events", &[]).unwrap_err();
+        assert!(
+            err.contains("tracepoint memcg:count_memcg_events absent"),
+            "{err}"
+        );
+        let dir = tmp.path().join("events/oom/mark_victim");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("format"), MARK_VICTIM).unwrap();
+        let adj = Field {
+            name: "oom_score_adj",
+            offset: 64,
+            size: 2,
+        };
+        let err = check_tracepoint(tmp.path(), "oom", "mark_victim", &[adj]).unwrap_err();
+        assert!(err.starts_with("tracepoint oom:mark_victim: "), "{err}");
+    }
+
+    #[test]
     fn the_compiled_layouts_match_this_kernel() {
         let Some(root) = root() else {
             eprintln!("skipping: tracefs not mounted");
