@@ -150,8 +150,11 @@ fn main() -> Result<()> {
     }
     lags.sort_unstable();
     let us = |ns: u64| ns as f64 / 1000.0;
+    // The tail is the scheduler's: say how busy the machine was.
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().next().unwrap_or("?");
     println!(
-        "ebpf detection lag over {} events (gap {gap_us} µs, {dropped} dropped): \
+        "ebpf detection lag over {} events (gap {gap_us} µs, {dropped} dropped, load {load}): \
          p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  max {:.1} µs",
         lags.len(),
         us(percentile(&lags, 0.50)),
