@@ -23,6 +23,7 @@ commands:
                (default: `run`, the agent on this node)";
 
 fn main() -> Result<()> {
+    cargo_bin_on_path();
     let mut args = std::env::args().skip(1);
     let Some(cmd) = args.next() else {
         println!("{USAGE}");
@@ -39,6 +40,25 @@ fn main() -> Result<()> {
             Ok(())
         }
         other => bail!("unknown xtask command {other:?}\n{USAGE}"),
+    }
+}
+
+/// Puts `$HOME/.cargo/bin` on PATH for every command xtask starts: the agent's build script
+/// runs `bpf-linker` from there (`cargo install` puts it there), and a shell that reached
+/// `cargo` through rustup's proxy may not have it on PATH.
+fn cargo_bin_on_path() {
+    let Some(home) = std::env::var_os("HOME") else {
+        return;
+    };
+    let bin = std::path::Path::new(&home).join(".cargo/bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|p| p == bin) {
+        return;
+    }
+    let joined = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)));
+    if let Ok(joined) = joined {
+        // Single-threaded here: nothing else reads the environment concurrently.
+        std::env::set_var("PATH", joined);
     }
 }
 

@@ -185,6 +185,8 @@ pub fn events_delta(before: &EventCounters, now: &EventCounters) -> Vec<Kind> {
         kinds.push(Kind::OomKill {
             pid: None,
             comm: None,
+            rss_bytes: None,
+            oom_score_adj: None,
         });
     }
     for item in EVENT_ITEMS {
@@ -433,6 +435,8 @@ impl EventfdWatch {
                         Kind::OomKill {
                             pid: None,
                             comm: None,
+                            rss_bytes: None,
+                            oom_score_adj: None,
                         }
                     } else {
                         Kind::MemcgEvent {

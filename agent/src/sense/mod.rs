@@ -42,6 +42,8 @@ pub mod psi;
 pub use lag::{LagRecorder, LagSnapshot};
 pub use memcg::{MemcgTarget, MemoryHierarchy};
 
+pub mod ebpf;
+
 /// Where an event came from. One variant per sense source; the config switches each one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -108,6 +110,13 @@ pub enum Kind {
         pid: Option<u32>,
         /// The victim's command name, where the source knows it.
         comm: Option<String>,
+        /// The victim's resident memory (anon + file + shmem) in bytes, where the source
+        /// knows it (`oom:mark_victim` does).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rss_bytes: Option<u64>,
+        /// The victim's `oom_score_adj`, where the source knows it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        oom_score_adj: Option<i32>,
     },
     /// A task stalled in reclaim; the duration is measured in the kernel.
     ReclaimStall {
@@ -117,6 +126,11 @@ pub enum Kind {
         duration_ns: u64,
         /// Whether it was memcg (limit) reclaim rather than global direct reclaim.
         memcg: bool,
+        /// Earlier stalls in the same cgroup folded into this event by the kernel-side rate
+        /// limit (so a reclaim storm cannot flood the ring buffer); 0 when none.
+        folded: u64,
+        /// Their total stall time, in nanoseconds.
+        folded_ns: u64,
     },
     /// A memcg event counter moved (`memcg:count_memcg_events`: high, max, oom...).
     MemcgEvent {
@@ -143,6 +157,13 @@ pub enum Kind {
     },
     /// The housekeeping tick: nothing from the kernel, just time to look again.
     Tick,
+    /// Events were lost before the agent could read them (the eBPF ring buffer was full);
+    /// `count` is how many since the previous report. Pressure may have been missed, so the
+    /// consumer should look at the signals now.
+    Dropped {
+        /// Records lost since the last `Dropped` report.
+        count: u64,
+    },
 }
 
 impl std::fmt::Display for Kind {
@@ -152,17 +173,30 @@ impl std::fmt::Display for Kind {
             v.as_ref().map_or_else(|| "?".to_string(), T::to_string)
         }
         match self {
-            Kind::OomKill { pid, comm } => {
-                write!(f, "oom-kill pid={} comm={}", opt(pid), opt(comm))
-            }
+            Kind::OomKill {
+                pid,
+                comm,
+                rss_bytes,
+                oom_score_adj,
+            } => write!(
+                f,
+                "oom-kill pid={} comm={} rss={} oom_score_adj={}",
+                opt(pid),
+                opt(comm),
+                opt(rss_bytes),
+                opt(oom_score_adj)
+            ),
             Kind::ReclaimStall {
                 pid,
                 duration_ns,
                 memcg,
+                folded,
+                folded_ns,
             } => write!(
                 f,
-                "reclaim-stall pid={pid} {} memcg={memcg}",
-                lag::format_ns(*duration_ns)
+                "reclaim-stall pid={pid} {} memcg={memcg} folded={folded} ({})",
+                lag::format_ns(*duration_ns),
+                lag::format_ns(*folded_ns)
             ),
             Kind::MemcgEvent { item, count } => write!(f, "memcg-event {item} +{count}"),
             Kind::PsiTrigger { level, total_us } => {
@@ -178,6 +212,7 @@ impl std::fmt::Display for Kind {
                 opt(usage_bytes)
             ),
             Kind::Tick => f.write_str("tick"),
+            Kind::Dropped { count } => write!(f, "ring-buffer-drops +{count}"),
         }
     }
 }
@@ -315,18 +350,6 @@ impl Attachment {
     }
 }
 
-/// The one seam for the eBPF source, which lives on its own branch: attach the programs and
-/// return their task, or the reason they are not there. Everything else (reporting,
-/// fallback, lag) treats it like any other source.
-fn attach_ebpf(
-    _opts: &SenseOptions,
-    _tx: &mpsc::Sender<PressureEvent>,
-) -> Result<Vec<Attachment>, String> {
-    // At merge: `ebpf::EbpfSource::attach(..)`, log `.missing()`, and
-    // `Attachment::new(Source::Ebpf, <.attached() listed>, source.run(tx.clone()))`.
-    Err("eBPF source not built in this branch".to_string())
-}
-
 /// One event as the consumer took it, with its detection lag.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Received {
@@ -363,10 +386,7 @@ impl Sense {
             None => MemoryHierarchy::detect(),
         };
         if opts.ebpf {
-            match attach_ebpf(opts, &attaching.tx) {
-                Ok(attached) => attaching.parts.extend(attached),
-                Err(reason) => attaching.missing(Source::Ebpf, reason),
-            }
+            attaching.ebpf();
         } else {
             attaching.missing(Source::Ebpf, "switched off (sense.ebpf: false)".into());
         }
@@ -470,6 +490,27 @@ struct Attaching {
 impl Attaching {
     fn missing(&mut self, source: Source, reason: String) {
         self.missing.push(MissingPart { source, reason });
+    }
+
+    /// The eBPF programs: whatever subset attaches runs as one task on the ring buffer; each
+    /// program that did not attach is reported with the kernel's reason.
+    fn ebpf(&mut self) {
+        match ebpf::EbpfSource::attach(ebpf::EbpfOptions::default()) {
+            Ok(source) => {
+                for (program, reason) in source.missing() {
+                    self.missing(Source::Ebpf, format!("{program}: {reason}"));
+                }
+                let what = format!("eBPF ring buffer: {}", source.attached().join(", "));
+                let tx = self.tx.clone();
+                let task = async move {
+                    if let Err(e) = source.run(tx).await {
+                        tracing::error!(error = %e, "eBPF source stopped");
+                    }
+                };
+                self.parts.push(Attachment::new(Source::Ebpf, what, task));
+            }
+            Err(e) => self.missing(Source::Ebpf, e.to_string()),
+        }
     }
 
     fn psi_watch(&mut self, armed: Result<psi::PsiWatch, String>) {

@@ -1,0 +1,343 @@
+//! Types shared by the reactor's eBPF programs (kernel side) and the agent (user side).
+//!
+//! Everything here is `#[repr(C)]`, `Copy`, with explicit padding and integers instead of
+//! `bool`, so both sides agree on the bytes without a serialiser: the kernel writes a record
+//! into the ring buffer and user space reads the same struct back. With the `user` feature
+//! the types implement [`aya::Pod`] so they can be passed as globals and map values.
+//!
+//! Every ring-buffer record starts with a [`Header`]; its `kind` says which struct follows.
+//!
+//! Cgroup attribution: every record carries `cgroup_id`, the id (kernfs inode number) of the
+//! **memory** cgroup of the task the kernel was running, found in the kernel by walking
+//! `task->cgroups->subsys[memory_cgrp_id]->cgroup->kn->id` with offsets that user space reads
+//! from the kernel's BTF and passes in [`CgroupOffsets`]. The same walk works on cgroup v1
+//! (the memory hierarchy's directory inode) and v2 (the unified hierarchy's inode). User space
+//! maps the id back to a path by the directory inode. OOM records are about the victim, so
+//! a raw tracepoint program on `mark_victim` (which gets the victim's `task_struct`) does the
+//! same walk for the victim ([`OomEvent::cgroup_from`]). Without BTF the id is 0 and user
+//! space falls back to `/proc/<pid>/cgroup`.
+
+#![no_std]
+
+/// Record kind: the OOM killer marked a victim ([`OomEvent`]).
+pub const KIND_OOM: u32 = 1;
+/// Record kind: a task finished a reclaim stall ([`StallEvent`]).
+pub const KIND_STALL: u32 = 2;
+/// Record kind: a memcg event counter moved ([`MemcgEvent`]).
+pub const KIND_MEMCG: u32 = 3;
+
+/// Length of the kernel's `task_struct.comm`.
+pub const COMM_LEN: usize = 16;
+
+/// Default ring-buffer size in bytes (a power-of-two multiple of the page size).
+pub const DEFAULT_RING_BYTES: u32 = 256 * 1024;
+
+/// Common start of every ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the program ran.
+    pub at_ns: u64,
+    /// Memory cgroup id (kernfs inode) of the task the event is about, 0 if unknown.
+    pub cgroup_id: u64,
+    /// One of the `KIND_*` constants.
+    pub kind: u32,
+    /// The pid (kernel thread id) the event is about.
+    pub pid: u32,
+}
+
+/// `OomEvent::cgroup_from`: `cgroup_id` is the memcg of the task that ran the OOM killer
+/// (the cgroup that hit its limit, or an ancestor of it), not necessarily the victim's.
+pub const OOM_CGROUP_OF_INVOKER: u32 = 0;
+/// `OomEvent::cgroup_from`: the OOM killer ran in the victim itself, so `cgroup_id` is the
+/// victim's memcg.
+pub const OOM_CGROUP_OF_VICTIM: u32 = 1;
+/// `OomEvent::cgroup_from`: `cgroup_id` is the victim's memcg, read from the victim's
+/// `task_struct` by the raw tracepoint program.
+pub const OOM_CGROUP_FROM_RAW_TP: u32 = 2;
+
+/// `oom:mark_victim`: the OOM killer chose `header.pid`.
+///
+/// `cgroup_from` says whose memory cgroup `header.cgroup_id` is (`OOM_CGROUP_*`). The raw
+/// tracepoint program on the same tracepoint records the victim's own memcg in the
+/// `VICTIM_CGROUP` map; when it ran first the id here is already the victim's, otherwise user
+/// space looks the victim up in that map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OomEvent {
+    /// Common header (`kind` = [`KIND_OOM`], `pid` = the victim).
+    pub header: Header,
+    /// Victim's total virtual memory, KiB.
+    pub total_vm_kb: u64,
+    /// Victim's anonymous RSS, KiB.
+    pub anon_rss_kb: u64,
+    /// Victim's file-backed RSS, KiB.
+    pub file_rss_kb: u64,
+    /// Victim's shared-memory RSS, KiB.
+    pub shmem_rss_kb: u64,
+    /// Victim's page-table memory, KiB.
+    pub pgtables_kb: u64,
+    /// Victim's uid.
+    pub uid: u32,
+    /// Victim's `oom_score_adj` (-1000..=1000).
+    pub oom_score_adj: i32,
+    /// Whose memory cgroup `header.cgroup_id` is: one of the `OOM_CGROUP_*` constants.
+    pub cgroup_from: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// Victim's command name, NUL-padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A reclaim stall (`mm_vmscan_{memcg,direct}_reclaim_begin` .. `_end`), timed in the kernel.
+///
+/// To keep a reclaim storm from flooding the ring buffer, at most one stall per cgroup is
+/// written per rate-limit interval; the stalls in between are *folded* into the next record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StallEvent {
+    /// Common header (`kind` = [`KIND_STALL`], `pid` = the stalled thread).
+    pub header: Header,
+    /// How long this stall took, ns.
+    pub duration_ns: u64,
+    /// Pages reclaimed by this stall.
+    pub nr_reclaimed: u64,
+    /// Stalls in this cgroup since the previous record that were not written on their own.
+    pub folded: u64,
+    /// Their total duration, ns.
+    pub folded_ns: u64,
+    /// 1 for memcg (limit) reclaim, 0 for global direct reclaim.
+    pub memcg: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+
+/// `memcg:count_memcg_events` for a watched item, aggregated per (cgroup, item) in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemcgEvent {
+    /// Common header (`kind` = [`KIND_MEMCG`], `cgroup_id` from the tracepoint's memcg id,
+    /// `pid` = the task that was running).
+    pub header: Header,
+    /// The kernel's `enum vm_event_item` value.
+    pub item: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// Sum of the counter increments since the previous record for this (cgroup, item).
+    pub count: u64,
+}
+
+/// Kernel struct offsets (bytes) for the in-kernel memory-cgroup walk, from BTF.
+///
+/// Passed to the programs as the global `CGROUP_OFFSETS`; `valid` = 0 turns the walk off.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupOffsets {
+    /// `task_struct.pid` (the thread id, a `pid_t`).
+    pub task_pid: u64,
+    /// `task_struct.cgroups` (a `struct css_set *`).
+    pub task_cgroups: u64,
+    /// `css_set.subsys` (an array of `struct cgroup_subsys_state *`).
+    pub css_set_subsys: u64,
+    /// `enum cgroup_subsys_id::memory_cgrp_id`: index into `css_set.subsys`.
+    pub memory_cgrp_id: u64,
+    /// `cgroup_subsys_state.cgroup`.
+    pub css_cgroup: u64,
+    /// `cgroup.kn` (a `struct kernfs_node *`).
+    pub cgroup_kn: u64,
+    /// `kernfs_node.id` (a `u64`; the inode number on 64-bit kernels).
+    pub kn_id: u64,
+    /// 1 when every offset above was found.
+    pub valid: u64,
+}
+
+impl CgroupOffsets {
+    /// All zero: the walk is off until user space fills the offsets in.
+    pub const fn zeroed() -> Self {
+        CgroupOffsets {
+            task_pid: 0,
+            task_cgroups: 0,
+            css_set_subsys: 0,
+            memory_cgrp_id: 0,
+            css_cgroup: 0,
+            cgroup_kn: 0,
+            kn_id: 0,
+            valid: 0,
+        }
+    }
+}
+
+/// Per-cgroup (or per cgroup+item) state of the in-kernel rate limiter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateState {
+    /// When the last record for this key was written, ns.
+    pub last_emit_ns: u64,
+    /// Occurrences folded since then (stalls, or counter increments).
+    pub pending: u64,
+    /// Stall time folded since then, ns (0 for counters).
+    pub pending_ns: u64,
+}
+
+/// Key of the memcg-event aggregation map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemcgKey {
+    /// The memcg id from the tracepoint.
+    pub cgroup_id: u64,
+    /// The `vm_event_item`.
+    pub item: u32,
+    /// Explicit padding (always 0, so keys compare bytewise).
+    pub _pad: u32,
+}
+
+/// One tracepoint field the programs read, checked against the kernel's format file at attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    /// The field's name in `/sys/kernel/tracing/events/<cat>/<name>/format`.
+    pub name: &'static str,
+    /// Its byte offset in the record.
+    pub offset: usize,
+    /// Its size in bytes.
+    pub size: usize,
+}
+
+/// The tracepoint record layouts the programs were written against (Linux 6.x).
+///
+/// Rust eBPF has no CO-RE, so the programs use these constant offsets and user space refuses
+/// to attach a program whose tracepoint format disagrees (naming the field).
+pub mod layout {
+    use super::Field;
+
+    /// `oom:mark_victim` fields.
+    pub mod mark_victim {
+        use super::Field;
+        /// Victim pid.
+        pub const PID: Field = Field {
+            name: "pid",
+            offset: 8,
+            size: 4,
+        };
+        /// `__data_loc char[] comm`: low 16 bits offset, high 16 bits length.
+        pub const COMM: Field = Field {
+            name: "comm",
+            offset: 12,
+            size: 4,
+        };
+        /// Total VM, KiB.
+        pub const TOTAL_VM: Field = Field {
+            name: "total_vm",
+            offset: 16,
+            size: 8,
+        };
+        /// Anonymous RSS, KiB.
+        pub const ANON_RSS: Field = Field {
+            name: "anon_rss",
+            offset: 24,
+            size: 8,
+        };
+        /// File RSS, KiB.
+        pub const FILE_RSS: Field = Field {
+            name: "file_rss",
+            offset: 32,
+            size: 8,
+        };
+        /// Shmem RSS, KiB.
+        pub const SHMEM_RSS: Field = Field {
+            name: "shmem_rss",
+            offset: 40,
+            size: 8,
+        };
+        /// Owner uid.
+        pub const UID: Field = Field {
+            name: "uid",
+            offset: 48,
+            size: 4,
+        };
+        /// Page tables, KiB.
+        pub const PGTABLES: Field = Field {
+            name: "pgtables",
+            offset: 56,
+            size: 8,
+        };
+        /// `oom_score_adj` (a `short`).
+        pub const OOM_SCORE_ADJ: Field = Field {
+            name: "oom_score_adj",
+            offset: 64,
+            size: 2,
+        };
+        /// Every field read.
+        pub const ALL: &[Field] = &[
+            PID,
+            COMM,
+            TOTAL_VM,
+            ANON_RSS,
+            FILE_RSS,
+            SHMEM_RSS,
+            UID,
+            PGTABLES,
+            OOM_SCORE_ADJ,
+        ];
+    }
+
+    /// `vmscan:mm_vmscan_{memcg,direct}_reclaim_end` fields.
+    pub mod reclaim_end {
+        use super::Field;
+        /// Pages reclaimed.
+        pub const NR_RECLAIMED: Field = Field {
+            name: "nr_reclaimed",
+            offset: 8,
+            size: 8,
+        };
+        /// Every field read.
+        pub const ALL: &[Field] = &[NR_RECLAIMED];
+    }
+
+    /// `memcg:count_memcg_events` fields.
+    pub mod count_memcg_events {
+        use super::Field;
+        /// `cgroup_id(memcg->css.cgroup)`.
+        pub const ID: Field = Field {
+            name: "id",
+            offset: 8,
+            size: 8,
+        };
+        /// The `vm_event_item`.
+        pub const ITEM: Field = Field {
+            name: "item",
+            offset: 16,
+            size: 4,
+        };
+        /// The increment.
+        pub const VAL: Field = Field {
+            name: "val",
+            offset: 24,
+            size: 8,
+        };
+        /// Every field read.
+        pub const ALL: &[Field] = &[ID, ITEM, VAL];
+    }
+
+    /// Fields the begin tracepoints need: none (only the time and the current task).
+    pub const NONE: &[Field] = &[];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: each type is `#[repr(C)]`, `Copy`, made of integers and integer arrays only,
+    // with every padding byte an explicit field, so any bit pattern is a valid value.
+    unsafe impl aya::Pod for super::Header {}
+    unsafe impl aya::Pod for super::OomEvent {}
+    unsafe impl aya::Pod for super::StallEvent {}
+    unsafe impl aya::Pod for super::MemcgEvent {}
+    unsafe impl aya::Pod for super::CgroupOffsets {}
+    unsafe impl aya::Pod for super::RateState {}
+    unsafe impl aya::Pod for super::MemcgKey {}
+}
+
+// The layouts are part of the kernel/user contract: pin their sizes.
+const _: () = assert!(core::mem::size_of::<Header>() == 24);
+const _: () = assert!(core::mem::size_of::<OomEvent>() == 96);
+const _: () = assert!(core::mem::size_of::<StallEvent>() == 64);
+const _: () = assert!(core::mem::size_of::<MemcgEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 64);

@@ -1,0 +1,398 @@
+//! The reactor's eBPF programs: kernel tracepoints that mean memory pressure, each writing a
+//! record stamped with `bpf_ktime_get_ns()` into the one ring buffer `EVENTS`.
+//!
+//! Built for `bpfel-unknown-none` by `agent/build.rs`; on the host this file is an empty
+//! program so the workspace builds without the eBPF toolchain. Minimum kernel: 5.8 (BPF ring
+//! buffer); the tracepoint layouts are those of `agent_ebpf::layout`, checked at attach.
+//!
+//! | program | tracepoint | record |
+//! | --- | --- | --- |
+//! | `oom_victim_cgroup` | raw tracepoint `mark_victim` | victim's memcg into `VICTIM_CGROUP` |
+//! | `oom_mark_victim` | `oom:mark_victim` | `OomEvent` |
+//! | `memcg_reclaim_begin` / `_end` | `vmscan:mm_vmscan_memcg_reclaim_{begin,end}` | `StallEvent` |
+//! | `direct_reclaim_begin` / `_end` | `vmscan:mm_vmscan_direct_reclaim_{begin,end}` | `StallEvent` |
+//! | `count_memcg_events` | `memcg:count_memcg_events` | `MemcgEvent` |
+
+#![cfg_attr(target_arch = "bpf", no_std, no_main)]
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[cfg(target_arch = "bpf")]
+mod programs {
+    use agent_ebpf::{
+        layout, CgroupOffsets, Header, MemcgEvent, MemcgKey, OomEvent, RateState, StallEvent,
+        COMM_LEN, DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, OOM_CGROUP_FROM_RAW_TP,
+        OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
+    };
+    use aya_ebpf::{
+        helpers::{
+            bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
+            bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+        },
+        macros::{map, raw_tracepoint, tracepoint},
+        maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+        programs::{RawTracePointContext, TracePointContext},
+        EbpfContext,
+    };
+
+    /// Offsets for the memory-cgroup walk, set by user space from BTF.
+    #[unsafe(no_mangle)]
+    static CGROUP_OFFSETS: CgroupOffsets = CgroupOffsets::zeroed();
+
+    /// Minimum time between two records for the same cgroup (stalls) or cgroup+item (memcg
+    /// events); what happens in between is folded into the next record. 0 = no limit.
+    #[unsafe(no_mangle)]
+    static MIN_INTERVAL_NS: u64 = 0;
+
+    /// The one ring buffer every program writes to (size overridable by user space).
+    #[map]
+    static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+    /// Records lost because `EVENTS` was full, per CPU (index 0).
+    #[map]
+    static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+    /// Start of a reclaim in progress: key = thread id | (1 << 32 for memcg reclaim). LRU, so
+    /// a begin whose end never came (a task that died in reclaim) ages out instead of filling
+    /// the map.
+    #[map]
+    static STALL_START: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
+    /// Rate-limiter state for stall records, per memory cgroup id.
+    #[map]
+    static STALL_RATE: LruHashMap<u64, RateState> = LruHashMap::with_max_entries(8192, 0);
+
+    /// Rate-limiter state for memcg-event records, per (cgroup, item).
+    #[map]
+    static MEMCG_RATE: LruHashMap<MemcgKey, RateState> = LruHashMap::with_max_entries(16384, 0);
+
+    /// OOM victim thread id → its memory cgroup id, written by `oom_victim_cgroup`.
+    #[map]
+    static VICTIM_CGROUP: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
+
+    /// The `vm_event_item`s that mean pressure (filled by user space from BTF names).
+    #[map]
+    static WATCH_ITEMS: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+
+    const MEMCG_FLAG: u64 = 1 << 32;
+
+    #[inline(always)]
+    fn min_interval() -> u64 {
+        // SAFETY: a plain read of a global the loader may have rewritten; volatile so the
+        // compiler does not fold the initial value in.
+        unsafe { core::ptr::read_volatile(&MIN_INTERVAL_NS) }
+    }
+
+    #[inline(always)]
+    fn count_drop() {
+        if let Some(slot) = DROPS.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+            unsafe { *slot += 1 };
+        }
+    }
+
+    #[inline(always)]
+    fn read_ptr(base: u64, offset: u64) -> Option<u64> {
+        if base == 0 {
+            return None;
+        }
+        // SAFETY: bpf_probe_read_kernel checks the address; a bad one returns an error.
+        unsafe { bpf_probe_read_kernel((base + offset) as *const u64) }.ok()
+    }
+
+    #[inline(always)]
+    fn offsets() -> CgroupOffsets {
+        // SAFETY: see `min_interval`.
+        unsafe { core::ptr::read_volatile(&CGROUP_OFFSETS) }
+    }
+
+    /// The memory cgroup id of `task` (a `struct task_struct *`), or 0 when the walk is off
+    /// or fails.
+    #[inline(always)]
+    fn memcg_id_of(task: u64, o: &CgroupOffsets) -> u64 {
+        if o.valid == 0 {
+            return 0;
+        }
+        let css = read_ptr(task, o.task_cgroups)
+            .and_then(|cset| read_ptr(cset, o.css_set_subsys + 8 * o.memory_cgrp_id));
+        css.and_then(|css| read_ptr(css, o.css_cgroup))
+            .and_then(|cgrp| read_ptr(cgrp, o.cgroup_kn))
+            .and_then(|kn| read_ptr(kn, o.kn_id))
+            .unwrap_or(0)
+    }
+
+    /// The memory cgroup id of the current task, or 0.
+    #[inline(always)]
+    fn current_memcg_id() -> u64 {
+        // SAFETY: the helper returns the current task pointer; it is only read through
+        // bpf_probe_read_kernel.
+        let task = unsafe { bpf_get_current_task() };
+        memcg_id_of(task, &offsets())
+    }
+
+    #[inline(always)]
+    fn current_tid() -> u32 {
+        bpf_get_current_pid_tgid() as u32
+    }
+
+    #[inline(always)]
+    fn now() -> u64 {
+        // SAFETY: no preconditions.
+        unsafe { bpf_ktime_get_ns() }
+    }
+
+    /// Raw tracepoint `mark_victim` (arg 0: the victim's `struct task_struct *`): records the
+    /// victim's own memory cgroup, which the classic tracepoint cannot see, before the victim
+    /// can exit. Attached before `oom_mark_victim` so it normally runs first.
+    #[raw_tracepoint(tracepoint = "mark_victim")]
+    pub fn oom_victim_cgroup(ctx: RawTracePointContext) -> i32 {
+        let task: u64 = ctx.arg(0);
+        let o = offsets();
+        if o.valid == 0 {
+            return 0;
+        }
+        // SAFETY: bpf_probe_read_kernel checks the address.
+        let Ok(pid) = (unsafe { bpf_probe_read_kernel((task + o.task_pid) as *const i32) }) else {
+            return 0;
+        };
+        let id = memcg_id_of(task, &o);
+        if id != 0 {
+            let _ = VICTIM_CGROUP.insert(&(pid as u32), &id, 0);
+        }
+        0
+    }
+
+    /// `oom:mark_victim`: the OOM killer chose a victim.
+    #[tracepoint(category = "oom", name = "mark_victim")]
+    pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
+        match try_oom_mark_victim(&ctx) {
+            Ok(()) | Err(_) => 0,
+        }
+    }
+
+    fn try_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
+        use layout::mark_victim as f;
+        let at_ns = now();
+        // SAFETY: offsets checked against the tracepoint's format file before attaching.
+        let (pid, loc, total_vm, anon, file, shmem, uid, pgtables, adj) = unsafe {
+            (
+                ctx.read_at::<i32>(f::PID.offset)?,
+                ctx.read_at::<u32>(f::COMM.offset)?,
+                ctx.read_at::<u64>(f::TOTAL_VM.offset)?,
+                ctx.read_at::<u64>(f::ANON_RSS.offset)?,
+                ctx.read_at::<u64>(f::FILE_RSS.offset)?,
+                ctx.read_at::<u64>(f::SHMEM_RSS.offset)?,
+                ctx.read_at::<u32>(f::UID.offset)?,
+                ctx.read_at::<u64>(f::PGTABLES.offset)?,
+                ctx.read_at::<i16>(f::OOM_SCORE_ADJ.offset)?,
+            )
+        };
+        let mut comm = [0u8; COMM_LEN];
+        let comm_at = (ctx.as_ptr() as u64) + u64::from(loc & 0xffff);
+        // SAFETY: __data_loc points inside the trace record; the helper bounds the copy.
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(comm_at as *const u8, &mut comm) };
+        let victim = pid as u32;
+        // SAFETY: the value is copied out at once.
+        let (cgroup_id, cgroup_from) = match unsafe { VICTIM_CGROUP.get(&victim) } {
+            Some(id) => (*id, OOM_CGROUP_FROM_RAW_TP),
+            None if current_tid() == victim => (current_memcg_id(), OOM_CGROUP_OF_VICTIM),
+            None => (current_memcg_id(), OOM_CGROUP_OF_INVOKER),
+        };
+        let Some(mut entry) = EVENTS.reserve::<OomEvent>(0) else {
+            count_drop();
+            return Ok(());
+        };
+        entry.write(OomEvent {
+            header: Header {
+                at_ns,
+                cgroup_id,
+                kind: KIND_OOM,
+                pid: victim,
+            },
+            total_vm_kb: total_vm,
+            anon_rss_kb: anon,
+            file_rss_kb: file,
+            shmem_rss_kb: shmem,
+            pgtables_kb: pgtables,
+            uid,
+            oom_score_adj: i32::from(adj),
+            cgroup_from,
+            _pad: 0,
+            comm,
+        });
+        entry.submit(0);
+        Ok(())
+    }
+
+    fn reclaim_begin(memcg: u64) -> u32 {
+        let key = u64::from(current_tid()) | memcg;
+        let _ = STALL_START.insert(&key, &now(), 0);
+        0
+    }
+
+    /// `vmscan:mm_vmscan_memcg_reclaim_begin`: a task starts limit reclaim in its memcg.
+    #[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_begin")]
+    pub fn memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
+        reclaim_begin(MEMCG_FLAG)
+    }
+
+    /// `vmscan:mm_vmscan_direct_reclaim_begin`: a task starts global direct reclaim.
+    #[tracepoint(category = "vmscan", name = "mm_vmscan_direct_reclaim_begin")]
+    pub fn direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
+        reclaim_begin(0)
+    }
+
+    /// `vmscan:mm_vmscan_memcg_reclaim_end`.
+    #[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_end")]
+    pub fn memcg_reclaim_end(ctx: TracePointContext) -> u32 {
+        match reclaim_end(&ctx, MEMCG_FLAG) {
+            Ok(()) | Err(_) => 0,
+        }
+    }
+
+    /// `vmscan:mm_vmscan_direct_reclaim_end`.
+    #[tracepoint(category = "vmscan", name = "mm_vmscan_direct_reclaim_end")]
+    pub fn direct_reclaim_end(ctx: TracePointContext) -> u32 {
+        match reclaim_end(&ctx, 0) {
+            Ok(()) | Err(_) => 0,
+        }
+    }
+
+    fn reclaim_end(ctx: &TracePointContext, memcg: u64) -> Result<(), i32> {
+        let at_ns = now();
+        let tid = current_tid();
+        let key = u64::from(tid) | memcg;
+        // SAFETY: the value is copied out before the entry is removed.
+        let Some(start) = (unsafe { STALL_START.get(&key) }).copied() else {
+            return Ok(()); // began before we attached
+        };
+        let _ = STALL_START.remove(&key);
+        let duration_ns = at_ns.saturating_sub(start);
+        // SAFETY: offset checked against the format file before attaching.
+        let nr_reclaimed: u64 =
+            unsafe { ctx.read_at(layout::reclaim_end::NR_RECLAIMED.offset) }.unwrap_or(0);
+        let cgroup_id = current_memcg_id();
+
+        let (folded, folded_ns) = match STALL_RATE.get_ptr_mut(&cgroup_id) {
+            Some(state) => {
+                // SAFETY: a map value pointer; concurrent updates from two CPUs for the same
+                // cgroup may lose a fold count, which only makes the folded figure approximate.
+                let s = unsafe { &mut *state };
+                if at_ns.saturating_sub(s.last_emit_ns) < min_interval() {
+                    s.pending += 1;
+                    s.pending_ns += duration_ns;
+                    return Ok(());
+                }
+                let out = (s.pending, s.pending_ns);
+                s.pending = 0;
+                s.pending_ns = 0;
+                s.last_emit_ns = at_ns;
+                out
+            }
+            None => {
+                let fresh = RateState {
+                    last_emit_ns: at_ns,
+                    pending: 0,
+                    pending_ns: 0,
+                };
+                let _ = STALL_RATE.insert(&cgroup_id, &fresh, 0);
+                (0, 0)
+            }
+        };
+
+        let Some(mut entry) = EVENTS.reserve::<StallEvent>(0) else {
+            count_drop();
+            return Ok(());
+        };
+        entry.write(StallEvent {
+            header: Header {
+                at_ns,
+                cgroup_id,
+                kind: KIND_STALL,
+                pid: tid,
+            },
+            duration_ns,
+            nr_reclaimed,
+            folded,
+            folded_ns,
+            memcg: (memcg >> 32) as u32,
+            _pad: 0,
+        });
+        entry.submit(0);
+        Ok(())
+    }
+
+    /// `memcg:count_memcg_events`: a memcg event counter moved; only watched items count.
+    #[tracepoint(category = "memcg", name = "count_memcg_events")]
+    pub fn count_memcg_events(ctx: TracePointContext) -> u32 {
+        match try_count_memcg_events(&ctx) {
+            Ok(()) | Err(_) => 0,
+        }
+    }
+
+    fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), i32> {
+        use layout::count_memcg_events as f;
+        // SAFETY: offsets checked against the format file before attaching.
+        let item: i32 = unsafe { ctx.read_at(f::ITEM.offset)? };
+        let item = item as u32;
+        if WATCH_ITEMS.get_ptr(&item).is_none() {
+            return Ok(());
+        }
+        let at_ns = now();
+        // SAFETY: as above.
+        let (cgroup_id, val): (u64, u64) =
+            unsafe { (ctx.read_at(f::ID.offset)?, ctx.read_at(f::VAL.offset)?) };
+        let key = MemcgKey {
+            cgroup_id,
+            item,
+            _pad: 0,
+        };
+        let count = match MEMCG_RATE.get_ptr_mut(&key) {
+            Some(state) => {
+                // SAFETY: see reclaim_end: races only make the count approximate.
+                let s = unsafe { &mut *state };
+                if at_ns.saturating_sub(s.last_emit_ns) < min_interval() {
+                    s.pending += val;
+                    return Ok(());
+                }
+                let count = s.pending + val;
+                s.pending = 0;
+                s.last_emit_ns = at_ns;
+                count
+            }
+            None => {
+                let fresh = RateState {
+                    last_emit_ns: at_ns,
+                    pending: 0,
+                    pending_ns: 0,
+                };
+                let _ = MEMCG_RATE.insert(&key, &fresh, 0);
+                val
+            }
+        };
+        let Some(mut entry) = EVENTS.reserve::<MemcgEvent>(0) else {
+            count_drop();
+            return Ok(());
+        };
+        entry.write(MemcgEvent {
+            header: Header {
+                at_ns,
+                cgroup_id,
+                kind: KIND_MEMCG,
+                pid: current_tid(),
+            },
+            item,
+            _pad: 0,
+            count,
+        });
+        entry.submit(0);
+        Ok(())
+    }
+
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        // SAFETY: the verifier rejects programs that could reach a panic, so this is dead.
+        unsafe { core::hint::unreachable_unchecked() }
+    }
+}

@@ -1,0 +1,254 @@
+//! Turning what the kernel gives us (a memory cgroup id, or a pid) into the cgroup path that
+//! `PressureEvent::cgroup` carries.
+//!
+//! The programs record the memory cgroup's kernfs id, which on 64-bit kernels is the inode
+//! number of the cgroup's directory in the memory hierarchy (v1 `/sys/fs/cgroup/memory`, or
+//! the v2 mount). Ids are mapped to paths by walking that hierarchy once and caching
+//! inode → path; an unknown id triggers one more walk (new cgroups), and ids still unknown are
+//! remembered for a second so a storm of events from a vanished cgroup cannot make the agent
+//! walk the tree in a loop. A pid is mapped through `/proc/<pid>/cgroup` (the memory line).
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long an id that no walk could find stays "unknown" before we walk again for it.
+const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+/// Upper bound on cached entries, so a churn of short-lived cgroups cannot grow the cache.
+const MAX_ENTRIES: usize = 65_536;
+
+/// Which cgroup hierarchy holds the memory controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryHierarchy {
+    /// cgroup v1: the memory controller's own mount.
+    V1(PathBuf),
+    /// cgroup v2: the unified mount.
+    V2(PathBuf),
+}
+
+impl MemoryHierarchy {
+    /// The mount point.
+    pub fn root(&self) -> &Path {
+        match self {
+            MemoryHierarchy::V1(p) | MemoryHierarchy::V2(p) => p,
+        }
+    }
+}
+
+/// Finds the memory controller's hierarchy in a `/proc/self/mountinfo` text: a v1 `cgroup`
+/// mount with the `memory` option wins; otherwise a `cgroup2` mount.
+pub fn find_memory_hierarchy(mountinfo: &str) -> Option<MemoryHierarchy> {
+    let mut v2 = None;
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(mount_point) = left.split_whitespace().nth(4) else {
+            continue;
+        };
+        let mut r = right.split_whitespace();
+        let (fstype, _source, options) = (r.next(), r.next(), r.next().unwrap_or(""));
+        match fstype {
+            Some("cgroup") if options.split(',').any(|o| o == "memory") => {
+                return Some(MemoryHierarchy::V1(PathBuf::from(mount_point)));
+            }
+            Some("cgroup2") if v2.is_none() => v2 = Some(PathBuf::from(mount_point)),
+            _ => {}
+        }
+    }
+    v2.map(MemoryHierarchy::V2)
+}
+
+/// The memory cgroup path in a `/proc/<pid>/cgroup` text: the v1 line naming `memory`, or the
+/// v2 `0::` line.
+pub fn parse_proc_cgroup(text: &str, v1: bool) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matches = if v1 {
+            controllers.split(',').any(|c| c == "memory")
+        } else {
+            id == "0" && controllers.is_empty()
+        };
+        matches.then(|| path.to_string())
+    })
+}
+
+/// Cached memory-cgroup id → path and pid → path lookups.
+#[derive(Debug)]
+pub struct CgroupNames {
+    hierarchy: Option<MemoryHierarchy>,
+    by_id: HashMap<u64, String>,
+    unknown: HashMap<u64, Instant>,
+}
+
+impl CgroupNames {
+    /// Finds the memory hierarchy from `/proc/self/mountinfo`.
+    pub fn discover() -> CgroupNames {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        CgroupNames::new(find_memory_hierarchy(&mountinfo))
+    }
+
+    /// Uses the given hierarchy (`None`: no cgroup names at all).
+    pub fn new(hierarchy: Option<MemoryHierarchy>) -> CgroupNames {
+        CgroupNames {
+            hierarchy,
+            by_id: HashMap::new(),
+            unknown: HashMap::new(),
+        }
+    }
+
+    /// The hierarchy in use.
+    pub fn hierarchy(&self) -> Option<&MemoryHierarchy> {
+        self.hierarchy.as_ref()
+    }
+
+    /// The path of the memory cgroup with this id (`/` for the root), if it exists.
+    pub fn by_id(&mut self, id: u64) -> Option<String> {
+        if id == 0 {
+            return None;
+        }
+        if let Some(path) = self.by_id.get(&id) {
+            return Some(path.clone());
+        }
+        if let Some(since) = self.unknown.get(&id) {
+            if since.elapsed() < NEGATIVE_TTL {
+                return None;
+            }
+        }
+        self.rescan();
+        match self.by_id.get(&id) {
+            Some(path) => Some(path.clone()),
+            None => {
+                if self.unknown.len() >= MAX_ENTRIES {
+                    self.unknown.clear();
+                }
+                self.unknown.insert(id, Instant::now());
+                None
+            }
+        }
+    }
+
+    /// The memory cgroup path of a live (or not yet reaped) task, from `/proc/<pid>/cgroup`.
+    pub fn by_pid(&self, pid: u32) -> Option<String> {
+        let v1 = matches!(self.hierarchy, Some(MemoryHierarchy::V1(_)));
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        parse_proc_cgroup(&text, v1)
+    }
+
+    /// Remembers that `path` has this id (learned elsewhere), saving a walk later.
+    pub fn remember(&mut self, id: u64, path: String) {
+        if id != 0 {
+            if self.by_id.len() >= MAX_ENTRIES {
+                self.by_id.clear();
+            }
+            self.by_id.insert(id, path);
+        }
+    }
+
+    /// The id (directory inode) of the memory cgroup at `path`, as the programs report it.
+    pub fn id_of(&self, path: &str) -> Option<u64> {
+        let root = self.hierarchy.as_ref()?.root();
+        let dir = root.join(path.trim_start_matches('/'));
+        std::fs::metadata(dir).ok().map(|m| m.ino())
+    }
+
+    fn rescan(&mut self) {
+        let Some(root) = self.hierarchy.as_ref().map(|h| h.root().to_path_buf()) else {
+            return;
+        };
+        self.by_id.clear();
+        let mut stack = vec![(root, String::from("/"))];
+        while let Some((dir, path)) = stack.pop() {
+            let Ok(meta) = std::fs::metadata(&dir) else {
+                continue;
+            };
+            if self.by_id.len() >= MAX_ENTRIES {
+                break;
+            }
+            self.by_id.insert(meta.ino(), path.clone());
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let child = if path == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{path}/{name}")
+                    };
+                    stack.push((entry.path(), child));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+30 29 0:26 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+31 29 0:27 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 29 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn v1_memory_mount_wins_over_v2() {
+        assert_eq!(
+            find_memory_hierarchy(MOUNTINFO),
+            Some(MemoryHierarchy::V1("/sys/fs/cgroup/memory".into()))
+        );
+        let only_v2: String = MOUNTINFO
+            .lines()
+            .filter(|l| !l.contains("memory"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            find_memory_hierarchy(&only_v2),
+            Some(MemoryHierarchy::V2("/sys/fs/cgroup/unified".into()))
+        );
+        assert_eq!(find_memory_hierarchy("garbage\n"), None);
+    }
+
+    #[test]
+    fn proc_cgroup_memory_line() {
+        let text = "12:pids:/a\n4:memory:/kubepods/pod1/c1\n0::/user.slice\n";
+        assert_eq!(
+            parse_proc_cgroup(text, true).as_deref(),
+            Some("/kubepods/pod1/c1")
+        );
+        assert_eq!(
+            parse_proc_cgroup(text, false).as_deref(),
+            Some("/user.slice")
+        );
+        assert_eq!(parse_proc_cgroup("3:cpu,cpuacct:/x\n", true), None);
+        assert_eq!(
+            parse_proc_cgroup("5:memory,hugetlb:/y\n", true).as_deref(),
+            Some("/y")
+        );
+    }
+
+    #[test]
+    fn ids_are_directory_inodes_of_a_walked_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("kubepods/pod1")).unwrap();
+        let mut names = CgroupNames::new(Some(MemoryHierarchy::V1(tmp.path().to_path_buf())));
+        let id = names.id_of("/kubepods/pod1").unwrap();
+        assert_eq!(names.by_id(id).as_deref(), Some("/kubepods/pod1"));
+        let root = names.id_of("/").unwrap();
+        assert_eq!(names.by_id(root).as_deref(), Some("/"));
+        assert_eq!(names.by_id(0), None);
+        // A cgroup made after the first walk is found by the walk an unknown id triggers.
+        std::fs::create_dir(tmp.path().join("late")).unwrap();
+        let late = names.id_of("/late").unwrap();
+        assert_eq!(names.by_id(late).as_deref(), Some("/late"));
+        // An id that exists nowhere stays unknown (and is not walked for again at once).
+        assert_eq!(names.by_id(u64::MAX), None);
+        assert_eq!(names.by_id(u64::MAX), None);
+    }
+}

@@ -1,0 +1,266 @@
+//! The eBPF sense source against the real kernel: programs attach to the tracepoints, a
+//! memory hog in a limited cgroup v1 memcg produces reclaim stalls and an OOM kill that arrive
+//! attributed to that cgroup, and a flooded ring buffer counts and reports what it dropped.
+//!
+//! Needs root, tracefs and BTF; in CI (`CI=true`) a missing piece fails instead of skipping.
+//! Only one eBPF source is attached at a time (nextest runs this package serially).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use reactor::sense::ebpf::{monotonic_ns, tracefs, EbpfOptions, EbpfSource, TRACEPOINTS};
+use reactor::sense::{Kind, PressureEvent, Source};
+use reactor_tests::{is_root, memhog_bin, require, TestMemcg};
+use tokio::sync::mpsc;
+
+const LIMIT: u64 = 64 << 20;
+
+fn can_run() -> bool {
+    require(is_root(), "root (to load eBPF programs)")
+        && require(
+            tracefs::root().is_some(),
+            "tracefs mounted at /sys/kernel/tracing (cargo xtask setup mounts it)",
+        )
+        && require(
+            std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "kernel BTF at /sys/kernel/btf/vmlinux",
+        )
+        && require(
+            memhog_bin().exists(),
+            "the memhog binary (cargo build --workspace --bins)",
+        )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// An event as the consumer saw it: with the lag computed when it was taken off the channel.
+struct Seen {
+    event: PressureEvent,
+    lag_ns: i128,
+}
+
+/// Receives until `done` says so or the deadline passes; returns everything received.
+fn collect_until(
+    rt: &tokio::runtime::Runtime,
+    rx: &mut mpsc::Receiver<PressureEvent>,
+    timeout: Duration,
+    mut done: impl FnMut(&PressureEvent) -> bool,
+) -> Vec<Seen> {
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    rt.block_on(async {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rx.recv()).await {
+                Ok(Some(event)) => {
+                    let lag_ns = i128::from(monotonic_ns()) - i128::from(event.at_ns);
+                    let stop = done(&event);
+                    seen.push(Seen { event, lag_ns });
+                    if stop {
+                        break;
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+    });
+    seen
+}
+
+#[test]
+fn stall_then_oom_kill_arrive_attributed_to_the_cgroup() {
+    if !can_run() {
+        return;
+    }
+    let rt = runtime();
+    let mut memcg = TestMemcg::new("ebpf-oom", LIMIT).expect("test memcg");
+    let path = memcg.path.clone();
+    let source = rt
+        .block_on(async { EbpfSource::attach(EbpfOptions::default()) })
+        .expect("attach");
+    for want in [
+        "oom_mark_victim",
+        "memcg_reclaim_begin",
+        "memcg_reclaim_end",
+        "count_memcg_events",
+    ] {
+        assert!(
+            source.attached().contains(&want),
+            "{want} not attached: {:?}",
+            source.missing()
+        );
+    }
+    assert_eq!(
+        source.attached().len(),
+        TRACEPOINTS.len(),
+        "{:?}",
+        source.missing()
+    );
+    assert!(
+        source.in_kernel_cgroups(),
+        "BTF offsets for the cgroup walk"
+    );
+
+    let (tx, mut rx) = mpsc::channel(65_536);
+    let task = rt.spawn(source.run(tx));
+    let started = monotonic_ns();
+    let pid = memcg
+        .spawn(Command::new(memhog_bin()).args(["256", "0", "60"]))
+        .expect("memhog");
+    let ours = Some(memcg.cgroup.clone());
+    let seen = collect_until(&rt, &mut rx, Duration::from_secs(30), |e| {
+        matches!(e.kind, Kind::OomKill { .. }) && e.cgroup == ours
+    });
+
+    let first_stall = seen.iter().position(|s| {
+        s.event.cgroup == ours && matches!(s.event.kind, Kind::ReclaimStall { memcg: true, .. })
+    });
+    let oom = seen
+        .iter()
+        .position(|s| matches!(s.event.kind, Kind::OomKill { .. }) && s.event.cgroup == ours);
+    let kinds: Vec<_> = seen
+        .iter()
+        .filter(|s| s.event.cgroup == ours)
+        .map(|s| format!("{:?}", s.event.kind))
+        .take(20)
+        .collect();
+    let (Some(first_stall), Some(oom)) = (first_stall, oom) else {
+        panic!(
+            "expected a reclaim stall and an OOM kill in {}; got {} events, ours: {kinds:?}",
+            memcg.cgroup,
+            seen.len()
+        );
+    };
+    assert!(first_stall < oom, "the stall came after the OOM kill");
+
+    let stall = &seen[first_stall];
+    let Kind::ReclaimStall {
+        duration_ns,
+        pid: stalled,
+        ..
+    } = stall.event.kind
+    else {
+        unreachable!()
+    };
+    assert!(duration_ns > 0, "a stall takes time");
+    assert_eq!(stalled, pid, "memhog is the task that stalled");
+    assert_eq!(stall.event.source, Source::Ebpf);
+
+    let oom = &seen[oom];
+    let Kind::OomKill {
+        pid: victim,
+        comm,
+        rss_bytes,
+        oom_score_adj,
+    } = &oom.event.kind
+    else {
+        unreachable!()
+    };
+    assert_eq!(*victim, Some(pid), "the OOM event names memhog's pid");
+    assert_eq!(comm.as_deref(), Some("memhog"));
+    assert!(
+        rss_bytes.is_some_and(|b| b > LIMIT / 2),
+        "victim rss {rss_bytes:?} should be near the 64 MiB limit"
+    );
+    assert_eq!(*oom_score_adj, Some(0));
+
+    // Detection lag: taken from the kernel's clock, so never negative; and sane (the events
+    // are from this run, not from before it).
+    for s in [stall, oom] {
+        assert!(s.event.at_ns >= started, "event predates the test");
+        assert!(s.lag_ns >= 0, "negative lag {} ns", s.lag_ns);
+        assert!(s.lag_ns < 30_000_000_000, "lag {} ns is not sane", s.lag_ns);
+    }
+    eprintln!(
+        "stall lag {} µs, oom lag {} µs",
+        stall.lag_ns / 1000,
+        oom.lag_ns / 1000
+    );
+
+    // memhog was killed by the kernel.
+    let statuses = memcg.wait_all(Duration::from_secs(10));
+    assert!(
+        statuses.iter().all(|s| s.is_some_and(|s| !s.success())),
+        "memhog should have been OOM-killed: {statuses:?}"
+    );
+    drop(rx);
+    task.abort();
+    drop(memcg);
+    assert!(!path.exists(), "test cgroup {} left behind", path.display());
+}
+
+#[test]
+fn a_flooded_ring_buffer_counts_and_reports_drops_and_keeps_going() {
+    if !can_run() {
+        return;
+    }
+    let rt = runtime();
+    // One page of ring buffer, no rate limit, and page faults as a watched item: a memory hog
+    // writes thousands of records while nobody reads.
+    let opts = EbpfOptions {
+        ring_buffer_bytes: 4096,
+        min_interval: Duration::ZERO,
+        memcg_items: vec!["PGFAULT".into(), "PGSCAN_DIRECT".into()],
+        drop_check_interval: Duration::from_millis(20),
+    };
+    let source = rt
+        .block_on(async { EbpfSource::attach(opts) })
+        .expect("attach");
+    assert!(
+        source.attached().contains(&"count_memcg_events"),
+        "{:?}",
+        source.missing()
+    );
+    assert_eq!(source.drops(), 0, "a fresh source has dropped nothing");
+
+    {
+        let mut storm = TestMemcg::new("ebpf-storm", LIMIT).expect("test memcg");
+        storm
+            .spawn(Command::new(memhog_bin()).args(["48", "0", "0"]))
+            .expect("memhog");
+        let statuses = storm.wait_all(Duration::from_secs(30));
+        assert!(
+            statuses.iter().all(Option::is_some),
+            "memhog did not finish"
+        );
+    }
+    let dropped = source.drops();
+    assert!(
+        dropped > 0,
+        "a 4 KiB ring buffer nobody reads must overflow"
+    );
+
+    let (tx, mut rx) = mpsc::channel(65_536);
+    let task = rt.spawn(source.run(tx));
+    let reported = collect_until(&rt, &mut rx, Duration::from_secs(10), |e| {
+        matches!(e.kind, Kind::Dropped { .. })
+    });
+    let Some(Kind::Dropped { count }) = reported.last().map(|s| s.event.kind.clone()) else {
+        panic!("no Dropped event reported");
+    };
+    assert!(count >= dropped, "reported {count} of {dropped} drops");
+
+    // The source keeps running: a new cgroup's events still arrive.
+    let mut after = TestMemcg::new("ebpf-after", LIMIT).expect("test memcg");
+    after
+        .spawn(Command::new(memhog_bin()).args(["32", "0", "0"]))
+        .expect("memhog");
+    let ours = Some(after.cgroup.clone());
+    let seen = collect_until(&rt, &mut rx, Duration::from_secs(20), |e| e.cgroup == ours);
+    assert!(
+        seen.iter().any(|s| s.event.cgroup == ours
+            && matches!(s.event.kind, Kind::MemcgEvent { ref item, .. } if item == "pgfault")),
+        "no event from {} after the drops ({} others)",
+        after.cgroup,
+        seen.len()
+    );
+    after.wait_all(Duration::from_secs(10));
+    drop(rx);
+    task.abort();
+}
