@@ -5,4 +5,8 @@
 //! hold them to the kubelet's behaviour without a node.
 
 pub mod duration;
+pub mod pressure;
 pub mod quantity;
+pub mod quantity_text;
+pub mod signal;
+pub mod thresholds;
