@@ -5,8 +5,10 @@
 //! hold them to the kubelet's behaviour without a node.
 
 pub mod duration;
+pub mod image_gc;
 pub mod pressure;
 pub mod quantity;
 pub mod quantity_text;
 pub mod signal;
 pub mod thresholds;
+pub mod timestamp;

@@ -260,9 +260,21 @@ mod tests {
     #[test]
     fn hard_threshold_acts_at_once_and_strictly_below() {
         let ts = settings(&[("memory.available", "100Mi")], &[]);
-        let (_, r) = pass(&ts, &EvictionState::default(), &mem(100, SEC), SEC, 300 * SEC);
+        let (_, r) = pass(
+            &ts,
+            &EvictionState::default(),
+            &mem(100, SEC),
+            SEC,
+            300 * SEC,
+        );
         assert!(r.met.is_empty(), "equal to the threshold is not below it");
-        let (_, r) = pass(&ts, &EvictionState::default(), &mem(99, SEC), SEC, 300 * SEC);
+        let (_, r) = pass(
+            &ts,
+            &EvictionState::default(),
+            &mem(99, SEC),
+            SEC,
+            300 * SEC,
+        );
         assert_eq!(r.met, [0]);
         assert_eq!(r.conditions, [NodeCondition::MemoryPressure]);
         let rec = r.reclaim.unwrap();
@@ -318,8 +330,17 @@ mod tests {
         s.minimum_reclaim
             .insert("memory.available".to_string(), "50Mi".to_string());
         let ts = parse_thresholds(&s).unwrap();
-        let (state, r) = pass(&ts, &EvictionState::default(), &mem(90, SEC), SEC, 300 * SEC);
-        assert_eq!(r.reclaim.unwrap().reclaim_to, Quantity::from_units(150 * MI));
+        let (state, r) = pass(
+            &ts,
+            &EvictionState::default(),
+            &mem(90, SEC),
+            SEC,
+            300 * SEC,
+        );
+        assert_eq!(
+            r.reclaim.unwrap().reclaim_to,
+            Quantity::from_units(150 * MI)
+        );
         // Above the threshold but below threshold + reclaim: still met.
         let (state, r) = pass(&ts, &state, &mem(120, 2 * SEC), 2 * SEC, 300 * SEC);
         assert_eq!(r.met, [0]);
@@ -327,14 +348,26 @@ mod tests {
         let (_, r) = pass(&ts, &state, &mem(151, 3 * SEC), 3 * SEC, 300 * SEC);
         assert!(r.met.is_empty());
         // Never acted on: min reclaim does not widen the threshold.
-        let (_, r) = pass(&ts, &EvictionState::default(), &mem(120, SEC), SEC, 300 * SEC);
+        let (_, r) = pass(
+            &ts,
+            &EvictionState::default(),
+            &mem(120, SEC),
+            SEC,
+            300 * SEC,
+        );
         assert!(r.met.is_empty());
     }
 
     #[test]
     fn stale_statistics_do_not_evict_twice() {
         let ts = settings(&[("memory.available", "100Mi")], &[]);
-        let (state, r) = pass(&ts, &EvictionState::default(), &mem(50, SEC), SEC, 300 * SEC);
+        let (state, r) = pass(
+            &ts,
+            &EvictionState::default(),
+            &mem(50, SEC),
+            SEC,
+            300 * SEC,
+        );
         assert!(r.reclaim.is_some());
         // Same measurement time again: met, but no action on stale stats.
         let (_, r) = pass(&ts, &state, &mem(50, SEC), 2 * SEC, 300 * SEC);

@@ -269,9 +269,7 @@ pub fn effective_hard(settings: &EvictionSettings) -> BTreeMap<String, String> {
     settings.hard.clone()
 }
 
-fn signal_order(
-    map: &BTreeMap<String, String>,
-) -> impl Iterator<Item = (&String, &String)> + '_ {
+fn signal_order(map: &BTreeMap<String, String>) -> impl Iterator<Item = (&String, &String)> + '_ {
     // Known signals in their fixed order first, then anything else (which fails to parse),
     // so the list reads the same every time.
     let mut entries: Vec<_> = map.iter().collect();
@@ -309,8 +307,8 @@ pub fn parse_thresholds(settings: &EvictionSettings) -> Result<Vec<Threshold>, T
     for (name, text) in signal_order(&settings.soft_grace_period) {
         let signal = parse_signal("evictionSoftGracePeriod", name)?;
         let key = format!("evictionSoftGracePeriod.{name}");
-        let nanos =
-            parse_go_duration_nanos(text).map_err(|e| ThresholdError::new(key.clone(), e.to_string()))?;
+        let nanos = parse_go_duration_nanos(text)
+            .map_err(|e| ThresholdError::new(key.clone(), e.to_string()))?;
         if nanos < 0 {
             return Err(ThresholdError::new(
                 key,
@@ -487,7 +485,10 @@ mod tests {
     #[test]
     fn partial_hard_drops_the_other_defaults_unless_merging() {
         let s = settings(&[("memory.available", "500Mi")]);
-        assert_eq!(signals(&parse_thresholds(&s).unwrap()), ["memory.available"]);
+        assert_eq!(
+            signals(&parse_thresholds(&s).unwrap()),
+            ["memory.available"]
+        );
         let merged = EvictionSettings {
             merge_defaults: true,
             ..s
@@ -639,7 +640,10 @@ mod tests {
         let ts = parse_thresholds(&settings(&[("nodefs.available", "10%")])).unwrap();
         // float32(0.1) is slightly above 0.1, so 10% of 10Gi is 16 bytes above 1Gi.
         let cap = Quantity::from_units(10 << 30);
-        assert_eq!(ts[0].value.quantity(cap), Quantity::from_units(1_073_741_840));
+        assert_eq!(
+            ts[0].value.quantity(cap),
+            Quantity::from_units(1_073_741_840)
+        );
         assert_eq!(ts[0].value.display(true), "10%");
         let ts = parse_thresholds(&settings(&[("nodefs.available", "7.5%")])).unwrap();
         assert_eq!(ts[0].value.display(true), "7.5%");
