@@ -10,5 +10,6 @@ pub mod pressure;
 pub mod quantity;
 pub mod quantity_text;
 pub mod signal;
+pub mod summary;
 pub mod thresholds;
 pub mod timestamp;
