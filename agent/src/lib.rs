@@ -8,4 +8,5 @@
 
 pub mod config;
 pub mod decide;
+pub mod plan;
 pub mod sense;

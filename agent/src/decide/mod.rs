@@ -6,9 +6,12 @@
 
 pub mod duration;
 pub mod image_gc;
+pub mod pod;
 pub mod pressure;
+pub mod qos;
 pub mod quantity;
 pub mod quantity_text;
+pub mod resources;
 pub mod signal;
 pub mod summary;
 pub mod thresholds;
