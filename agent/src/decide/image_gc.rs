@@ -249,7 +249,7 @@ mod tests {
             available_bytes: 151,
         };
         let p = plan(&policy(), fs, &images, NOW, None);
-        assert_eq!(p.usage_percent, Some(85 - 0)); // 100 - floor(15.1) = 85
+        assert_eq!(p.usage_percent, Some(85)); // 100 - floor(15.1)
         assert_eq!(p.bytes_to_free, Some(200 - 151));
         let fs = ImageFs {
             capacity_bytes: 1000,

@@ -11,6 +11,7 @@ pub mod pressure;
 pub mod qos;
 pub mod quantity;
 pub mod quantity_text;
+pub mod rank;
 pub mod resources;
 pub mod signal;
 pub mod summary;

@@ -18,7 +18,7 @@ pub fn binary_si(value: i128) -> String {
     let negative = value < 0;
     let mut mantissa = value.unsigned_abs();
     let mut step = 0;
-    while step < SUFFIXES.len() - 1 && mantissa >= 1024 && mantissa % 1024 == 0 {
+    while step < SUFFIXES.len() - 1 && mantissa >= 1024 && mantissa.is_multiple_of(1024) {
         mantissa /= 1024;
         step += 1;
     }
@@ -35,7 +35,7 @@ pub fn decimal_si(value: i128) -> String {
     let negative = value < 0;
     let mut mantissa = value.unsigned_abs();
     let mut step = 0;
-    while step < SUFFIXES.len() - 1 && mantissa % 1000 == 0 {
+    while step < SUFFIXES.len() - 1 && mantissa.is_multiple_of(1000) {
         mantissa /= 1000;
         step += 1;
     }
