@@ -107,11 +107,16 @@ pub struct ImageGcPlan {
 /// Indices of the images GC may consider (not in use, not pinned), least recently used
 /// first, ties broken by first detection; remaining ties keep the input order.
 pub fn images_in_eviction_order(images: &[ImageRecord]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..images.len())
-        .filter(|&i| !images[i].in_use && !images[i].pinned)
+    // `None` is the beginning of time: below any real timestamp.
+    let at = |t: Option<UnixNanos>| t.unwrap_or(UnixNanos::MIN);
+    let mut keyed: Vec<(UnixNanos, UnixNanos, usize)> = images
+        .iter()
+        .enumerate()
+        .filter(|(_, img)| !img.in_use && !img.pinned)
+        .map(|(i, img)| (at(img.last_used), at(img.first_detected), i))
         .collect();
-    order.sort_by_key(|&i| (images[i].last_used, images[i].first_detected));
-    order
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, _, i)| i).collect()
 }
 
 /// How long ago `then` was at `now`; `None` (the beginning of time) is infinitely long ago.

@@ -8,15 +8,14 @@
 //! do (the kubelet cannot vouch for it). Every comparison is reduced to a key computed once
 //! per pod, so ranking ten thousand pods is one pass to build keys and one sort of a vector.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use crate::decide::pod::PodInfo;
 use crate::decide::quantity::Quantity;
 use crate::decide::quantity_text::binary_si;
 use crate::decide::resources::{EPHEMERAL_STORAGE, MEMORY};
 use crate::decide::signal::{FsLayout, Resource, Signal};
-use crate::decide::summary::{FsStats, PodStats};
+use crate::decide::summary::{FsStats, PodStats, StatsIndex};
 
 /// Which parts of a pod's disk use count against a filesystem (the kubelet's `fsStatsType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,63 +96,72 @@ pub fn pod_disk_usage(pod: &PodInfo, stats: &PodStats, charged: Charged, inodes:
     total
 }
 
-/// Sort key for the usage-based signals (memory, disk, inodes): pods without statistics
-/// first, then pods over their request, then lower priority, then the larger excess.
-type UsageKey = (u8, i32, Reverse<i128>);
-/// Sort key for pids: lower priority, then pods without statistics, then more processes.
-type PidKey = (i32, u8, Reverse<u64>);
-
 const NANO: i128 = 1_000_000_000;
 
-fn usage_key(priority: i32, usage: Option<(i128, Quantity, Quantity)>) -> UsageKey {
+/// Usage-minus-request is kept exact in nanounits up to ±2^93 (about ±9.9 EB), far past any
+/// node, so it packs into a sort key beside the class and priority.
+const DIFF_BITS: u32 = 94;
+const DIFF_MAX: i128 = (1 << (DIFF_BITS - 1)) - 1;
+const DIFF_MIN: i128 = -(1 << (DIFF_BITS - 1));
+
+/// Priority as an unsigned number that sorts like the signed one.
+fn priority_bits(priority: i32) -> u128 {
+    u128::from((priority as u32) ^ 0x8000_0000)
+}
+
+/// Packs the usage-based comparators (memory, disk, inodes) into one integer, smaller first:
+/// pods without statistics (class 0), then pods over their request (1), then the rest (2);
+/// within a class lower priority first; then the larger usage above the request first.
+fn usage_key(priority: i32, usage: Option<(i128, Quantity, Quantity)>) -> u128 {
     // usage: (usage in units, request compared for "exceeds", request subtracted).
-    match usage {
-        None => (0, priority, Reverse(0)),
+    let (class, diff): (u128, i128) = match usage {
+        None => (0, 0),
         Some((units, exceed_req, sub_req)) => {
             let usage_nanos = units.saturating_mul(NANO);
-            let exceeds = usage_nanos > exceed_req.nanos();
-            (
-                if exceeds { 1 } else { 2 },
-                priority,
-                Reverse(usage_nanos.saturating_sub(sub_req.nanos())),
-            )
+            let class = if usage_nanos > exceed_req.nanos() {
+                1
+            } else {
+                2
+            };
+            (class, usage_nanos.saturating_sub(sub_req.nanos()))
         }
-    }
+    };
+    let reversed = (DIFF_MAX - diff.clamp(DIFF_MIN, DIFF_MAX)) as u128;
+    (class << 126) | (priority_bits(priority) << DIFF_BITS) | reversed
+}
+
+/// Packs the pid comparators: lower priority first, then pods without statistics, then more
+/// processes first.
+fn pid_key(priority: i32, processes: Option<u64>) -> u128 {
+    let (class, reversed) = match processes {
+        None => (0u128, 0u128),
+        Some(n) => (1, u128::from(u64::MAX - n)),
+    };
+    (priority_bits(priority) << 65) | (class << 64) | reversed
 }
 
 /// Ranks `pods` for eviction under `signal`, first to evict first, returning indices into
-/// `pods`. `stats` maps a pod uid to its Summary entry (see [`crate::decide::summary::Summary::index`]).
+/// `pods`. `stats` maps a pod uid to its Summary entry ([`crate::decide::summary::Summary::index`]).
 ///
-/// Pods the kubelet's comparators leave tied keep their input order.
+/// Each pod's comparators are computed once into a packed key; the sort then compares plain
+/// integers. Pods the kubelet's comparators leave tied keep their input order.
 pub fn rank(
     signal: Signal,
     layout: FsLayout,
     pods: &[PodInfo],
-    stats: &HashMap<&str, &PodStats>,
+    stats: &StatsIndex<'_>,
 ) -> Vec<usize> {
     let lookup = |p: &PodInfo| stats.get(p.uid.as_str()).copied();
-    match signal.resource() {
-        Resource::Pids => {
-            let mut keyed: Vec<(PidKey, usize)> = pods
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let key = match lookup(p) {
-                        None => (p.priority_or_zero(), 0, Reverse(0)),
-                        Some(s) => (p.priority_or_zero(), 1, Reverse(s.process_count())),
-                    };
-                    (key, i)
-                })
-                .collect();
-            keyed.sort_unstable();
-            keyed.into_iter().map(|(_, i)| i).collect()
-        }
-        Resource::Memory => sort_usage(pods, |p| {
-            let key_usage = lookup(p).map(|s| {
+    let key: Box<dyn Fn(&PodInfo) -> u128 + '_> = match signal.resource() {
+        Resource::Pids => Box::new(move |p: &PodInfo| {
+            pid_key(p.priority_or_zero(), lookup(p).map(PodStats::process_count))
+        }),
+        Resource::Memory => Box::new(move |p: &PodInfo| {
+            let usage = lookup(p).map(|s| {
                 let request = p.ranking_request(MEMORY);
                 (i128::from(s.working_set_bytes()), request, request)
             });
-            usage_key(p.priority_or_zero(), key_usage)
+            usage_key(p.priority_or_zero(), usage)
         }),
         Resource::EphemeralStorage | Resource::Inodes => {
             let inodes = signal.resource() == Resource::Inodes;
@@ -162,9 +170,9 @@ pub fn rank(
                 logs: true,
                 local_volumes: true,
             });
-            sort_usage(pods, |p| {
-                let key_usage = lookup(p).map(|s| {
-                    let usage = pod_disk_usage(p, s, charge, inodes);
+            Box::new(move |p: &PodInfo| {
+                let usage = lookup(p).map(|s| {
+                    let used = pod_disk_usage(p, s, charge, inodes);
                     // The kubelet compares against the request for the resource it measures
                     // (nobody requests inodes) but always subtracts the ephemeral-storage
                     // request, inodes or not.
@@ -173,19 +181,19 @@ pub fn rank(
                     } else {
                         p.ranking_request(EPHEMERAL_STORAGE)
                     };
-                    (usage, exceed_req, p.ranking_request(EPHEMERAL_STORAGE))
+                    (used, exceed_req, p.ranking_request(EPHEMERAL_STORAGE))
                 });
-                usage_key(p.priority_or_zero(), key_usage)
+                usage_key(p.priority_or_zero(), usage)
             })
         }
-    }
-}
-
-fn sort_usage(pods: &[PodInfo], key: impl Fn(&PodInfo) -> UsageKey) -> Vec<usize> {
-    let mut keyed: Vec<(UsageKey, usize)> =
-        pods.iter().enumerate().map(|(i, p)| (key(p), i)).collect();
+    };
+    let mut keyed: Vec<(u128, u32)> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (key(p), i as u32))
+        .collect();
     keyed.sort_unstable();
-    keyed.into_iter().map(|(_, i)| i).collect()
+    keyed.into_iter().map(|(_, i)| i as usize).collect()
 }
 
 /// The kubelet's eviction message and event annotations for an evicted pod.
@@ -575,6 +583,27 @@ mod tests {
             ),
             ["over-big", "over-small", "under"]
         );
+    }
+
+    #[test]
+    fn packed_keys_order_extremes_like_the_comparators() {
+        // Priority across the whole i32 range, classes, and huge or negative excess.
+        let k = |class_usage: Option<(i128, i64, i64)>, prio: i32| {
+            usage_key(
+                prio,
+                class_usage.map(|(u, e, s)| (u, Quantity::from_units(e), Quantity::from_units(s))),
+            )
+        };
+        assert!(k(None, i32::MAX) < k(Some((1, 0, 0)), i32::MIN));
+        assert!(k(Some((1, 0, 0)), i32::MAX) < k(Some((0, 0, 0)), i32::MIN));
+        assert!(k(Some((5, 0, 0)), i32::MIN) < k(Some((5, 0, 0)), -1));
+        assert!(k(Some((5, 0, 0)), -1) < k(Some((5, 0, 0)), 0));
+        assert!(k(Some((i128::from(u64::MAX), 0, 0)), 0) < k(Some((1 << 40, 0, 0)), 0));
+        assert!(k(Some((0, 0, i64::MAX)), 0) > k(Some((0, 0, 1)), 0));
+        assert!(pid_key(i32::MIN, Some(0)) < pid_key(-1, None));
+        assert!(pid_key(0, None) < pid_key(0, Some(u64::MAX)));
+        assert!(pid_key(0, Some(u64::MAX)) < pid_key(0, Some(0)));
+        assert!(pid_key(0, Some(0)) < pid_key(i32::MAX, None));
     }
 
     #[test]
