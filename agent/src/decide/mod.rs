@@ -4,9 +4,11 @@
 //! values, so `reactor plan` can run the same rules offline on a JSON snapshot and tests can
 //! hold them to the kubelet's behaviour without a node.
 
+pub mod cgroups;
 pub mod duration;
 pub mod image_gc;
 pub mod pod;
+pub mod preempt;
 pub mod pressure;
 pub mod qos;
 pub mod quantity;

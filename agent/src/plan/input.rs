@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::decide::pod::RELATIVE_PATH_MARK;
+use crate::decide::quantity::Quantity;
 
 /// The largest input accepted: far above any real node snapshot, low enough that a wrong file
 /// (a disk image, /dev/zero) fails fast instead of exhausting memory.
@@ -131,6 +132,41 @@ pub fn render<T: Serialize>(answer: &T, pretty: bool) -> String {
     text.unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()))
 }
 
+/// A Kubernetes quantity in a plan document: a quantity string (`"128Mi"`, `"100m"`) or a
+/// plain JSON number, parsed exactly (never through a float when written as a string).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JsonQuantity(pub Quantity);
+
+impl<'de> serde::Deserialize<'de> for JsonQuantity {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = JsonQuantity;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a quantity (\"128Mi\", \"100m\", or a number)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Quantity::parse(v).map(JsonQuantity).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(JsonQuantity(Quantity::from_units(v)))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                match i64::try_from(v) {
+                    Ok(v) => Ok(JsonQuantity(Quantity::from_units(v))),
+                    Err(_) => Err(E::custom(format!("quantity {v} is out of range"))),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                // serde_json prints the shortest text that reads back as this float, which
+                // is the decimal the author wrote in all but absurd cases.
+                self.visit_str(&v.to_string())
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +206,24 @@ mod tests {
         assert!(!e.contains('\n') && e.contains("EOF"), "{e}");
         let e = parse::<Doc>(b"{}").unwrap_err().to_string();
         assert!(e.contains("missing field `pods`"), "{e}");
+    }
+
+    #[test]
+    fn quantities_as_strings_or_numbers() {
+        let q: Vec<JsonQuantity> = parse(br#"["1.5Gi", 3, 0.5, "100m"]"#).unwrap();
+        assert_eq!(q[0].0, Quantity::parse("1536Mi").unwrap());
+        assert_eq!(q[1].0, Quantity::from_units(3));
+        assert_eq!(q[2].0, Quantity::from_millis(500));
+        assert_eq!(q[3].0, Quantity::from_millis(100));
+        let e = parse::<Vec<JsonQuantity>>(br#"["1", "12Qi"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("[1]: invalid quantity \"12Qi\""), "{e}");
+    }
+
+    #[test]
+    fn trailing_text_is_refused() {
+        assert!(parse::<Vec<JsonQuantity>>(b"[] x").is_err());
     }
 
     #[test]

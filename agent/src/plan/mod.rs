@@ -5,7 +5,9 @@
 //! reading the input with a size cap, parsing it with errors that name the field, and
 //! printing the answer. The plans themselves live beside it, one module each.
 
+pub mod cgroups;
 pub mod evict;
 pub mod image_gc;
 pub mod input;
+pub mod preempt;
 pub mod pressure;
