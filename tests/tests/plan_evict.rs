@@ -167,7 +167,7 @@ fn summary() -> Value {
                   json!([cstats("nginx", 20 * MI, 300 * MI)]),
                   json!([{"name": "cache", "usedBytes": 10 * MI, "inodesUsed": 10}]), 9),
             stats("default", "web-2", "uid-web-2", 300 * MI,
-                  json!([cstats("nginx", 900 * MI, 1 * MI)]),
+                  json!([cstats("nginx", 900 * MI, MI)]),
                   json!([{"name": "cache", "usedBytes": 10 * MI, "inodesUsed": 10}]), 9),
             stats("batch", "job-x", "uid-job", 100 * MI,
                   json!([cstats("work", 8 * MI, 8 * MI)]),

@@ -4,7 +4,7 @@
 
 mod plan_cli;
 
-use plan_cli::{plan_ok, plan_refused};
+use plan_cli::{plan_ok, plan_refused, plan_stdin};
 use serde_json::{json, Value};
 
 const GI: u64 = 1 << 30;
@@ -226,4 +226,14 @@ fn malformed_input_exits_2_naming_the_field() {
         let err = plan_refused("image-gc", doc.to_string().as_bytes());
         assert!(err.contains(needle), "{needle}: {err}");
     }
+}
+
+#[test]
+fn reads_stdin() {
+    let out = plan_stdin(
+        "image-gc",
+        input(policy(), 100 * GI, 20 * GI).to_string().as_bytes(),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.json["usagePercent"], json!(80));
 }

@@ -4,7 +4,7 @@
 
 mod plan_cli;
 
-use plan_cli::{plan_ok, plan_refused};
+use plan_cli::{plan_ok, plan_refused, plan_stdin};
 use serde_json::{json, Value};
 
 fn at(seconds: u64) -> String {
@@ -252,4 +252,17 @@ fn refused_settings_exit_2_naming_the_key() {
         let err = plan_refused("pressure", input.to_string().as_bytes());
         assert!(err.contains(needle), "{needle}: {err}");
     }
+}
+
+#[test]
+fn reads_stdin_and_truncated_input_exits_2() {
+    let doc =
+        json!({"capacity": CAPACITY(), "observations": [{"at": at(0), "memory.available": "1Gi"}]});
+    let out = plan_stdin("pressure", doc.to_string().as_bytes());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.json["steps"][0]["met"], json!([]));
+    let text = doc.to_string();
+    let out = plan_stdin("pressure", &text.as_bytes()[..text.len() - 3]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
 }
