@@ -418,7 +418,10 @@ impl fmt::Display for Threshold {
 
 /// The grace period an evicted pod gets, as the kubelet's eviction manager asks for it: none
 /// for a hard threshold; for a soft one `evictionMaxPodGracePeriod`, lowered to the pod's own
-/// `terminationGracePeriodSeconds` when the pod sets a smaller one.
+/// `terminationGracePeriodSeconds` when the pod sets a smaller one (with
+/// `evictionMaxPodGracePeriod` at 0, that is 0 too). This is the override the manager asks
+/// for; the kubelet's pod worker honours it but never kills with less than 1 second, which is
+/// the process runtime's business, not this rule's.
 pub fn pod_grace_period_seconds(
     threshold: &Threshold,
     max_pod_grace_period: i64,
