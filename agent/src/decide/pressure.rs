@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 
 use crate::decide::quantity::Quantity;
+use crate::decide::quantity_text::binary_si;
 use crate::decide::signal::{NodeCondition, Resource, Signal};
-use crate::decide::thresholds::Threshold;
+use crate::decide::thresholds::{format_quantity, Threshold, ThresholdValue};
 
 /// Nanoseconds on whatever clock the caller uses (Unix time for plans, monotonic live).
 pub type Nanos = i128;
@@ -221,6 +222,37 @@ pub fn pick_reclaim(thresholds: &[Threshold], candidates: &[usize]) -> Option<us
         .min_by_key(|&i| (!thresholds[i].signal.is_memory(), i))
 }
 
+/// The "Threshold quantity: …, available: …" figures of the eviction message, as the
+/// kubelet's `getThresholdMetInfo` picks them: the first of the `met` thresholds that
+/// starves `resource` and has an observation. A percentage threshold prints in the binary
+/// form (the kubelet builds it as bytes whatever the resource); the available figure prints
+/// as bytes for memory and disk, as a count for inodes and pids.
+pub fn threshold_met_text(
+    thresholds: &[Threshold],
+    met: &[usize],
+    observations: &Observations,
+    resource: Resource,
+) -> Option<(String, String)> {
+    met.iter().find_map(|&i| {
+        let t = thresholds.get(i)?;
+        if t.signal.resource() != resource {
+            return None;
+        }
+        let obs = observations.get(t.signal)?;
+        let capacity = obs.capacity.unwrap_or(Quantity::ZERO);
+        let quantity = match t.value {
+            ThresholdValue::Quantity(q) => format_quantity(q, resource.is_bytes()),
+            ThresholdValue::Percentage { .. } => {
+                binary_si(t.value.quantity(capacity).nanos() / 1_000_000_000)
+            }
+        };
+        Some((
+            quantity,
+            format_quantity(obs.available, resource.is_bytes()),
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,6 +433,34 @@ mod tests {
         let rec = r.reclaim.unwrap();
         assert_eq!(rec.signal, Signal::MemoryAvailable);
         assert_eq!(rec.threshold_quantity, Quantity::from_units(100 * MI));
+    }
+
+    #[test]
+    fn threshold_text_for_the_message() {
+        let ts = settings(
+            &[("memory.available", "100Mi"), ("nodefs.inodesFree", "5%")],
+            &[],
+        );
+        let mut o = mem(50, SEC);
+        o.set(
+            Signal::NodeFsInodesFree,
+            Observation {
+                available: Quantity::from_units(3000),
+                capacity: Some(Quantity::from_units(100_000)),
+                at: SEC,
+            },
+        );
+        let (_, r) = pass(&ts, &EvictionState::default(), &o, SEC, 300 * SEC);
+        assert_eq!(
+            threshold_met_text(&ts, &r.met, &o, Resource::Memory),
+            Some(("100Mi".to_string(), "50Mi".to_string()))
+        );
+        // 5% of 100000 inodes is 5000 (binary form: not a multiple of 1024, plain).
+        assert_eq!(
+            threshold_met_text(&ts, &r.met, &o, Resource::Inodes),
+            Some(("5000".to_string(), "3k".to_string()))
+        );
+        assert_eq!(threshold_met_text(&ts, &r.met, &o, Resource::Pids), None);
     }
 
     #[test]
