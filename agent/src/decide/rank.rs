@@ -656,4 +656,164 @@ mod tests {
             "The node was low on resource: ephemeral-storage. Container a was using 2Ki, request is 0, has larger consumption of ephemeral-storage. "
         );
     }
+
+    mod against_the_comparators {
+        //! The packed keys must order pods exactly as the kubelet's comparator chains do:
+        //! every adjacent pair in the output compares as "not after" under the chain, for
+        //! random pods, usage, requests and missing statistics.
+
+        use super::*;
+        use proptest::prelude::*;
+        use std::cmp::Ordering;
+
+        #[derive(Debug, Clone)]
+        struct Spec {
+            priority: Option<i32>,
+            mem_req: Option<u64>,
+            eph_req: Option<u64>,
+            stats: Option<(u64, u64, u64, u64, u64)>, // ws, rootfs, logs, volume, procs
+        }
+
+        fn spec() -> impl Strategy<Value = Spec> {
+            (
+                prop::option::of(prop_oneof![Just(0), Just(-10), Just(1000), any::<i32>()]),
+                prop::option::of(0u64..4000),
+                prop::option::of(0u64..4000),
+                prop::option::of((0u64..5000, 0u64..3000, 0u64..3000, 0u64..3000, 0u64..50)),
+            )
+                .prop_map(|(priority, mem_req, eph_req, stats)| Spec {
+                    priority,
+                    mem_req,
+                    eph_req,
+                    stats,
+                })
+        }
+
+        fn build(specs: &[Spec]) -> (Vec<PodInfo>, Summary) {
+            let mut pods = Vec::new();
+            let mut stats = Vec::new();
+            for (i, s) in specs.iter().enumerate() {
+                let uid = format!("u{i}");
+                let mut requests = serde_json::Map::new();
+                if let Some(m) = s.mem_req {
+                    requests.insert("memory".into(), json!(m.to_string()));
+                }
+                if let Some(e) = s.eph_req {
+                    requests.insert("ephemeral-storage".into(), json!(e.to_string()));
+                }
+                let mut spec = json!({"containers": [{"name": "c", "resources": {"requests": requests}}],
+                                      "volumes": [{"name": "v", "emptyDir": {}}]});
+                if let Some(p) = s.priority {
+                    spec["priority"] = json!(p);
+                }
+                pods.push(
+                    PodInfo::from_json(
+                        json!({"metadata": {"name": format!("p{i}"), "uid": uid}, "spec": spec}),
+                    )
+                    .expect("pod"),
+                );
+                if let Some((ws, root, logs, vol, procs)) = s.stats {
+                    stats.push(json!({"podRef": {"uid": uid},
+                        "memory": {"workingSetBytes": ws},
+                        "containers": [{"name": "c", "rootfs": {"usedBytes": root, "inodesUsed": root / 7},
+                                        "logs": {"usedBytes": logs, "inodesUsed": logs / 7}}],
+                        "volume": [{"name": "v", "usedBytes": vol, "inodesUsed": vol / 7}],
+                        "process_stats": {"process_count": procs}}));
+                }
+            }
+            let summary = Summary::from_value(json!({"pods": stats}), "summary").expect("summary");
+            (pods, summary)
+        }
+
+        /// cmpBool: true before false.
+        fn cmp_bool(a: bool, b: bool) -> Ordering {
+            match (a, b) {
+                (true, false) => Ordering::Less,
+                (false, true) => Ordering::Greater,
+                _ => Ordering::Equal,
+            }
+        }
+
+        /// The kubelet's chain for `signal`, written out comparator by comparator.
+        fn chain(
+            signal: Signal,
+            layout: FsLayout,
+            a: &PodInfo,
+            b: &PodInfo,
+            index: &StatsIndex<'_>,
+        ) -> Ordering {
+            let sa = index.get(a.uid.as_str()).copied();
+            let sb = index.get(b.uid.as_str()).copied();
+            let missing = cmp_bool(sa.is_none(), sb.is_none());
+            let priority = a.priority_or_zero().cmp(&b.priority_or_zero());
+            let nanos = |units: i128| units * NANO;
+            match signal.resource() {
+                Resource::Pids => priority.then_with(|| match (sa, sb) {
+                    (Some(x), Some(y)) => y.process_count().cmp(&x.process_count()),
+                    _ => missing,
+                }),
+                Resource::Memory => {
+                    let usage = |s: &PodStats| nanos(i128::from(s.working_set_bytes()));
+                    let req = |p: &PodInfo| p.ranking_request(MEMORY).nanos();
+                    let exceeds = match (sa, sb) {
+                        (Some(x), Some(y)) => cmp_bool(usage(x) > req(a), usage(y) > req(b)),
+                        _ => missing,
+                    };
+                    exceeds.then(priority).then_with(|| match (sa, sb) {
+                        (Some(x), Some(y)) => (usage(y) - req(b)).cmp(&(usage(x) - req(a))),
+                        _ => missing,
+                    })
+                }
+                Resource::EphemeralStorage | Resource::Inodes => {
+                    let inodes = signal.resource() == Resource::Inodes;
+                    let charge = charged(signal, layout).expect("disk signal");
+                    let usage =
+                        |p: &PodInfo, s: &PodStats| nanos(pod_disk_usage(p, s, charge, inodes));
+                    let exceed_req = |p: &PodInfo| {
+                        p.ranking_request(if inodes { "inodes" } else { EPHEMERAL_STORAGE })
+                            .nanos()
+                    };
+                    let eph = |p: &PodInfo| p.ranking_request(EPHEMERAL_STORAGE).nanos();
+                    let exceeds = match (sa, sb) {
+                        (Some(x), Some(y)) => {
+                            cmp_bool(usage(a, x) > exceed_req(a), usage(b, y) > exceed_req(b))
+                        }
+                        _ => missing,
+                    };
+                    exceeds.then(priority).then_with(|| match (sa, sb) {
+                        (Some(x), Some(y)) => (usage(b, y) - eph(b)).cmp(&(usage(a, x) - eph(a))),
+                        _ => missing,
+                    })
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(96))]
+
+            #[test]
+            fn ranking_never_puts_a_pod_after_one_the_chain_ranks_later(
+                specs in prop::collection::vec(spec(), 0..24),
+                which in 0usize..9,
+                layout in prop_oneof![Just(FsLayout::Shared), Just(FsLayout::ImageFs), Just(FsLayout::ImageFsContainerFs)],
+            ) {
+                let signal = Signal::ALL[which];
+                let (pods, summary) = build(&specs);
+                let index = summary.index();
+                let order = rank(signal, layout, &pods, &index);
+                prop_assert_eq!(order.len(), pods.len());
+                for pair in order.windows(2) {
+                    let (a, b) = (&pods[pair[0]], &pods[pair[1]]);
+                    prop_assert_ne!(
+                        chain(signal, layout, a, b, &index),
+                        Ordering::Greater,
+                        "{} ranked before {} for {}", a.name, b.name, signal
+                    );
+                }
+                let mut seen = order.clone();
+                seen.sort_unstable();
+                prop_assert_eq!(seen, (0..pods.len()).collect::<Vec<_>>());
+            }
+        }
+    }
 }
