@@ -442,4 +442,76 @@ mod tests {
         ];
         assert_eq!(images_in_eviction_order(&images), [2, 0, 1]);
     }
+
+    mod invariants {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn record() -> impl Strategy<Value = ImageRecord> {
+            (
+                0i64..1000,
+                prop::option::of(-5000i128..100),
+                prop::option::of(-5000i128..100),
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(|(size, first, used, in_use, pinned)| ImageRecord {
+                    id: String::new(),
+                    size_bytes: size,
+                    first_detected: first.map(|t| NOW + t * S),
+                    last_used: used.map(|t| NOW + t * S),
+                    in_use,
+                    pinned,
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            #[test]
+            fn plans_respect_the_policy(
+                images in prop::collection::vec(record(), 0..30),
+                capacity in 0i64..20_000,
+                available in 0i64..20_000,
+                high in 0i64..=100,
+                low in 0i64..=100,
+                min_age in 0i64..3000,
+                max_age in prop_oneof![Just(0i64), 1i64..6000],
+                up in prop::option::of(0i128..10_000),
+            ) {
+                let policy = ImageGcPolicy {
+                    high_threshold_percent: high,
+                    low_threshold_percent: low,
+                    min_age_nanos: min_age * 1_000_000_000,
+                    max_age_nanos: max_age * 1_000_000_000,
+                };
+                let fs = ImageFs { capacity_bytes: capacity, available_bytes: available };
+                let p = plan(&policy, fs, &images, NOW, up.map(|u| NOW - u * S));
+                if low > high {
+                    prop_assert!(p.error.is_some());
+                    prop_assert!(p.delete.is_empty());
+                }
+                let mut seen = std::collections::HashSet::new();
+                let mut freed = 0i64;
+                for &(i, reason) in &p.delete {
+                    let img = &images[i];
+                    prop_assert!(seen.insert(i), "deleted twice");
+                    prop_assert!(!img.in_use && !img.pinned);
+                    freed += img.size_bytes;
+                    if reason == DeleteReason::Space {
+                        prop_assert!(img.last_used.is_none_or(|u| u < NOW));
+                        prop_assert!(img.first_detected.is_none_or(|f| NOW - f >= i128::from(policy.min_age_nanos)));
+                    } else {
+                        prop_assert!(max_age > 0);
+                    }
+                }
+                prop_assert_eq!(freed, p.freed_bytes);
+                if let Some(target) = p.bytes_to_free {
+                    let space: i64 = p.delete.iter().filter(|(_, r)| *r == DeleteReason::Space)
+                        .map(|(i, _)| images[*i].size_bytes).sum();
+                    prop_assert_eq!(space < target, p.error.is_some());
+                }
+            }
+        }
+    }
 }
