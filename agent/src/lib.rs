@@ -9,4 +9,5 @@
 pub mod act;
 pub mod config;
 pub mod decide;
+pub mod plan;
 pub mod sense;

@@ -5,4 +5,15 @@
 //! hold them to the kubelet's behaviour without a node.
 
 pub mod duration;
+pub mod image_gc;
+pub mod pod;
+pub mod pressure;
+pub mod qos;
 pub mod quantity;
+pub mod quantity_text;
+pub mod rank;
+pub mod resources;
+pub mod signal;
+pub mod summary;
+pub mod thresholds;
+pub mod timestamp;
