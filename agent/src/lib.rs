@@ -6,6 +6,8 @@
 //! node, and `record` keeps what happened. The binary (`reactor`) and its gRPC API are thin
 //! front ends over this library.
 
+pub mod act;
 pub mod config;
 pub mod decide;
+pub mod record;
 pub mod sense;

@@ -1,0 +1,4 @@
+//! `act`: the only place that changes the node — the cgroup writer and the runtimes that
+//! start and stop pods.
+
+pub mod cgroups;
