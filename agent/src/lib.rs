@@ -10,4 +10,5 @@ pub mod act;
 pub mod config;
 pub mod decide;
 pub mod plan;
+pub mod record;
 pub mod sense;
