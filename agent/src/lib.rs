@@ -9,6 +9,7 @@
 pub mod act;
 pub mod config;
 pub mod decide;
+pub mod images;
 pub mod plan;
 pub mod record;
 pub mod sense;
