@@ -129,7 +129,7 @@ pub enum ImageGcError {
     Runtime(#[from] CriError),
     /// The runtime went away while the round was deleting images.
     #[error(
-        "{source} (the round had deleted {deleted} images, {freed_bytes} bytes, before it stopped)"
+        "{source} (the round had deleted {deleted} image(s), {freed_bytes} bytes, before it stopped)"
     )]
     Interrupted {
         /// What the runtime said.
