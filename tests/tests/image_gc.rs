@@ -385,9 +385,9 @@ async fn a_round_frees_lru_first_down_to_the_low_threshold() {
         round
             .deleted
             .iter()
-            .map(|d| d.id.clone())
+            .map(|d| d.id.as_str())
             .collect::<Vec<_>>(),
-        [past2.id.clone()]
+        [past2.id.as_str()]
     );
     let message = match wait_event(&mut events, "FreeDiskSpaceFailed", |e| {
         matches!(e, ImageGcEvent::FreeDiskSpaceFailed { .. })
@@ -484,8 +484,8 @@ async fn delete_unused_images_reclaims_with_periodic_gc_off() {
     let mut events = m.subscribe();
     let r = m.delete_unused_images().await.expect("reclaim");
     eprintln!("reclaim: {r:?}");
-    assert_eq!(r.containers_removed, [exited.clone()]);
-    assert_eq!(r.sandboxes_removed, [gone.id.clone()]);
+    assert_eq!(r.containers_removed, std::slice::from_ref(&exited));
+    assert_eq!(r.sandboxes_removed, std::slice::from_ref(&gone.id));
     let deleted: BTreeSet<String> = r.deleted.iter().map(|d| d.id.clone()).collect();
     assert_eq!(deleted, ids([&dead, &idle[0], &idle[1]]));
     let freed: u64 = deleted.iter().map(|id| sizes[id]).sum();

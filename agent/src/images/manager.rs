@@ -873,8 +873,10 @@ mod tests {
 
     #[test]
     fn settings_from_config() {
-        let mut c = Config::default();
-        c.image_gc_high_threshold_percent = 100;
+        let mut c = Config {
+            image_gc_high_threshold_percent: 100,
+            ..Config::default()
+        };
         c.runtime.sandbox_image = "localhost/pause:1".into();
         let s = ImageGcSettings::from_config(&c);
         assert_eq!(s.policy.min_age_nanos, 120_000_000_000);
