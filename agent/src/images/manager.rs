@@ -14,17 +14,14 @@
 //! [`Counters`]; the manager never stops on a failed round: the next period tries again.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{broadcast, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::broadcast;
 
 use crate::act::cri::{ContainerFilter, ContainerState, CriClient, CriError, ImageInfo};
-use crate::config::Config;
-use crate::decide::image_gc::{self, ImageFs, ImageGcPolicy};
+use crate::decide::image_gc::{self, ImageFs};
 use crate::decide::timestamp::UnixNanos;
 use crate::record::checkpoint::Checkpoint;
 
@@ -32,129 +29,13 @@ use super::containers::remove_dead_containers;
 use super::delete::{delete_in_order, Deletion, Executed};
 use super::events::{Counter, Counters, CountersSnapshot, GcTrigger, ImageGcEvent};
 use super::records::{images_in_use, ImageRecords, StoredRecords};
+pub use super::settings::{ImageGcError, ImageGcSettings};
 
 /// The checkpoint file under `stateDir`.
 pub const CHECKPOINT_FILE: &str = "image-records.json";
 /// The checkpoint's kind and format version.
 const CHECKPOINT_KIND: &str = "image-records";
 const CHECKPOINT_VERSION: u32 = 1;
-
-/// How the manager runs: the kubelet's image GC policy plus the timing the kubelet
-/// hard-codes, and where the records are kept.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImageGcSettings {
-    /// Thresholds and ages (`imageGCHighThresholdPercent`, …).
-    pub policy: ImageGcPolicy,
-    /// Time between GC rounds (kubelet: 5 minutes). With a high threshold of 100 the rounds
-    /// are off and only detection runs at this period.
-    pub period: Duration,
-    /// Time between refreshes of the cached image list (kubelet: 30 seconds).
-    pub list_refresh: Duration,
-    /// Where the records checkpoint lives; `None` keeps them in memory only.
-    pub state_dir: Option<PathBuf>,
-    /// The sandbox (pause) image reference; `None` asks the runtime's status for it.
-    pub sandbox_image: Option<String>,
-    /// Measure this path's filesystem instead of the runtime's `ImageFsInfo`.
-    pub imagefs_path: Option<PathBuf>,
-}
-
-fn nanos(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
-}
-
-impl ImageGcSettings {
-    /// The settings the config file asks for.
-    pub fn from_config(config: &Config) -> ImageGcSettings {
-        ImageGcSettings {
-            policy: ImageGcPolicy {
-                high_threshold_percent: i64::from(config.image_gc_high_threshold_percent),
-                low_threshold_percent: i64::from(config.image_gc_low_threshold_percent),
-                min_age_nanos: nanos(config.image_minimum_gc_age.0),
-                max_age_nanos: nanos(config.image_maximum_gc_age.0),
-            },
-            period: config.image_gc.period.0,
-            list_refresh: config.image_gc.list_refresh.0,
-            state_dir: Some(config.state_dir.clone()),
-            sandbox_image: Some(config.runtime.sandbox_image.clone()).filter(|s| !s.is_empty()),
-            imagefs_path: Some(PathBuf::from(&config.node.imagefs_path))
-                .filter(|p| !p.as_os_str().is_empty()),
-        }
-    }
-
-    /// The kubelet's checks on the policy (its messages), and non-zero periods.
-    pub fn validate(&self) -> Result<(), ImageGcError> {
-        self.policy.validate().map_err(ImageGcError::Policy)?;
-        for (what, value) in [("period", self.period), ("listRefresh", self.list_refresh)] {
-            if value.is_zero() {
-                return Err(ImageGcError::Setting {
-                    what,
-                    why: "must be greater than zero".into(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether periodic rounds run: a high threshold of 100 is the kubelet's "image GC off"
-    /// (the disk-pressure reclaim still runs).
-    pub fn periodic_gc_enabled(&self) -> bool {
-        self.policy.high_threshold_percent < 100
-    }
-}
-
-/// Why the manager could not start, or a round could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum ImageGcError {
-    /// The policy is refused, with the kubelet's message.
-    #[error("invalid image GC policy: {0}")]
-    Policy(String),
-    /// A timing setting is refused.
-    #[error("invalid image GC setting imageGC.{what}: {why}")]
-    Setting {
-        /// The setting.
-        what: &'static str,
-        /// Why.
-        why: String,
-    },
-    /// The state directory cannot be created.
-    #[error("image GC state directory {path}: {source}")]
-    StateDir {
-        /// The directory.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The runtime could not be asked (down, hung, or refused a listing).
-    #[error("{0}")]
-    Runtime(#[from] CriError),
-    /// The runtime went away while the round was deleting images.
-    #[error(
-        "{source} (the round had deleted {deleted} image(s), {freed_bytes} bytes, before it stopped)"
-    )]
-    Interrupted {
-        /// What the runtime said.
-        source: CriError,
-        /// Images deleted before it went.
-        deleted: usize,
-        /// Bytes they freed.
-        freed_bytes: u64,
-    },
-    /// The image filesystem could not be measured.
-    #[error("image filesystem: {0}")]
-    ImageFs(String),
-}
-
-impl ImageGcError {
-    /// Whether the runtime is down or hung (the round will work again once it is back).
-    pub fn is_runtime_down(&self) -> bool {
-        match self {
-            ImageGcError::Runtime(e) | ImageGcError::Interrupted { source: e, .. } => {
-                e.is_runtime_down()
-            }
-            _ => false,
-        }
-    }
-}
 
 /// The outcome of a periodic GC round that ran to its end.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -704,81 +585,15 @@ impl ImageGcManager {
             errors,
         })
     }
-
-    /// Starts the manager's loop on the current Tokio runtime: an initial detection (the
-    /// kubelet's `Start`), then every `period` a GC round — or only a detection when the
-    /// high threshold is 100 — and every `list_refresh` an image list refresh. Failed rounds
-    /// are reported and retried next period; the loop ends only when stopped.
-    pub fn spawn(&self) -> GcTask {
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let manager = self.clone();
-        let handle = tokio::spawn(async move { manager.run(stop_rx).await });
-        GcTask {
-            stop: Some(stop_tx),
-            handle,
-        }
-    }
-
-    async fn run(self, mut stop: oneshot::Receiver<()>) {
-        let settings = &self.inner.settings;
-        if let Err(e) = self.detect_images().await {
-            tracing::warn!("[imageGCManager] Failed to monitor images: {e}");
-        }
-        let mut gc = tokio::time::interval(settings.period);
-        gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut refresh = tokio::time::interval(settings.list_refresh);
-        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        if !settings.periodic_gc_enabled() {
-            tracing::info!("imageGCHighThresholdPercent is 100: periodic image GC is off (disk-pressure reclaim still runs)");
-        }
-        loop {
-            tokio::select! {
-                _ = &mut stop => break,
-                _ = gc.tick() => {
-                    if settings.periodic_gc_enabled() {
-                        // Outcomes go out as events; the loop carries on either way.
-                        let _ = self.garbage_collect().await;
-                    } else if let Err(e) = self.detect_images().await {
-                        tracing::warn!("[imageGCManager] Failed to monitor images: {e}");
-                    }
-                }
-                _ = refresh.tick() => {
-                    if let Err(e) = self.refresh_image_list().await {
-                        tracing::warn!("[imageGCManager] Failed to update image list: {e}");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The running GC loop; stop it with [`GcTask::stop`] (dropping it leaves the loop running
-/// until the runtime shuts down).
-#[derive(Debug)]
-pub struct GcTask {
-    stop: Option<oneshot::Sender<()>>,
-    handle: JoinHandle<()>,
-}
-
-impl GcTask {
-    /// Whether the loop is still running.
-    pub fn is_running(&self) -> bool {
-        !self.handle.is_finished()
-    }
-
-    /// Stops the loop (after the round in progress, if any) and waits for it.
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.handle).await;
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::act::cri::Timeouts;
+    use crate::decide::image_gc::ImageGcPolicy;
+    use std::path::PathBuf;
+    use std::time::Duration;
 
     fn settings(dir: Option<PathBuf>) -> ImageGcSettings {
         ImageGcSettings {
@@ -869,23 +684,5 @@ mod tests {
                 ..
             }
         ));
-    }
-
-    #[test]
-    fn settings_from_config() {
-        let mut c = Config {
-            image_gc_high_threshold_percent: 100,
-            ..Config::default()
-        };
-        c.runtime.sandbox_image = "localhost/pause:1".into();
-        let s = ImageGcSettings::from_config(&c);
-        assert_eq!(s.policy.min_age_nanos, 120_000_000_000);
-        assert_eq!(s.period, Duration::from_secs(300));
-        assert_eq!(s.list_refresh, Duration::from_secs(30));
-        assert_eq!(s.sandbox_image.as_deref(), Some("localhost/pause:1"));
-        assert_eq!(s.imagefs_path, None);
-        assert_eq!(s.state_dir, Some(PathBuf::from("/var/lib/reactor")));
-        assert!(!s.periodic_gc_enabled());
-        assert!(s.validate().is_ok());
     }
 }

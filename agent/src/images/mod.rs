@@ -15,15 +15,19 @@
 //!
 //! The rules live in [`crate::decide::image_gc`]; here are the bookkeeping
 //! ([`records`]), the deletions ([`delete`]), the dead-container removal before a reclaim
-//! ([`containers`]), the events and counters ([`events`]) and the manager tying them to the
-//! runtime ([`manager`]).
+//! ([`containers`]), the events and counters ([`events`]), the settings ([`settings`]), the
+//! manager tying them to the runtime ([`manager`]) and its loop ([`task`]).
 
 pub mod containers;
 pub mod delete;
 pub mod events;
 pub mod manager;
 pub mod records;
+pub mod settings;
+pub mod task;
 
 pub use events::{Counters, CountersSnapshot, GcTrigger, ImageGcEvent};
-pub use manager::{GcRound, GcTask, ImageGcError, ImageGcManager, ImageGcSettings, Reclaimed};
+pub use manager::{GcRound, ImageGcManager, Reclaimed};
 pub use records::{ImageRecords, Record};
+pub use settings::{ImageGcError, ImageGcSettings};
+pub use task::GcTask;
