@@ -782,3 +782,38 @@ async fn containerd_killed_mid_round_fails_it_and_the_next_round_finishes() {
     assert!(rest.iter().all(|id| !order[..deleted].contains(id)));
     assert_eq!(m.counters().images_deleted as usize, deleted + rest.len());
 }
+
+/// `imageMaximumGCAge`: once the manager has been up longer than the maximum age, unused
+/// images not used for that long go even far below the high threshold; the running
+/// container's image and the sandbox image stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_age_removes_stale_images_whatever_the_usage() {
+    if !ready() {
+        return;
+    }
+    let tree = TestCgroupTree::new("image-max-age");
+    let ctd = Containerd::start_on_tmpfs("gc-max-age", 64 * MIB).expect("start containerd");
+    let client = ctd.client().await;
+    let used = import(&ctd, "used", MIB);
+    let stale = [import(&ctd, "stale1", MIB), import(&ctd, "stale2", 2 * MIB)];
+    let mut p = policy(90, 80, MIN_AGE_2M);
+    p.max_age_nanos = 1_000_000_000;
+    let m = manager(&ctd, settings(p, None)).await;
+    let created = Instant::now();
+    let pod = run_pod(&client, &tree, "max-age", &ctd).await;
+    run_container(&client, &pod, "used", &used, SLEEP, &ctd).await;
+    m.detect_images().await.expect("detection");
+    // Up for longer than the maximum age.
+    tokio::time::sleep(Duration::from_millis(1100).saturating_sub(created.elapsed())).await;
+    let round = m.garbage_collect().await.expect("round");
+    assert!(round.usage_percent.expect("usage") < 90, "{round:?}");
+    assert_eq!(round.bytes_to_free, None, "below the high threshold");
+    let deleted: BTreeSet<String> = round.deleted.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(deleted, ids(&stale));
+    assert!(round
+        .deleted
+        .iter()
+        .all(|d| d.reason == reactor::decide::image_gc::DeleteReason::Age));
+    let left: BTreeSet<String> = listed(&client).await.into_keys().collect();
+    assert_eq!(left, ids([&used, &ctd.sandbox_image]));
+}
