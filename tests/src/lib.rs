@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+pub mod cgroup_root;
+
 /// Whether the tests run in CI, where every kernel test must run.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
