@@ -1,5 +1,9 @@
 //! The cgroup writer against the real cgroup v1 hierarchies of this kernel, under a cgroup
 //! root unique to each test.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] fns: a failed setup should panic with its backtrace"
+)]
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -2,3 +2,5 @@
 //! start and stop pods.
 
 pub mod cgroups;
+pub mod process;
+pub mod runtime;

@@ -4,5 +4,6 @@
 //! values, so `reactor plan` can run the same rules offline on a JSON snapshot and tests can
 //! hold them to the kubelet's behaviour without a node.
 
+pub mod backoff;
 pub mod duration;
 pub mod quantity;

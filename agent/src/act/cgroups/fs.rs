@@ -104,6 +104,6 @@ pub(crate) fn subtree_leaf_first(dir: &Path) -> Result<Vec<std::path::PathBuf>, 
         }
         out.push((depth, d));
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|(depth, _)| std::cmp::Reverse(*depth));
     Ok(out.into_iter().map(|(_, d)| d).collect())
 }

@@ -157,7 +157,19 @@ fn write_hint(e: &std::io::Error) -> &'static str {
 /// Names are what the kubelet and runtimes use (`kubepods`, `burstable`, `pod<uid>`, a
 /// container name or id): a name may not be empty, `.` or `..`, contain `/` or NUL, or be
 /// longer than 255 bytes. That makes joining onto a mount root unable to escape it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(try_from = "String", into = "String")]
 pub struct CgroupPath {
     names: Vec<String>,
 }
@@ -250,6 +262,19 @@ impl CgroupPath {
     }
 }
 
+impl TryFrom<String> for CgroupPath {
+    type Error = CgroupError;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        CgroupPath::parse(&text)
+    }
+}
+
+impl From<CgroupPath> for String {
+    fn from(path: CgroupPath) -> String {
+        path.to_string()
+    }
+}
+
 impl std::fmt::Display for CgroupPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "/{}", self.names.join("/"))
@@ -258,7 +283,8 @@ impl std::fmt::Display for CgroupPath {
 
 /// The values the kubelet writes for one cgroup, in cgroup v1 units (its `ResourceConfig`).
 /// `None` leaves the file as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Resources {
     /// `cpu.shares` (2..=262144); v2 writes the converted `cpu.weight`.
     pub cpu_shares: Option<u64>,
