@@ -9,5 +9,6 @@
 pub mod act;
 pub mod config;
 pub mod decide;
+pub mod plan;
 pub mod record;
 pub mod sense;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod config;
+mod plan;
 
 /// A node agent that handles memory, disk and pid pressure by the kubelet's rules,
 /// woken by the kernel's own pressure events.
@@ -23,6 +24,9 @@ enum Command {
     /// Print the default config or validate a config file.
     #[command(subcommand)]
     Config(config::ConfigCommand),
+    /// What the agent would decide for a JSON snapshot (no root, no kernel, no runtime).
+    #[command(subcommand)]
+    Plan(plan::PlanCommand),
 }
 
 /// A failure with the exit code it maps to.
@@ -43,6 +47,7 @@ pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Config(cmd) => config::run(cmd),
+        Command::Plan(cmd) => plan::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,5 +5,10 @@
 //! hold them to the kubelet's behaviour without a node.
 
 pub mod backoff;
+pub mod cgroups;
 pub mod duration;
+pub mod pod;
+pub mod preempt;
+pub mod qos;
 pub mod quantity;
+pub mod resources;
