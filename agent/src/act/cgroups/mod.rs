@@ -21,8 +21,10 @@
 //!   `cgroup.subtree_control` from the cgroup root down, every controller the kubelet uses
 //!   that the ancestor offers in `cgroup.controllers`.
 //! - **Values.** [`Resources`] holds the kubelet's `ResourceConfig` in v1 units (cpu shares,
-//!   CFS quota and period in µs, memory bytes, pids); v2 converts shares to `cpu.weight` with
-//!   the kubelet's formula and writes `cpu.max`/`memory.max`/`pids.max`.
+//!   CFS quota and period in µs, memory bytes, pids) and converts from `decide`'s
+//!   [`ResourceConfig`]; which file gets which value on each version (shares → `cpu.weight`,
+//!   quota and period → one `cpu.max`, ...) is `decide::cgroups::files`, the same mapping
+//!   `reactor plan cgroups` prints, so the plan and the writer cannot drift apart.
 //! - **Lowering a memory limit below usage.** On v1 the kernel reclaims, and if it cannot get
 //!   below the new limit the write fails with `EBUSY`: that is
 //!   [`CgroupError::LimitBelowUsage`] with the usage at the time. On v2 the kernel reclaims
@@ -49,6 +51,9 @@ pub mod v2;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::decide::cgroups::{files, pod_cgroup, CgroupVersion, FileValue, ResourceConfig};
+use crate::decide::pod::PodInfo;
 
 /// Where cgroupfs is mounted on a normal host; only a default, never assumed.
 pub const DEFAULT_MOUNT_ROOT: &str = "/sys/fs/cgroup";
@@ -474,10 +479,70 @@ pub(crate) fn remove_tree(
     Ok(())
 }
 
-/// The kubelet's conversion of v1 `cpu.shares` [2, 262144] to v2 `cpu.weight` [1, 10000].
-pub fn cpu_shares_to_weight(shares: u64) -> u64 {
-    let shares = shares.clamp(2, 262_144);
-    1 + ((shares - 2) * 9999) / 262_142
+impl Resources {
+    /// The cpu and memory part as `decide`'s [`ResourceConfig`], whose
+    /// [`files`](crate::decide::cgroups::files) says which file gets which value on each
+    /// cgroup version: the writer and `reactor plan cgroups` share one mapping.
+    pub fn config(&self) -> ResourceConfig {
+        ResourceConfig {
+            cpu_shares: self.cpu_shares,
+            cpu_quota: self.cpu_quota_us,
+            cpu_period: self.cpu_period_us,
+            memory: self.memory_limit_bytes,
+        }
+    }
+}
+
+impl From<&ResourceConfig> for Resources {
+    /// `decide`'s values for a cgroup; zero there means "not set" and stays unset here.
+    fn from(c: &ResourceConfig) -> Resources {
+        Resources {
+            cpu_shares: c.cpu_shares.filter(|v| *v != 0),
+            cpu_quota_us: c.cpu_quota.filter(|v| *v != 0),
+            cpu_period_us: c.cpu_period.filter(|v| *v != 0),
+            memory_limit_bytes: c.memory.filter(|v| *v != 0),
+            pids_max: None,
+        }
+    }
+}
+
+/// The cgroup files and values to write for `r` on `version`, in write order (a CFS period
+/// before its quota), from `decide`'s mapping plus `pids.max`.
+pub(crate) fn files_for(r: &Resources, version: CgroupVersion) -> Vec<(&'static str, String)> {
+    let mut out: Vec<(&'static str, String)> = files(&r.config(), version)
+        .into_iter()
+        .map(|(name, value)| {
+            let text = match value {
+                FileValue::Int(i) => i.to_string(),
+                FileValue::Text(t) => t,
+            };
+            (name, text)
+        })
+        .collect();
+    if let Some(pids) = r.pids_max {
+        out.push((
+            "pids.max",
+            if pids < 0 {
+                "max".into()
+            } else {
+                pids.to_string()
+            },
+        ));
+    }
+    out
+}
+
+impl CgroupPath {
+    /// The pod cgroup of a pod as `decide` sees it (`kubepods[/burstable|/besteffort]/pod<uid>`).
+    pub fn for_pod(pod: &PodInfo) -> Result<CgroupPath, CgroupError> {
+        if pod.uid.is_empty() {
+            return Err(CgroupError::BadName {
+                name: pod.name.clone(),
+                reason: "the pod has no metadata.uid to name its cgroup",
+            });
+        }
+        CgroupPath::parse(&pod_cgroup(pod))
+    }
 }
 
 #[cfg(test)]
@@ -509,9 +574,43 @@ mod tests {
     }
 
     #[test]
-    fn shares_to_weight_matches_the_kubelet() {
-        assert_eq!(cpu_shares_to_weight(2), 1);
-        assert_eq!(cpu_shares_to_weight(1024), 39);
-        assert_eq!(cpu_shares_to_weight(262_144), 10_000);
+    fn decide_values_map_to_files() {
+        let r = Resources::from(&ResourceConfig {
+            cpu_shares: Some(1024),
+            cpu_quota: Some(0),
+            cpu_period: Some(100_000),
+            memory: Some(-1),
+        });
+        assert_eq!(r.cpu_quota_us, None);
+        assert_eq!(
+            files_for(&r, CgroupVersion::V2),
+            [
+                ("cpu.weight", "39".to_string()),
+                ("cpu.max", "max 100000".into()),
+                ("memory.max", "max".into())
+            ]
+        );
+        let v1 = files_for(
+            &Resources {
+                pids_max: Some(10),
+                ..r
+            },
+            CgroupVersion::V1,
+        );
+        assert_eq!(v1.first().map(|f| f.0), Some("cpu.shares"));
+        assert_eq!(v1.last(), Some(&("pids.max", "10".to_string())));
+    }
+
+    #[test]
+    fn pod_cgroup_from_the_pod_model() {
+        let pod = crate::decide::pod::PodInfo::from_json(serde_json::json!({
+            "metadata": {"name": "web", "uid": "u-1"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            CgroupPath::for_pod(&pod).unwrap().to_string(),
+            "/kubepods/burstable/podu-1"
+        );
     }
 }
