@@ -271,3 +271,102 @@ fn lowering_memory_below_usage_is_reported_as_ebusy() {
         .unwrap();
     assert!(root.leftovers().is_empty());
 }
+
+#[test]
+fn qos_tier_below_usage_is_clamped_to_usage_like_the_kubelet() {
+    if !ready() {
+        return;
+    }
+    let root = TestCgroupRoot::v1("cgv1-qos").unwrap();
+    let m = manager(&root);
+    m.ensure_pod_tree(&Resources {
+        cpu_shares: Some(2048),
+        memory_limit_bytes: Some(1 << 30),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        real(&root, "memory", "kubepods", "memory.limit_in_bytes"),
+        "1073741824"
+    );
+    assert!(m.exists(&CgroupPath::parse("kubepods/burstable").unwrap()));
+    let pod = CgroupPath::pod(Some("besteffort"), "55555555-eeee").unwrap();
+    m.create_pod_cgroup(
+        &pod,
+        &Resources {
+            cpu_shares: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        real(
+            &root,
+            "cpu",
+            "kubepods/besteffort/pod55555555-eeee",
+            "cpu.shares"
+        ),
+        "2"
+    );
+    let container = pod.join("hog").unwrap();
+    m.create(&container).unwrap();
+    let mut hog = spawn_in(
+        &m,
+        &container,
+        Command::new(memhog_bin()).args(["24", "0", "60"]),
+    );
+    let start = Instant::now();
+    while m.memory_usage(&container).unwrap().usage_bytes < 24 << 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "memhog never reached 24 MiB"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let limit = |b: i64| Resources {
+        memory_limit_bytes: Some(b),
+        ..Default::default()
+    };
+    // A guaranteed pod reserving memory squeezes besteffort to 8 MiB: below its usage.
+    let clamped = m
+        .update_qos_tiers(&limit(512 << 20), &limit(8 << 20))
+        .unwrap();
+    assert_eq!(clamped.len(), 1, "{clamped:?}");
+    let c = &clamped[0];
+    assert_eq!(c.cgroup.to_string(), "/kubepods/besteffort");
+    assert_eq!(c.wanted, 8 << 20);
+    assert!(c.set >= 24 << 20, "{c:?}");
+    let written: i64 = real(
+        &root,
+        "memory",
+        "kubepods/besteffort",
+        "memory.limit_in_bytes",
+    )
+    .parse()
+    .unwrap();
+    assert_eq!(written, c.set);
+    assert_eq!(
+        real(
+            &root,
+            "memory",
+            "kubepods/burstable",
+            "memory.limit_in_bytes"
+        ),
+        "536870912"
+    );
+    assert!(
+        hog.try_wait().unwrap().is_none(),
+        "clamping to usage must not OOM-kill"
+    );
+    hog.kill().unwrap();
+    hog.wait().unwrap();
+    m.remove_pod_cgroup(&pod, Duration::from_secs(2)).unwrap();
+    // With the pod gone the tier gets its memory back.
+    assert!(m
+        .update_qos_tiers(&limit(-1), &limit(-1))
+        .unwrap()
+        .is_empty());
+    m.remove(&CgroupPath::kubepods(), Duration::from_secs(2))
+        .unwrap();
+    assert!(root.leftovers().is_empty());
+}
