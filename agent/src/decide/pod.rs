@@ -61,8 +61,8 @@ pub struct PodInfo {
     pub is_static: bool,
     /// A mirror pod: `kubernetes.io/config.mirror` is present.
     pub is_mirror: bool,
-    /// The QoS class (`status.qosClass` when the API server already set it, as `GetPodQOS`
-    /// does; computed from the spec otherwise).
+    /// The QoS class, computed from the spec as `ComputePodQOS` does (init containers
+    /// included; pod-level resources decide alone when set).
     pub qos: QosClass,
     /// Effective pod requests as `PodRequests` computes them: app containers and sidecars
     /// summed, maxed against each init container (plus the sidecars started before it),
@@ -144,13 +144,13 @@ impl PodInfo {
         if resource == super::resources::PODS {
             return 1;
         }
-        let q = self.ranking_request(resource);
-        let v = if resource == CPU {
-            q.milli_value()
+        let nanos = self.ranking_request(resource).nanos();
+        let per_unit = if resource == CPU {
+            1_000_000
         } else {
-            q.value()
+            1_000_000_000
         };
-        clamp_i64(v)
+        clamp_i64(ceil_div_nanos(nanos, per_unit))
     }
 
     /// Builds the domain pod from a typed `v1.Pod`, parsing every quantity exactly.
@@ -169,6 +169,24 @@ impl PodInfo {
             PodError::new(path, e.into_inner().to_string())
         })?;
         build(&pod)
+    }
+}
+
+/// `nanos / per_unit` rounded up (as `Quantity.Value`/`MilliValue` round), on 64-bit
+/// arithmetic whenever the value fits: preemption reads thousands of requests per decision
+/// and 128-bit division is several times slower.
+fn ceil_div_nanos(nanos: i128, per_unit: i64) -> i128 {
+    if let Ok(n) = i64::try_from(nanos) {
+        let q = n / per_unit;
+        let up = n % per_unit != 0 && n > 0;
+        return (q + i64::from(up)) as i128;
+    }
+    let d = per_unit as i128;
+    let q = nanos / d;
+    if nanos % d != 0 && nanos > 0 {
+        q + 1
+    } else {
+        q
     }
 }
 
@@ -454,24 +472,19 @@ fn build(pod: &k8s::Pod) -> Result<PodInfo, PodError> {
         }
     }
 
-    // GetPodQOS: the API server's answer when it gave one.
-    let status_qos = pod.status.as_ref().and_then(|s| s.qos_class.as_deref());
-    let qos = match status_qos.filter(|s| !s.is_empty()) {
-        Some(text) => QosClass::parse(text).ok_or_else(|| {
-            PodError::new(
-                "status.qosClass",
-                format!(
-                    "unknown QoS class {text:?} (expected Guaranteed, Burstable or BestEffort)"
-                ),
-            )
-        })?,
-        None if pod_level_set => qos::resources_qos(&pod_requests, &pod_limits),
-        None => qos::combine(
+    // ComputePodQOS from the spec. The API server's `status.qosClass` is the same value for
+    // any real pod (the class is fixed at creation and a resize may not change it), and the
+    // plan inputs are specified by their spec fields, so the status is not read.
+    // Like ComputePodQOS, the mere presence of `spec.resources` makes it decide.
+    let qos = if pod_resources.is_some() {
+        qos::resources_qos(&pod_requests, &pod_limits)
+    } else {
+        qos::combine(
             init_containers
                 .iter()
                 .chain(containers.iter())
                 .map(|c| qos::resources_qos(&c.requests, &c.limits)),
-        ),
+        )
     };
 
     let (local_volumes, ephemeral_volumes) = volumes(spec);
@@ -614,16 +627,23 @@ mod tests {
     }
 
     #[test]
-    fn status_qos_class_wins() {
+    fn an_empty_pod_level_block_still_decides_qos() {
+        let g = json!({"cpu": "1", "memory": "1Gi"});
+        let p = pod(json!({"metadata": {"name": "e"}, "spec": {"resources": {},
+            "containers": [c("a", g.clone(), g)]}}));
+        assert_eq!(p.qos, QosClass::BestEffort);
+        // But it sets no pod-level requests or limits.
+        assert!(p.pod_level_requests.is_none());
+        assert_eq!(p.requests.cpu(), Some(q("1")));
+    }
+
+    #[test]
+    fn qos_comes_from_the_spec_not_the_status() {
         let p = pod(
             json!({"metadata": {"name": "s"}, "spec": {"containers": [{"name": "a"}]},
             "status": {"qosClass": "Burstable"}}),
         );
-        assert_eq!(p.qos, QosClass::Burstable);
-        let e =
-            PodInfo::from_json(json!({"metadata": {"name": "s"}, "status": {"qosClass": "Gold"}}))
-                .unwrap_err();
-        assert_eq!(e.path, "status.qosClass");
+        assert_eq!(p.qos, QosClass::BestEffort);
     }
 
     #[test]
@@ -730,6 +750,34 @@ mod tests {
         assert_eq!(p.request_units("memory"), 2);
         assert_eq!(p.request_units("pods"), 1);
         assert_eq!(p.request_units("nvidia.com/gpu"), 0);
+    }
+
+    #[test]
+    fn fast_rounding_matches_quantity_rounding() {
+        for text in [
+            "1",
+            "1500m",
+            "1n",
+            "-1n",
+            "-1500m",
+            "0",
+            "999999999n",
+            "9223372036854775807",
+            "1Ei",
+            "1e20",
+        ] {
+            let q = q(text);
+            assert_eq!(
+                ceil_div_nanos(q.nanos(), 1_000_000),
+                q.milli_value(),
+                "{text}"
+            );
+            assert_eq!(
+                ceil_div_nanos(q.nanos(), 1_000_000_000),
+                q.value(),
+                "{text}"
+            );
+        }
     }
 
     #[test]
