@@ -2,5 +2,6 @@
 //! start and stop pods.
 
 pub mod cgroups;
+pub mod pod_spec;
 pub mod process;
 pub mod runtime;

@@ -58,7 +58,8 @@ pub struct ContainerSpec {
     pub command: Vec<String>,
     /// `args`, appended to `command`.
     pub args: Vec<String>,
-    /// Environment, in order: the pod spec's `env` then device plugins' allocations.
+    /// Environment, in order: device plugins' allocations, then the pod spec's `env`; a
+    /// later entry wins.
     pub env: Vec<(String, String)>,
     /// The container cgroup's values.
     pub resources: Resources,
