@@ -388,14 +388,17 @@ impl Inner {
     /// SIGTERM to the container's process group, SIGKILL to it and to everything in the
     /// container cgroup after `grace`, then wait until the cgroup is empty.
     async fn terminate(&self, cgroup: &CgroupPath, proc: &Proc, grace: Duration) {
+        let mut main_gone = false;
         if !grace.is_zero() {
             signal_group(proc.pid, rustix::process::Signal::TERM);
-            if tokio::time::timeout(grace, proc.exited()).await.is_ok() {
-                // The main process is gone; its group may not be.
-                signal_group(proc.pid, rustix::process::Signal::KILL);
-            }
+            main_gone = tokio::time::timeout(grace, proc.exited()).await.is_ok();
         }
-        signal_group(proc.pid, rustix::process::Signal::KILL);
+        if !main_gone {
+            // The leader is alive (or an unreaped child), so its pid still names this group.
+            signal_group(proc.pid, rustix::process::Signal::KILL);
+        }
+        // Whatever is left — the group after its leader exited, or processes that left the
+        // group — is found through the container cgroup, never by a pid that may be reused.
         let deadline = Instant::now() + KILL_WAIT;
         loop {
             let left = self.cgroups.procs_recursive(cgroup).unwrap_or_default();
@@ -747,7 +750,14 @@ impl Runtime for ProcessRuntime {
                     tasks: Vec::new(),
                 },
             );
-            inner.save(&pods)?;
+            if let Err(e) = inner.save(&pods) {
+                pods.remove(&pod.uid);
+                drop(pods);
+                for cg in &created {
+                    let _ = inner.cgroups.remove(cg, DEFAULT_REMOVE_WAIT);
+                }
+                return Err(e);
+            }
         }
         let mut tasks = Vec::new();
         for (i, c) in pod.containers.iter().enumerate() {
