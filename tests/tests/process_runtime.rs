@@ -428,3 +428,67 @@ async fn processes_are_re_adopted_after_the_runtime_is_dropped() {
     drop(rt);
     s.finish();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_stops_a_pod_on_the_unified_hierarchy() {
+    use reactor_tests::cgroup_root::UNIFIED_ROOT;
+    if !require(is_root(), "root, to create cgroups")
+        || !require(
+            Path::new(UNIFIED_ROOT).join("cgroup.controllers").exists(),
+            "a cgroup2 mount at /sys/fs/cgroup/unified",
+        )
+    {
+        return;
+    }
+    let root = TestCgroupRoot::v2("proc-v2").unwrap();
+    let cgroups = CgroupManager::v2(
+        Path::new(UNIFIED_ROOT),
+        &CgroupPath::parse(&root.name).unwrap(),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let rt = ProcessRuntime::open(ProcessRuntimeConfig {
+        cgroups: cgroups.clone(),
+        state_dir: state.path().to_path_buf(),
+        backoff: short_backoff(),
+    })
+    .await
+    .unwrap();
+    let cgroup = CgroupPath::pod(Some("besteffort"), "ffff-6").unwrap();
+    cgroups.create(&cgroup).unwrap();
+    let pod = PodSpec {
+        uid: "ffff-6".into(),
+        namespace: "default".into(),
+        name: "v2".into(),
+        cgroup: cgroup.clone(),
+        restart_policy: RestartPolicy::Always,
+        containers: vec![container(
+            "tree",
+            &["sh", "-c", "sleep 300 & exec sleep 301"],
+            1000,
+        )],
+    };
+    rt.run_pod(pod).await.unwrap();
+    let st = rt.pod_status("ffff-6").await.unwrap();
+    let pid = running_pid(&st, 0);
+    let cg = cgroup.join("tree").unwrap();
+    assert!(cgroups.procs(&cg).unwrap().contains(&pid));
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(
+        own.lines()
+            .any(|l| l.starts_with("0::") && l.ends_with("/podffff-6/tree")),
+        "{own}"
+    );
+    let last = rt.stop_pod("ffff-6", Duration::ZERO).await.unwrap();
+    let ContainerState::Terminated(t) = &last.containers[0].state else {
+        panic!("{last:?}")
+    };
+    assert_eq!((t.exit_code, t.signal), (137, Some(9)));
+    assert!(gone(pid));
+    assert!(!cgroups.exists(&cg));
+    drop(rt);
+    cgroups
+        .remove(&CgroupPath::kubepods(), Duration::from_secs(2))
+        .unwrap();
+    assert!(root.leftovers().is_empty());
+}
