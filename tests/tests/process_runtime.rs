@@ -226,6 +226,12 @@ async fn two_containers_in_their_cgroups_with_oom_score_adj_env_and_grace() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let tree = s.cgroups.procs(&web_cg).unwrap();
+    // stubborn has set its trap once its shell has exec'd sleep.
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    while comm(stubborn_pid).trim() != "sleep" {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let log = std::fs::read_to_string(rt.log_path(&pod, "web", 0)).unwrap();
     assert!(log.contains("FOO=from-device"), "{log}");
 
@@ -491,4 +497,66 @@ async fn runs_and_stops_a_pod_on_the_unified_hierarchy() {
         .remove(&CgroupPath::kubepods(), Duration::from_secs(2))
         .unwrap();
     assert!(root.leftovers().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_of_a_lost_run_are_cleared_and_a_corrupt_checkpoint_refused() {
+    use std::os::unix::process::CommandExt;
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-left");
+    let pod = s.pod(
+        "gggg-7",
+        RestartPolicy::Never,
+        vec![container("c", &["sleep", "300"], 0)],
+    );
+    // A process from a run the runtime never recorded (a crash between start and save).
+    let cg = pod.cgroup.join("c").unwrap();
+    s.cgroups.create(&cg).unwrap();
+    let files = s.cgroups.procs_files(&cg);
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("300");
+    // SAFETY: the hook only writes small files; the test holds no locks at spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            for f in &files {
+                std::fs::write(f, "0")?;
+            }
+            Ok(())
+        });
+    }
+    let mut stray = cmd.spawn().unwrap();
+    assert_eq!(s.cgroups.procs(&cg).unwrap(), vec![stray.id()]);
+
+    let rt = s.runtime(short_backoff()).await;
+    rt.run_pod(pod).await.unwrap();
+    let st = rt.pod_status("gggg-7").await.unwrap();
+    let pid = running_pid(&st, 0);
+    assert_eq!(s.cgroups.procs(&cg).unwrap(), vec![pid]);
+    let status = stray.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    rt.stop_pod("gggg-7", Duration::ZERO).await.unwrap();
+    let checkpoint = rt.checkpoint_path().to_path_buf();
+    drop(rt);
+
+    // A damaged checkpoint is refused with one line and kept aside.
+    std::fs::write(&checkpoint, "{\"kind\":\"process-runtime\",\"vers").unwrap();
+    let err = ProcessRuntime::open(ProcessRuntimeConfig {
+        cgroups: s.cgroups.clone(),
+        state_dir: s.state.path().to_path_buf(),
+        backoff: short_backoff(),
+    })
+    .await
+    .err()
+    .expect("corrupt checkpoint refused")
+    .to_string();
+    assert!(err.contains("corrupt") && !err.contains('\n'), "{err}");
+    assert!(checkpoint
+        .with_file_name("process-runtime.json.corrupt")
+        .exists());
+    s.finish();
 }

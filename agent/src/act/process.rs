@@ -129,7 +129,10 @@ impl Proc {
 
 /// How a container's supervision begins.
 enum First {
+    /// Started by the supervisor: record it.
     Started(Proc),
+    /// Started by `run_pod` or re-adopted: already recorded.
+    Running(Proc),
     Failed(Terminated),
     Restart,
 }
@@ -197,12 +200,43 @@ impl Inner {
 
     /// Changes one container's record and checkpoints the result.
     fn update(&self, uid: &str, idx: usize, f: impl FnOnce(&mut ContainerRecord)) {
+        self.change(uid, idx, true, f);
+    }
+
+    /// Changes one container's record; with `persist` the checkpoint is written (two
+    /// fsyncs: the cost the hot paths avoid where a later save covers them).
+    fn change(&self, uid: &str, idx: usize, persist: bool, f: impl FnOnce(&mut ContainerRecord)) {
         let mut pods = lock(&self.pods);
         if let Some(rec) = pods.get_mut(uid).and_then(|p| p.containers.get_mut(idx)) {
             f(rec);
         }
-        if let Err(e) = self.save(&pods) {
-            tracing::warn!(error = %e, "process runtime: checkpoint not saved");
+        if persist {
+            if let Err(e) = self.save(&pods) {
+                tracing::warn!(error = %e, "process runtime: checkpoint not saved");
+            }
+        }
+    }
+
+    /// Kills whatever is left in a container cgroup (only this runtime puts processes
+    /// there: leftovers are from a run whose record was lost in a crash) and waits until
+    /// it is empty.
+    async fn clear_cgroup(&self, cgroup: &CgroupPath) {
+        let deadline = Instant::now() + KILL_WAIT;
+        loop {
+            let left = self.cgroups.procs_recursive(cgroup).unwrap_or_default();
+            if left.is_empty() {
+                return;
+            }
+            for pid in left {
+                if let Some(p) = to_pid(pid) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+            }
+            if Instant::now() > deadline {
+                tracing::warn!(cgroup = %cgroup, "processes still in the container cgroup after SIGKILL");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
@@ -397,31 +431,17 @@ impl Inner {
             // The leader is alive (or an unreaped child), so its pid still names this group.
             signal_group(proc.pid, rustix::process::Signal::KILL);
         }
-        // Whatever is left — the group after its leader exited, or processes that left the
-        // group — is found through the container cgroup, never by a pid that may be reused.
-        let deadline = Instant::now() + KILL_WAIT;
-        loop {
-            let left = self.cgroups.procs_recursive(cgroup).unwrap_or_default();
-            if left.is_empty() {
-                break;
-            }
-            for pid in left {
-                if let Some(p) = to_pid(pid) {
-                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                }
-            }
-            if Instant::now() > deadline {
-                tracing::warn!(cgroup = %cgroup, "processes still in the container cgroup after SIGKILL");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // The leader's exit is the common case's last event: wait for it on the pidfd
+        // rather than polling. Whatever is left — the group after its leader exited, or
+        // processes that left the group — is then found through the container cgroup, never
+        // by a pid that may have been reused.
         let _ = tokio::time::timeout(KILL_WAIT, proc.exited()).await;
+        self.clear_cgroup(cgroup).await;
     }
 
-    fn record_running(&self, uid: &str, idx: usize, proc: &Proc) {
+    fn record_running(&self, uid: &str, idx: usize, proc: &Proc, persist: bool) {
         let ticks = start_ticks(proc.pid);
-        self.update(uid, idx, |r| {
+        self.change(uid, idx, persist, |r| {
             r.status.state = ContainerState::Running {
                 pid: proc.pid,
                 started_at: proc.started_at,
@@ -465,13 +485,18 @@ async fn supervise(
         let ended = match std::mem::replace(&mut next, First::Restart) {
             First::Failed(t) => t,
             First::Started(proc) => {
-                inner.record_running(&pod.uid, idx, &proc);
+                inner.record_running(&pod.uid, idx, &proc, true);
+                next = First::Running(proc);
+                continue;
+            }
+            First::Running(proc) => {
                 tokio::select! {
                     () = proc.exited() => inner.finish(&cgroup, proc),
                     grace = stop_requested(&mut stop) => {
                         inner.terminate(&cgroup, &proc, grace).await;
                         let t = inner.finish(&cgroup, proc);
-                        inner.update(&pod.uid, idx, |r| {
+                        // stop_pod saves once all containers are down.
+                        inner.change(&pod.uid, idx, false, |r| {
                             r.status.state = ContainerState::Terminated(t);
                             r.pid = None;
                         });
@@ -607,7 +632,7 @@ impl ProcessRuntime {
                     ContainerState::Running { started_at, .. } => match inner.adopt(&cgroup, rec) {
                         Some(p) => {
                             tracing::info!(pod = %pod.spec.full_name(), container = %c.name, pid = p.pid, "container re-adopted");
-                            Some(First::Started(p))
+                            Some(First::Running(p))
                         }
                         None => Some(First::Failed(Terminated {
                             exit_code: 137,
@@ -739,33 +764,26 @@ impl Runtime for ProcessRuntime {
                 oom_kills_at_start: 0,
             })
             .collect();
-        {
-            let mut pods = lock(&inner.pods);
-            pods.insert(
-                pod.uid.clone(),
-                PodEntry {
-                    spec: pod.clone(),
-                    containers,
-                    stop,
-                    tasks: Vec::new(),
-                },
-            );
-            if let Err(e) = inner.save(&pods) {
-                pods.remove(&pod.uid);
-                drop(pods);
-                for cg in &created {
-                    let _ = inner.cgroups.remove(cg, DEFAULT_REMOVE_WAIT);
-                }
-                return Err(e);
-            }
-        }
+        lock(&inner.pods).insert(
+            pod.uid.clone(),
+            PodEntry {
+                spec: pod.clone(),
+                containers,
+                stop,
+                tasks: Vec::new(),
+            },
+        );
         let mut tasks = Vec::new();
         for (i, c) in pod.containers.iter().enumerate() {
+            if let Some(cg) = created.get(i) {
+                inner.clear_cgroup(cg).await;
+            }
             let first = match inner.start(&pod, c, 0) {
                 Ok(p) => {
-                    // Recorded before returning, so a status right after run_pod shows it.
-                    inner.record_running(&pod.uid, i, &p);
-                    First::Started(p)
+                    // Recorded before returning, so a status right after run_pod shows it;
+                    // saved once below for all containers.
+                    inner.record_running(&pod.uid, i, &p, false);
+                    First::Running(p)
                 }
                 Err(t) => First::Failed(t),
             };
@@ -777,8 +795,17 @@ impl Runtime for ProcessRuntime {
                 stop_rx.clone(),
             )));
         }
-        if let Some(entry) = lock(&inner.pods).get_mut(&pod.uid) {
-            entry.tasks = tasks;
+        let saved = {
+            let mut pods = lock(&inner.pods);
+            if let Some(entry) = pods.get_mut(&pod.uid) {
+                entry.tasks = tasks;
+            }
+            inner.save(&pods)
+        };
+        if let Err(e) = saved {
+            // Processes the checkpoint does not know would be orphans after a restart: undo.
+            let _ = self.stop_pod(&pod.uid, Duration::ZERO).await;
+            return Err(e);
         }
         Ok(())
     }
