@@ -387,7 +387,18 @@ impl Inner {
 
     /// How a finished run ended.
     fn finish(&self, cgroup: &CgroupPath, mut proc: Proc) -> Terminated {
-        let status = proc.child.as_mut().and_then(|c| c.wait().ok());
+        // The pidfd said the process exited, so reaping does not block; a child that is
+        // somehow still there (a stop that gave up waiting) is reaped off the async threads.
+        let status = match proc.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(status))) => Some(status),
+            Some(_) => {
+                if let Some(mut child) = proc.child.take() {
+                    tokio::task::spawn_blocking(move || child.wait());
+                }
+                None
+            }
+            None => None,
+        };
         let oom = self
             .cgroups
             .oom_kills(cgroup)

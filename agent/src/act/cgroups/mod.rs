@@ -372,6 +372,24 @@ impl CgroupManager {
         }
     }
 
+    /// The manager the config asks for: `cgroupRoot` below the cgroupfs mounted at
+    /// `mount_root` (normally [`DEFAULT_MOUNT_ROOT`]), v1 or v2 as the mount shows.
+    /// The config's own validation has already refused drivers other than `cgroupfs`.
+    pub fn from_config(
+        config: &crate::config::Config,
+        mount_root: &Path,
+    ) -> Result<CgroupManager, CgroupError> {
+        Self::detect(mount_root, &CgroupPath::parse(&config.cgroup_root)?)
+    }
+
+    /// Which cgroup version this manager writes, as `decide` needs it for the values.
+    pub fn version(&self) -> CgroupVersion {
+        match self {
+            CgroupManager::V1(_) => CgroupVersion::V1,
+            CgroupManager::V2(_) => CgroupVersion::V2,
+        }
+    }
+
     /// Creates `cgroup` and any missing ancestors below the cgroup root, in every hierarchy
     /// (v1) or with controllers enabled on the way down (v2). Existing cgroups are kept.
     pub fn create(&self, cgroup: &CgroupPath) -> Result<(), CgroupError> {
@@ -600,6 +618,30 @@ mod tests {
         );
         assert_eq!(v1.first().map(|f| f.0), Some("cpu.shares"));
         assert_eq!(v1.last(), Some(&("pids.max", "10".to_string())));
+    }
+
+    #[test]
+    fn from_config_uses_the_cgroup_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("agent/slice")).unwrap();
+        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        std::fs::write(tmp.path().join("agent/slice/cgroup.controllers"), "").unwrap();
+        let mut config = crate::config::Config::default();
+        config.cgroup_root = "/agent/slice".into();
+        let m = CgroupManager::from_config(&config, tmp.path()).unwrap();
+        assert_eq!(m.version(), CgroupVersion::V2);
+        let CgroupManager::V2(v2) = &m else {
+            panic!("v2")
+        };
+        assert_eq!(v2.root(), tmp.path().join("agent/slice"));
+        config.cgroup_root = "/missing".into();
+        let err = CgroupManager::from_config(&config, tmp.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("missing") && err.contains("does not exist"),
+            "{err}"
+        );
     }
 
     #[test]
