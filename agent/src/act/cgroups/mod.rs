@@ -626,8 +626,10 @@ mod tests {
         std::fs::create_dir_all(tmp.path().join("agent/slice")).unwrap();
         std::fs::write(tmp.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
         std::fs::write(tmp.path().join("agent/slice/cgroup.controllers"), "").unwrap();
-        let mut config = crate::config::Config::default();
-        config.cgroup_root = "/agent/slice".into();
+        let mut config = crate::config::Config {
+            cgroup_root: "/agent/slice".into(),
+            ..Default::default()
+        };
         let m = CgroupManager::from_config(&config, tmp.path()).unwrap();
         assert_eq!(m.version(), CgroupVersion::V2);
         let CgroupManager::V2(v2) = &m else {
