@@ -354,7 +354,19 @@ async fn an_oom_kill_is_recorded_as_oomkilled() {
     let mut c = container("hog", &[hog.to_str().unwrap(), "64", "0", "60"], 1000);
     c.resources.memory_limit_bytes = Some(16 << 20);
     let pod = s.pod("cccc-3", RestartPolicy::Never, vec![c]);
+    let mut exits = rt.subscribe_exits();
     rt.run_pod(pod).await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(30), exits.recv())
+        .await
+        .expect("an exit event")
+        .unwrap();
+    assert_eq!(
+        (exit.pod.as_str(), exit.container.as_str()),
+        ("default/pod-cccc-3", "hog")
+    );
+    assert_eq!(exit.terminated.reason, "OOMKilled");
+    assert!(!exit.restarting);
+    assert_eq!(exit.cgroup.to_string(), "/kubepods/burstable/podcccc-3/hog");
     let st = wait_for(&rt, "cccc-3", "the OOM kill", |p| {
         p.phase == PodPhase::Failed
     })

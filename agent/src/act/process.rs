@@ -47,8 +47,8 @@ use tokio::task::JoinHandle;
 
 use super::cgroups::{CgroupManager, CgroupPath, DEFAULT_REMOVE_WAIT};
 use super::runtime::{
-    pod_phase, ContainerSpec, ContainerState, ContainerStatus, PodSpec, PodStatus, Runtime,
-    RuntimeError, Terminated,
+    pod_phase, ContainerExit, ContainerSpec, ContainerState, ContainerStatus, PodSpec, PodStatus,
+    Runtime, RuntimeError, Terminated,
 };
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 use crate::record::checkpoint::Checkpoint;
@@ -60,6 +60,9 @@ const CHECKPOINT_KIND: &str = "process-runtime";
 const CHECKPOINT_VERSION: u32 = 1;
 /// How long a stop waits for SIGKILLed processes to be gone before giving up.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How many container exits a slow subscriber may fall behind by before it misses some
+/// (it is told how many it missed).
+const EXIT_EVENTS: usize = 1024;
 
 /// What the process runtime needs.
 #[derive(Debug, Clone)]
@@ -84,6 +87,7 @@ struct Inner {
     log_dir: PathBuf,
     origin: Instant,
     pods: Mutex<BTreeMap<String, PodEntry>>,
+    exits: tokio::sync::broadcast::Sender<ContainerExit>,
 }
 
 struct PodEntry {
@@ -531,7 +535,17 @@ async fn supervise(
         };
         tracing::info!(pod = %pod.full_name(), container = %spec.name, exit_code = ended.exit_code, reason = %ended.reason, "container ended");
         let finished = inner.mono();
-        if !pod.restart_policy.restarts(ended.exit_code) || stop.borrow().is_some() {
+        let restarting = pod.restart_policy.restarts(ended.exit_code) && stop.borrow().is_none();
+        // No subscriber is fine: the status keeps the same facts.
+        let _ = inner.exits.send(ContainerExit {
+            uid: pod.uid.clone(),
+            pod: pod.full_name(),
+            container: spec.name.clone(),
+            cgroup: cgroup.clone(),
+            terminated: ended.clone(),
+            restarting,
+        });
+        if !restarting {
             inner.update(&pod.uid, idx, |r| {
                 r.status.state = ContainerState::Terminated(ended);
                 r.pid = None;
@@ -629,6 +643,7 @@ impl ProcessRuntime {
             backoff: config.backoff,
             origin: Instant::now(),
             pods: Mutex::new(BTreeMap::new()),
+            exits: tokio::sync::broadcast::channel(EXIT_EVENTS).0,
         });
         let saved: Vec<SavedPod> = inner.checkpoint.load()?.unwrap_or_default();
         for pod in saved {
@@ -713,6 +728,12 @@ impl ProcessRuntime {
             .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid))
             .join(container)
             .join(format!("{run}.log"))
+    }
+
+    /// Every container that ends on its own from now on (crashes, completions, OOM kills),
+    /// for the event stream; stops the agent asked for are not included.
+    pub fn subscribe_exits(&self) -> tokio::sync::broadcast::Receiver<ContainerExit> {
+        self.inner.exits.subscribe()
     }
 
     /// The checkpoint file.

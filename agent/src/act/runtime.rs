@@ -160,6 +160,25 @@ pub enum PodPhase {
     Failed,
 }
 
+/// A container ended on its own (not stopped by the agent): what `record` turns into an
+/// event — an OOM kill (`reason == "OOMKilled"`), a crash, a completion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerExit {
+    /// The pod's uid.
+    pub uid: String,
+    /// `namespace/name`.
+    pub pod: String,
+    /// The container's name.
+    pub container: String,
+    /// The container cgroup the run was in (where an OOM kill was counted).
+    pub cgroup: CgroupPath,
+    /// How the run ended.
+    pub terminated: Terminated,
+    /// Whether the restart policy starts it again.
+    pub restarting: bool,
+}
+
 /// A pod's status as the runtime sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
