@@ -79,6 +79,29 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    // The whole offline path for reference: parse 10,000 kubectl-shaped pods, decide, answer.
+    let doc = json!({
+        "pods": (0..10_000).map(|i| json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("pod-{i}"), "namespace": "bench", "uid": format!("uid-{i}"),
+                         "creationTimestamp": "2026-11-22T09:00:00Z", "labels": {"app": "bench"}},
+            "spec": {"priority": (i % 7) * 100, "containers": [{"name": "c", "image": "x:1",
+                "resources": {"requests": {"cpu": format!("{}m", 10 + i % 990), "memory": format!("{}Mi", 64 + i % 2000)}}}]},
+            "status": {"phase": "Running", "qosClass": "Burstable"}
+        })).collect::<Vec<_>>(),
+        "admit": {"metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+                  "spec": {"priority": 2_000_001_000, "containers": []}},
+        "failures": [{"type": "InsufficientResource", "resource": "memory",
+                      "requested": "1Gi", "used": "64Gi", "capacity": "64Gi"}]
+    });
+    let bytes = serde_json::to_vec(&doc).expect("serialize");
+    let mut group = c.benchmark_group("plan_preempt_json");
+    group.sample_size(10);
+    group.bench_function("parse_and_decide_10k_pods", |b| {
+        b.iter(|| reactor::plan::preempt::run(black_box(&bytes)).expect("valid"))
+    });
+    group.finish();
 }
 
 /// Criterion's generated entry point lives in a private module: it needs no public docs.

@@ -602,4 +602,76 @@ mod tests {
         );
         assert!(d.admit && d.preempt.is_empty());
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn arb_pod(i: usize) -> impl Strategy<Value = PodInfo> {
+            (0u8..3, 0i64..4000, 0i64..4096, prop::option::of(-5i32..5), any::<bool>()).prop_map(
+                move |(tier, cpu, mem, priority, critical)| {
+                    let (req, lim) = match tier {
+                        0 => (json!({}), json!({})),
+                        1 => (json!({"cpu": format!("{cpu}m"), "memory": format!("{mem}Mi")}), json!({})),
+                        _ => {
+                            let r = json!({"cpu": format!("{}m", cpu + 1), "memory": format!("{}Mi", mem + 1)});
+                            (r.clone(), r)
+                        }
+                    };
+                    let priority = if critical { Some(2_000_000_000) } else { priority };
+                    pod(&format!("p{i}"), priority, req, lim)
+                },
+            )
+        }
+
+        fn arb_pods() -> impl Strategy<Value = Vec<PodInfo>> {
+            (0usize..12).prop_flat_map(|n| (0..n).map(arb_pod).collect::<Vec<_>>())
+        }
+
+        proptest! {
+            /// Admitted means the victims' requests cover every shortage; refused with an
+            /// error means even every candidate together could not; victims come best-effort
+            /// first, then burstable, then guaranteed, and each may be preempted.
+            #[test]
+            fn victims_cover_the_shortage_in_tier_order(
+                running in arb_pods(),
+                mem_short in -100i64..8000,
+                cpu_short in prop::option::of(-100i64..9000),
+            ) {
+                let admit = critical();
+                let mut failures = vec![mem(mem_short * MI)];
+                if let Some(c) = cpu_short {
+                    failures.push(cpu(c));
+                }
+                let d = handle_admission_failure(&admit, &running, &failures);
+                let covers = |set: &mut dyn Iterator<Item = &PodInfo>| {
+                    let (m, c) = set.fold((0i64, 0i64), |(m, c), p| {
+                        (m + p.request_units(MEMORY), c + p.request_units(CPU))
+                    });
+                    m >= mem_short * MI && cpu_short.is_none_or(|s| c >= s)
+                };
+                if d.admit {
+                    prop_assert!(d.error.is_none());
+                    prop_assert!(covers(&mut d.preempt.iter().map(|&i| &running[i])));
+                    let tiers: Vec<u8> = d.preempt.iter().map(|&i| match running[i].qos {
+                        QosClass::BestEffort => 0,
+                        QosClass::Burstable => 1,
+                        QosClass::Guaranteed => 2,
+                    }).collect();
+                    prop_assert!(tiers.windows(2).all(|w| w[0] <= w[1]), "{tiers:?}");
+                    for &i in &d.preempt {
+                        prop_assert!(preemptable(&admit, &running[i]));
+                    }
+                    let mut seen = d.preempt.clone();
+                    seen.sort_unstable();
+                    seen.dedup();
+                    prop_assert_eq!(seen.len(), d.preempt.len());
+                } else {
+                    prop_assert!(d.preempt.is_empty());
+                    prop_assert!(d.error.is_some());
+                    prop_assert!(!covers(&mut running.iter().filter(|p| preemptable(&admit, p))));
+                }
+            }
+        }
+    }
 }
