@@ -572,3 +572,47 @@ async fn leftovers_of_a_lost_run_are_cleared_and_a_corrupt_checkpoint_refused() 
         .exists());
     s.finish();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_waiting_out_its_back_off_is_restarted_after_reopen() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-reopen");
+    let long = BackOffPolicy {
+        initial: Duration::from_secs(60),
+        max: Duration::from_secs(120),
+    };
+    let rt = s.runtime(long).await;
+    let pod = s.pod(
+        "hhhh-8",
+        RestartPolicy::Always,
+        vec![container("crash", &["false"], 0)],
+    );
+    rt.run_pod(pod).await.unwrap();
+    // Dies, restarts at once, dies again: now in a 60 s back-off.
+    let waiting = wait_for(&rt, "hhhh-8", "CrashLoopBackOff", |p| {
+        matches!(&p.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff")
+    })
+    .await;
+    assert_eq!(waiting.containers[0].restart_count, 1);
+    drop(rt);
+    // A new agent does not remember the back-off (the kubelet keeps it in memory too): the
+    // container is restarted at once and the restart is counted.
+    let rt = s.runtime(long).await;
+    let again = wait_for(&rt, "hhhh-8", "the restart after reopen", |p| {
+        p.containers[0].restart_count >= 2
+    })
+    .await;
+    assert_eq!(
+        again.containers[0]
+            .last_termination
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        1
+    );
+    rt.stop_pod("hhhh-8", Duration::ZERO).await.unwrap();
+    drop(rt);
+    s.finish();
+}

@@ -650,11 +650,33 @@ impl ProcessRuntime {
             let (stop, stop_rx) = watch::channel(None);
             let mut firsts = Vec::new();
             let mut containers = pod.containers;
+            // A record missing from the file (it should not be) starts from scratch.
+            containers.truncate(pod.spec.containers.len());
+            for c in &pod.spec.containers[containers.len()..] {
+                containers.push(ContainerRecord {
+                    status: ContainerStatus {
+                        name: c.name.clone(),
+                        state: waiting("ContainerCreating", String::new()),
+                        restart_count: 0,
+                        last_termination: None,
+                    },
+                    pid: None,
+                    start_ticks: None,
+                    oom_kills_at_start: 0,
+                });
+            }
             for (c, rec) in pod.spec.containers.iter().zip(containers.iter_mut()) {
                 let cgroup = Inner::container_cgroup(&pod.spec, c)?;
                 let first = match &rec.status.state {
                     ContainerState::Terminated(_) => None,
-                    ContainerState::Waiting { .. } => Some(First::Restart),
+                    ContainerState::Waiting { .. } => {
+                        // It was waiting out a back-off after a run that ended: this start
+                        // is that restart.
+                        if rec.status.last_termination.is_some() {
+                            rec.status.restart_count += 1;
+                        }
+                        Some(First::Restart)
+                    }
                     ContainerState::Running { started_at, .. } => match inner.adopt(&cgroup, rec) {
                         Some(p) => {
                             tracing::info!(pod = %pod.spec.full_name(), container = %c.name, pid = p.pid, "container re-adopted");
@@ -672,17 +694,6 @@ impl ProcessRuntime {
                 };
                 firsts.push(first);
             }
-            containers.resize_with(pod.spec.containers.len(), || ContainerRecord {
-                status: ContainerStatus {
-                    name: String::new(),
-                    state: waiting("ContainerCreating", String::new()),
-                    restart_count: 0,
-                    last_termination: None,
-                },
-                pid: None,
-                start_ticks: None,
-                oom_kills_at_start: 0,
-            });
             let uid = pod.spec.uid.clone();
             let spec = pod.spec.clone();
             lock(&inner.pods).insert(
