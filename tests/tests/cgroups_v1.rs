@@ -335,7 +335,9 @@ fn qos_tier_below_usage_is_clamped_to_usage_like_the_kubelet() {
     let c = &clamped[0];
     assert_eq!(c.cgroup.to_string(), "/kubepods/besteffort");
     assert_eq!(c.wanted, 8 << 20);
-    assert!(c.set >= 24 << 20, "{c:?}");
+    // The limit lands on the usage at the moment of writing; v1 usage moves by per-cpu charge
+    // batches, so it can sit a little under what memhog touched.
+    assert!(c.set > c.wanted && c.set >= 20 << 20, "{c:?}");
     let written: i64 = real(
         &root,
         "memory",
