@@ -10,6 +10,8 @@ pub mod act;
 pub mod config;
 pub mod decide;
 pub mod devices;
+pub mod images;
 pub mod observe;
 pub mod plan;
+pub mod record;
 pub mod sense;
