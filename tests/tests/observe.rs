@@ -41,12 +41,14 @@ fn spawn_in(dir: &Path, cmd: &mut Command) -> ChildGuard {
 }
 
 fn modelled_node(tree: &TestCgroupTree) -> Config {
-    let mut config = Config::default();
-    config.cgroup_root = tree.root.clone();
+    let mut config = Config {
+        cgroup_root: tree.root.clone(),
+        ..Default::default()
+    };
     config.node.memory_capacity = "256Mi".into();
     config.system_reserved.insert(
         "memory".into(),
-        ConfigQuantity(Quantity::parse("56Mi").unwrap()),
+        ConfigQuantity(Quantity::parse("56Mi").expect("a quantity")),
     );
     config
 }
@@ -114,6 +116,10 @@ fn pod_working_set_and_allocatable_follow_a_memhog_in_the_container_cgroup() {
     assert!(signals.errors.is_empty(), "{:?}", signals.errors);
     assert!(observer.observe_pods(&pods, &mut summary).is_empty());
     let stats = &summary.pods[0];
+    eprintln!(
+        "observed: pod {:?}, allocatable {:?}, node {:?}",
+        stats, signals.allocatable_memory, signals.memory
+    );
     assert_eq!(stats.pod_ref.uid, uid);
     let pod_ws = stats.working_set_bytes();
     // 32 MiB of touched anonymous pages plus the hog's own pages and page tables.
@@ -174,8 +180,8 @@ struct Tmpfs {
 
 impl Tmpfs {
     fn mount(options: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let data = CString::new(options).unwrap();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = CString::new(options).expect("mount options");
         rustix::mount::mount(
             "tmpfs",
             dir.path(),
@@ -237,9 +243,10 @@ fn filesystem_signals_are_statvfs_of_the_configured_paths() {
 
 /// The task total after the slash in /proc/loadavg's fourth field.
 fn loadavg_tasks() -> u64 {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap();
-    let field = text.split_whitespace().nth(3).unwrap();
-    field.split_once('/').unwrap().1.parse().unwrap()
+    let text = std::fs::read_to_string("/proc/loadavg").expect("/proc/loadavg");
+    let field = text.split_whitespace().nth(3).expect("a fourth field");
+    let total = field.split_once('/').expect("running/total").1;
+    total.parse().expect("a task count")
 }
 
 #[test]

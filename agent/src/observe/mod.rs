@@ -493,8 +493,10 @@ mod tests {
     }
 
     fn modelled_node() -> Config {
-        let mut c = Config::default();
-        c.cgroup_root = "/node".into();
+        let mut c = Config {
+            cgroup_root: "/node".into(),
+            ..Default::default()
+        };
         c.node.memory_capacity = "1Gi".into();
         c.system_reserved = BTreeMap::from([(
             "memory".to_string(),
