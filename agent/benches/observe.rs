@@ -8,7 +8,9 @@
     reason = "criterion_group! generates an undocumented function"
 )]
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use reactor::config::Config;
@@ -17,6 +19,44 @@ use reactor::decide::summary::Summary;
 use reactor::observe::{ObserveSettings, Observer, PodCgroup};
 
 const PODS: usize = 100;
+
+/// Counts heap allocations, to report how many one observation makes once warm.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed through.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is passed through.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed through.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations per call of `f`, averaged over 10 calls after a warm-up call.
+fn allocations_per_call(mut f: impl FnMut()) -> f64 {
+    f();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..10 {
+        f();
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 10.0
+}
 
 fn v1_stat(inactive_file: u64) -> String {
     let mut s = String::new();
@@ -105,6 +145,15 @@ fn bench_pair(c: &mut Criterion, name: &str, observer: &mut Observer, pods: &[Po
         summary.pods.len(),
         pods.len(),
         "{name}: every pod cgroup found"
+    );
+    let signals_allocs = allocations_per_call(|| {
+        std::hint::black_box(observer.observe());
+    });
+    let pods_allocs = allocations_per_call(|| {
+        std::hint::black_box(observer.observe_pods(pods, &mut summary));
+    });
+    println!(
+        "observe/{name}: {signals_allocs} allocations per observe(), {pods_allocs} per observe_pods({PODS} pods)"
     );
     c.bench_function(&format!("observe/signals/{name}"), |b| {
         b.iter(|| std::hint::black_box(observer.observe()))
