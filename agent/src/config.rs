@@ -357,6 +357,7 @@ impl Config {
                 format!("{low} is above imageGCHighThresholdPercent {high}"),
             ));
         }
+        self.validate_eviction()?;
         if self.eviction_max_pod_grace_period < 0 {
             return Err(ConfigError::invalid(
                 "evictionMaxPodGracePeriod",
@@ -445,6 +446,21 @@ impl Config {
         Ok(())
     }
 
+    /// Refuses eviction thresholds the kubelet would refuse at start, naming the key
+    /// (`evictionHard.memory.available`).
+    fn validate_eviction(&self) -> Result<(), ConfigError> {
+        let settings = crate::decide::thresholds::EvictionSettings {
+            hard: self.eviction_hard.clone(),
+            soft: self.eviction_soft.clone(),
+            soft_grace_period: self.eviction_soft_grace_period.clone(),
+            minimum_reclaim: self.eviction_minimum_reclaim.clone(),
+            merge_defaults: self.merge_default_eviction_settings,
+            enforce_allocatable_pods: self.enforce_node_allocatable.iter().any(|e| e == "pods"),
+        };
+        crate::decide::thresholds::validate(&settings)
+            .map_err(|e| ConfigError::invalid(e.key, e.reason))
+    }
+
     fn validate_sense(&self) -> Result<(), ConfigError> {
         let window = self.sense.psi_window.0;
         let threshold = self.sense.psi_threshold.0;
@@ -515,6 +531,35 @@ mod tests {
         .unwrap();
         assert_eq!(c.image_minimum_gc_age.0, Duration::from_secs(90));
         assert_eq!(c.system_reserved["memory"].0, Quantity::from_units(1 << 30));
+    }
+
+    #[test]
+    fn bad_eviction_thresholds_name_their_key() {
+        for (text, key) in [
+            (
+                "evictionHard:\n  memory.available: 12Qi\n",
+                "config key evictionHard.memory.available:",
+            ),
+            (
+                "evictionHard:\n  nodefs.available: 101%\n",
+                "config key evictionHard.nodefs.available:",
+            ),
+            (
+                "evictionSoft:\n  memory.available: 1Gi\n",
+                "config key evictionSoftGracePeriod.memory.available:",
+            ),
+            (
+                "evictionMinimumReclaim:\n  disk.available: 1Gi\n",
+                "config key evictionMinimumReclaim.disk.available:",
+            ),
+        ] {
+            let err = Config::from_yaml(text).unwrap_err().to_string();
+            assert!(err.starts_with(key), "{err}");
+        }
+        assert!(Config::from_yaml(
+            "evictionSoft:\n  memory.available: 1Gi\nevictionSoftGracePeriod:\n  memory.available: 1m\n"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -6,8 +6,16 @@
 
 pub mod cgroups;
 pub mod duration;
+pub mod image_gc;
 pub mod pod;
 pub mod preempt;
+pub mod pressure;
 pub mod qos;
 pub mod quantity;
+pub mod quantity_text;
+pub mod rank;
 pub mod resources;
+pub mod signal;
+pub mod summary;
+pub mod thresholds;
+pub mod timestamp;

@@ -6,5 +6,8 @@
 //! printing the answer. The plans themselves live beside it, one module each.
 
 pub mod cgroups;
+pub mod evict;
+pub mod image_gc;
 pub mod input;
 pub mod preempt;
+pub mod pressure;

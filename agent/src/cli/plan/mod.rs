@@ -13,7 +13,10 @@ use serde::Serialize;
 use super::Failure;
 
 mod cgroups;
+mod evict;
+mod image_gc;
 mod preempt;
+mod pressure;
 
 /// Plans, one per decision the agent takes.
 #[derive(Subcommand)]
@@ -22,6 +25,12 @@ pub(crate) enum PlanCommand {
     Cgroups(InputArgs),
     /// Whether a pod that failed admission gets in by preempting others, and whom.
     Preempt(InputArgs),
+    /// The order in which pods would be evicted for a signal, first to go first.
+    Evict(InputArgs),
+    /// Thresholds met, node conditions and what to reclaim, over a series of observations.
+    Pressure(InputArgs),
+    /// Which unused images one image-GC round would delete, and why it could not free more.
+    ImageGc(InputArgs),
 }
 
 /// Where the snapshot comes from and how to print the answer.
@@ -52,5 +61,8 @@ pub(crate) fn run(cmd: PlanCommand) -> Result<(), Failure> {
     match cmd {
         PlanCommand::Cgroups(args) => cgroups::run(&args),
         PlanCommand::Preempt(args) => preempt::run(&args),
+        PlanCommand::Evict(args) => evict::run(&args),
+        PlanCommand::Pressure(args) => pressure::run(&args),
+        PlanCommand::ImageGc(args) => image_gc::run(&args),
     }
 }

@@ -1,0 +1,519 @@
+//! `reactor plan pressure`: thresholds, grace periods, minimum reclaim and node conditions
+//! over a sequence of observations, one eviction-manager pass per observation.
+//!
+//! Input `{"config", "capacity", "observations"}` (and optionally `"filesystems"`, which
+//! decides what `containerfs` thresholds inherit); output the normalized thresholds and one
+//! step per observation. Settings the kubelet would refuse at start (a soft threshold without
+//! a grace period, a percentage over 100, an unknown signal) exit 2 naming the key.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use crate::decide::duration::{format_go_duration, parse_go_duration_nanos};
+use crate::decide::pressure::{pass, EvictionState, Observation, Observations};
+use crate::decide::quantity::Quantity;
+use crate::decide::signal::{FsLayout, Signal};
+use crate::decide::thresholds::{
+    format_quantity, parse_thresholds, pod_grace_period_seconds, with_containerfs_thresholds,
+    EvictionSettings, Threshold,
+};
+use crate::decide::timestamp::{parse_rfc3339, UnixNanos};
+use crate::plan::evict::LayoutName;
+use crate::plan::input::{parse, InputError};
+
+/// The kubelet's default for `evictionPressureTransitionPeriod`; it also replaces a zero.
+const DEFAULT_TRANSITION_NANOS: i64 = 300_000_000_000;
+
+/// A map value written as a string or a bare number (`"500Mi"`, `1000`).
+#[derive(Debug, Clone)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Text(s)),
+            Value::Number(n) => Ok(Text(n.to_string())),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a string or a number, found {other}"
+            ))),
+        }
+    }
+}
+
+/// A non-negative quantity written as a string or a plain integer.
+#[derive(Debug, Clone, Copy)]
+struct Amount(Quantity);
+
+impl<'de> Deserialize<'de> for Amount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Text::deserialize(d)?.0;
+        parse_amount(&text)
+            .map(Amount)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+fn parse_amount(text: &str) -> Result<Quantity, String> {
+    let q = Quantity::parse(text).map_err(|e| e.to_string())?;
+    if q.is_negative() {
+        return Err(format!("quantity {text:?} must not be negative"));
+    }
+    Ok(q)
+}
+
+/// The eviction settings, with KubeletConfiguration names; other keys are ignored so a whole
+/// kubelet config can be pasted.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ConfigIn {
+    #[serde(default)]
+    eviction_hard: Option<BTreeMap<String, Text>>,
+    #[serde(default)]
+    eviction_soft: Option<BTreeMap<String, Text>>,
+    #[serde(default)]
+    eviction_soft_grace_period: Option<BTreeMap<String, Text>>,
+    #[serde(default)]
+    eviction_minimum_reclaim: Option<BTreeMap<String, Text>>,
+    #[serde(default)]
+    eviction_pressure_transition_period: Option<String>,
+    #[serde(default)]
+    eviction_max_pod_grace_period: Option<i64>,
+    #[serde(default)]
+    merge_default_eviction_settings: Option<bool>,
+    #[serde(default)]
+    enforce_node_allocatable: Option<Vec<String>>,
+}
+
+/// Capacities the percentages refer to.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CapacityIn {
+    memory: Option<Amount>,
+    allocatable_memory: Option<Amount>,
+    nodefs: Option<Amount>,
+    nodefs_inodes: Option<Amount>,
+    imagefs: Option<Amount>,
+    imagefs_inodes: Option<Amount>,
+    containerfs: Option<Amount>,
+    containerfs_inodes: Option<Amount>,
+    pid: Option<Amount>,
+}
+
+impl CapacityIn {
+    /// The capacity of a signal and the input key it comes from; containerfs falls back to
+    /// the filesystem it shares under the layout.
+    fn of(&self, signal: Signal, layout: FsLayout) -> (Option<Quantity>, &'static str) {
+        let pick = |a: &Option<Amount>| a.map(|a| a.0);
+        match signal {
+            Signal::MemoryAvailable => (pick(&self.memory), "memory"),
+            Signal::AllocatableMemoryAvailable => {
+                (pick(&self.allocatable_memory), "allocatableMemory")
+            }
+            Signal::NodeFsAvailable => (pick(&self.nodefs), "nodefs"),
+            Signal::NodeFsInodesFree => (pick(&self.nodefs_inodes), "nodefsInodes"),
+            Signal::ImageFsAvailable => (pick(&self.imagefs), "imagefs"),
+            Signal::ImageFsInodesFree => (pick(&self.imagefs_inodes), "imagefsInodes"),
+            Signal::ContainerFsAvailable => {
+                let shared = match layout {
+                    FsLayout::ImageFs => pick(&self.imagefs),
+                    _ => pick(&self.nodefs),
+                };
+                (pick(&self.containerfs).or(shared), "containerfs")
+            }
+            Signal::ContainerFsInodesFree => {
+                let shared = match layout {
+                    FsLayout::ImageFs => pick(&self.imagefs_inodes),
+                    _ => pick(&self.nodefs_inodes),
+                };
+                (
+                    pick(&self.containerfs_inodes).or(shared),
+                    "containerfsInodes",
+                )
+            }
+            Signal::PidAvailable => (pick(&self.pid), "pid"),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct PressureIn {
+    #[serde(default)]
+    config: Option<ConfigIn>,
+    #[serde(default)]
+    capacity: Option<CapacityIn>,
+    observations: Vec<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    filesystems: Option<LayoutName>,
+}
+
+/// A normalized threshold in the answer.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ThresholdOut {
+    /// The signal.
+    pub signal: String,
+    /// Always `LessThan`, the kubelet's only operator.
+    pub operator: String,
+    /// `"100Mi"` or `"10%"`.
+    pub value: String,
+    /// Go duration; `"0s"` for a hard threshold.
+    pub grace_period: String,
+    /// The minimum reclaim, if any.
+    pub min_reclaim: Option<String>,
+    /// Whether the threshold is hard (acts at once, no pod grace period).
+    pub hard: bool,
+}
+
+/// What the manager would evict for at a step.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictOut {
+    /// The signal acted on.
+    pub signal: String,
+    /// The available level to reclaim to: threshold plus minimum reclaim.
+    pub reclaim_to: String,
+    /// The grace period a pod gets (the ceiling for soft thresholds; the pod's own smaller
+    /// `terminationGracePeriodSeconds` lowers it further).
+    pub grace_period_seconds: i64,
+}
+
+/// One observation's outcome.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct StepOut {
+    /// The observation time, as given.
+    pub at: String,
+    /// Signals of thresholds met now (soft ones once held for their grace period).
+    pub met: Vec<String>,
+    /// Node conditions reported.
+    pub conditions: Vec<String>,
+    /// What to evict for, if anything.
+    pub evict: Option<EvictOut>,
+}
+
+/// The `plan pressure` answer.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct PressurePlan {
+    /// The thresholds in force, after defaults, allocatable copies and containerfs derivation.
+    pub thresholds: Vec<ThresholdOut>,
+    /// One step per observation.
+    pub steps: Vec<StepOut>,
+}
+
+fn to_strings(map: Option<BTreeMap<String, Text>>) -> BTreeMap<String, String> {
+    map.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
+
+fn invalid(path: impl std::fmt::Display, message: impl std::fmt::Display) -> InputError {
+    InputError::Invalid(format!("{path}: {message}"))
+}
+
+fn threshold_out(t: &Threshold) -> ThresholdOut {
+    let bytes = t.signal.resource().is_bytes();
+    ThresholdOut {
+        signal: t.signal.name().to_string(),
+        operator: "LessThan".to_string(),
+        value: t.value.display(bytes),
+        grace_period: format_go_duration(std::time::Duration::from_nanos(
+            u64::try_from(t.grace_period_nanos).unwrap_or(0),
+        )),
+        min_reclaim: t.min_reclaim.map(|m| m.display(bytes)),
+        hard: t.is_hard(),
+    }
+}
+
+struct ParsedObservation {
+    at_text: String,
+    at: UnixNanos,
+    observations: Observations,
+}
+
+fn parse_observations(
+    raw: Vec<serde_json::Map<String, Value>>,
+    capacity: &CapacityIn,
+    layout: FsLayout,
+) -> Result<Vec<ParsedObservation>, InputError> {
+    let mut out: Vec<ParsedObservation> = Vec::with_capacity(raw.len());
+    for (i, entry) in raw.into_iter().enumerate() {
+        let at_text = match entry.get("at") {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(invalid(
+                    format!("observations[{i}].at"),
+                    format!("expected an RFC 3339 time string, found {other}"),
+                ))
+            }
+            None => return Err(invalid(format!("observations[{i}]"), "missing field `at`")),
+        };
+        let at =
+            parse_rfc3339(&at_text).map_err(|e| invalid(format!("observations[{i}].at"), e))?;
+        if let Some(prev) = out.last() {
+            if at < prev.at {
+                return Err(invalid(
+                    format!("observations[{i}].at"),
+                    format!("{at_text} is earlier than the observation before it"),
+                ));
+            }
+        }
+        let mut observations = Observations::default();
+        for (key, value) in &entry {
+            if key == "at" {
+                continue;
+            }
+            let path = format!("observations[{i}].{key}");
+            let signal = Signal::parse(key)
+                .ok_or_else(|| invalid(&path, format!("unsupported eviction signal {key:?}")))?;
+            let text = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                other => {
+                    return Err(invalid(
+                        &path,
+                        format!("expected a quantity string or an integer, found {other}"),
+                    ))
+                }
+            };
+            let available = parse_amount(&text).map_err(|e| invalid(&path, e))?;
+            observations.set(
+                signal,
+                Observation {
+                    available,
+                    capacity: capacity.of(signal, layout).0,
+                    at,
+                },
+            );
+        }
+        out.push(ParsedObservation {
+            at_text,
+            at,
+            observations,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `plan pressure` on raw input bytes.
+pub fn run(bytes: &[u8]) -> Result<serde_json::Value, InputError> {
+    let input: PressureIn = parse(bytes)?;
+    let plan = plan(input)?;
+    serde_json::to_value(plan).map_err(|e| InputError::Invalid(e.to_string()))
+}
+
+fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
+    let layout = input.filesystems.unwrap_or_default().0;
+    let config = input.config.unwrap_or_default();
+    let capacity = input.capacity.unwrap_or_default();
+    let settings = EvictionSettings {
+        hard: to_strings(config.eviction_hard),
+        soft: to_strings(config.eviction_soft),
+        soft_grace_period: to_strings(config.eviction_soft_grace_period),
+        minimum_reclaim: to_strings(config.eviction_minimum_reclaim),
+        merge_defaults: config.merge_default_eviction_settings.unwrap_or(false),
+        enforce_allocatable_pods: config
+            .enforce_node_allocatable
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|e| e == "pods")),
+    };
+    let parsed =
+        parse_thresholds(&settings).map_err(|e| invalid(format!("config.{}", e.key), e.reason))?;
+    let (thresholds, _warnings) = with_containerfs_thresholds(&parsed, layout);
+
+    let transition = match config.eviction_pressure_transition_period.as_deref() {
+        None => DEFAULT_TRANSITION_NANOS,
+        Some(text) => {
+            let path = "config.evictionPressureTransitionPeriod";
+            let nanos = parse_go_duration_nanos(text).map_err(|e| invalid(path, e))?;
+            if nanos < 0 {
+                return Err(invalid(path, "must not be negative"));
+            }
+            // The KubeletConfiguration defaulting turns a zero period into the default.
+            if nanos == 0 {
+                DEFAULT_TRANSITION_NANOS
+            } else {
+                nanos
+            }
+        }
+    };
+    let max_pod_grace = config.eviction_max_pod_grace_period.unwrap_or(0);
+    if max_pod_grace < 0 {
+        return Err(invalid(
+            "config.evictionMaxPodGracePeriod",
+            "must not be negative",
+        ));
+    }
+
+    let observations = parse_observations(input.observations, &capacity, layout)?;
+    // A percentage needs the capacity of the signal it is observed on.
+    for t in &thresholds {
+        if !t.needs_capacity() {
+            continue;
+        }
+        let observed = observations
+            .iter()
+            .any(|o| o.observations.get(t.signal).is_some());
+        let (cap, key) = capacity.of(t.signal, layout);
+        if observed && cap.is_none() {
+            return Err(invalid(
+                format!("capacity.{key}"),
+                format!("required: the threshold {t} is a percentage of it"),
+            ));
+        }
+    }
+
+    let mut state = EvictionState::default();
+    let mut steps = Vec::with_capacity(observations.len());
+    for o in observations {
+        let (next, result) = pass(
+            &thresholds,
+            &state,
+            &o.observations,
+            o.at,
+            i128::from(transition),
+        );
+        state = next;
+        let mut met: Vec<String> = Vec::new();
+        for &i in &result.met {
+            let name = thresholds[i].signal.name().to_string();
+            if !met.contains(&name) {
+                met.push(name);
+            }
+        }
+        let evict = result.reclaim.map(|r| EvictOut {
+            signal: r.signal.name().to_string(),
+            reclaim_to: format_quantity(r.reclaim_to, r.resource.is_bytes()),
+            grace_period_seconds: pod_grace_period_seconds(
+                &thresholds[r.threshold],
+                max_pod_grace,
+                None,
+            ),
+        });
+        steps.push(StepOut {
+            at: o.at_text,
+            met,
+            conditions: result
+                .conditions
+                .iter()
+                .map(|c| c.name().to_string())
+                .collect(),
+            evict,
+        });
+    }
+    Ok(PressurePlan {
+        thresholds: thresholds.iter().map(threshold_out).collect(),
+        steps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run_json(v: Value) -> Result<Value, String> {
+        run(v.to_string().as_bytes()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_a_hard_memory_step() {
+        let out = run_json(json!({
+            "capacity": {"memory": "1Gi", "nodefs": "100Gi"},
+            "observations": [
+                {"at": "2026-01-01T00:00:00Z", "memory.available": "500Mi", "nodefs.available": "50Gi"},
+                {"at": "2026-01-01T00:00:10Z", "memory.available": "50Mi", "nodefs.available": "50Gi"}
+            ]
+        }))
+        .unwrap();
+        let signals: Vec<&str> = out["thresholds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["signal"].as_str().unwrap())
+            .collect();
+        assert!(signals.contains(&"allocatableMemory.available"));
+        assert!(signals.contains(&"containerfs.available"));
+        assert_eq!(out["steps"][0]["met"], json!([]));
+        assert_eq!(out["steps"][0]["evict"], Value::Null);
+        assert_eq!(out["steps"][1]["met"], json!(["memory.available"]));
+        assert_eq!(out["steps"][1]["conditions"], json!(["MemoryPressure"]));
+        assert_eq!(
+            out["steps"][1]["evict"],
+            json!({"signal": "memory.available", "reclaimTo": "100Mi", "gracePeriodSeconds": 0})
+        );
+    }
+
+    #[test]
+    fn soft_threshold_grace_and_pod_grace_ceiling() {
+        let out = run_json(json!({
+            "config": {"evictionHard": {"memory.available": "100Mi"},
+                       "evictionSoft": {"memory.available": "300Mi"},
+                       "evictionSoftGracePeriod": {"memory.available": "30s"},
+                       "evictionMinimumReclaim": {"memory.available": "200Mi"},
+                       "evictionMaxPodGracePeriod": 45},
+            "capacity": {"memory": "2Gi"},
+            "observations": [
+                {"at": "2026-01-01T00:00:00Z", "memory.available": "250Mi"},
+                {"at": "2026-01-01T00:00:30Z", "memory.available": "250Mi"}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(out["steps"][0]["met"], json!([]));
+        assert_eq!(out["steps"][0]["conditions"], json!(["MemoryPressure"]));
+        assert_eq!(
+            out["steps"][1]["evict"],
+            json!({"signal": "memory.available", "reclaimTo": "500Mi", "gracePeriodSeconds": 45})
+        );
+    }
+
+    #[test]
+    fn refused_settings_name_the_key() {
+        for (config, needle) in [
+            (
+                json!({"evictionSoft": {"memory.available": "1Gi"}}),
+                "config.evictionSoftGracePeriod.memory.available: grace period must be specified",
+            ),
+            (
+                json!({"evictionHard": {"nodefs.available": "120%"}}),
+                "config.evictionHard.nodefs.available:",
+            ),
+            (
+                json!({"evictionHard": {"disk.available": "1Gi"}}),
+                "config.evictionHard.disk.available: unsupported eviction signal",
+            ),
+            (
+                json!({"evictionPressureTransitionPeriod": "-1s"}),
+                "config.evictionPressureTransitionPeriod:",
+            ),
+        ] {
+            let e = run_json(json!({"config": config, "observations": []})).unwrap_err();
+            assert!(e.starts_with(needle), "{e}");
+        }
+        let e = run_json(
+            json!({"observations": [{"at": "2026-01-01T00:00:00Z", "nodefs.available": "1Gi"}]}),
+        )
+        .unwrap_err();
+        assert!(e.starts_with("capacity.nodefs: required"), "{e}");
+        let e = run_json(
+            json!({"observations": [{"at": "2026-01-01T00:00:00Z", "memory.available": "12Qi"}]}),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("observations[0].memory.available: invalid quantity"),
+            "{e}"
+        );
+        let e = run_json(
+            json!({"observations": [{"at": "2026-01-01T00:00:00Z", "cpu.available": "1"}]}),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("observations[0].cpu.available: unsupported"),
+            "{e}"
+        );
+        let e = run_json(json!({"observations": [{"at": "2026-01-01T00:00:10Z"}, {"at": "2026-01-01T00:00:00Z"}]}))
+            .unwrap_err();
+        assert!(e.starts_with("observations[1].at:"), "{e}");
+    }
+}
