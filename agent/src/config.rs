@@ -95,6 +95,9 @@ pub struct Config {
     /// An image unused for longer than this is removed whatever the usage (0s: off).
     #[serde(rename = "imageMaximumGCAge")]
     pub image_maximum_gc_age: GoDuration,
+    /// The agent's own image GC timing (the kubelet hard-codes both).
+    #[serde(rename = "imageGC")]
+    pub image_gc: ImageGcConfig,
     /// Resources held back for the OS.
     pub system_reserved: BTreeMap<String, ConfigQuantity>,
     /// Resources held back for node agents.
@@ -147,6 +150,26 @@ pub struct NodeConfig {
     pub nodefs_path: PathBuf,
     /// The filesystem the `imagefs` signals are read from; empty asks the runtime.
     pub imagefs_path: String,
+}
+
+/// Image GC timing, which the kubelet hard-codes (5 minutes, 30 seconds) and the agent lets a
+/// test or a small node shorten.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ImageGcConfig {
+    /// How often a GC round runs (and images are detected when GC is off).
+    pub period: GoDuration,
+    /// How often the cached image list is refreshed from the runtime.
+    pub list_refresh: GoDuration,
+}
+
+impl Default for ImageGcConfig {
+    fn default() -> Self {
+        ImageGcConfig {
+            period: GoDuration(Duration::from_secs(300)),
+            list_refresh: GoDuration(Duration::from_secs(30)),
+        }
+    }
 }
 
 /// Which sense sources run, and how the PSI trigger is set.
@@ -209,6 +232,7 @@ impl Default for Config {
             image_gc_low_threshold_percent: 80,
             image_minimum_gc_age: GoDuration(Duration::from_secs(120)),
             image_maximum_gc_age: GoDuration(Duration::ZERO),
+            image_gc: ImageGcConfig::default(),
             system_reserved: BTreeMap::new(),
             kube_reserved: BTreeMap::new(),
             enforce_node_allocatable: vec!["pods".to_string()],
@@ -356,6 +380,14 @@ impl Config {
                 "imageGCLowThresholdPercent",
                 format!("{low} is above imageGCHighThresholdPercent {high}"),
             ));
+        }
+        for (key, value) in [
+            ("imageGC.period", self.image_gc.period),
+            ("imageGC.listRefresh", self.image_gc.list_refresh),
+        ] {
+            if value.0.is_zero() {
+                return Err(ConfigError::invalid(key, "must be greater than zero"));
+            }
         }
         self.validate_eviction()?;
         if self.eviction_max_pod_grace_period < 0 {
@@ -560,6 +592,25 @@ mod tests {
             "evictionSoft:\n  memory.available: 1Gi\nevictionSoftGracePeriod:\n  memory.available: 1m\n"
         )
         .is_ok());
+    }
+
+    #[test]
+    fn image_gc_timing_section() {
+        let c = Config::from_yaml("imageGC:\n  period: 1m\n  listRefresh: 10s\n").unwrap();
+        assert_eq!(c.image_gc.period.0, Duration::from_secs(60));
+        assert_eq!(c.image_gc.list_refresh.0, Duration::from_secs(10));
+        assert_eq!(
+            Config::default().image_gc.period.0,
+            Duration::from_secs(300)
+        );
+        let err = Config::from_yaml("imageGC:\n  period: 0s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("config key imageGC.period:"), "{err}");
+        let err = Config::from_yaml("imageGC:\n  every: 1m\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("imageGC") && err.contains("every"), "{err}");
     }
 
     #[test]

@@ -10,5 +10,7 @@ pub mod act;
 pub mod config;
 pub mod decide;
 pub mod devices;
+pub mod images;
 pub mod plan;
+pub mod record;
 pub mod sense;

@@ -144,6 +144,17 @@ impl Containerd {
     /// Starts containerd in a temp dir named after `name`, builds and imports the pause
     /// image, and returns once the CRI plugin answers.
     pub fn start(name: &str) -> io::Result<Containerd> {
+        Containerd::start_with_root(name, None)
+    }
+
+    /// Like [`start`](Self::start), with containerd's root (content store, snapshots,
+    /// metadata: the image filesystem) on a tmpfs of `bytes` mounted in the temp dir, so a
+    /// test can fill it with a few MiB of images. The tmpfs is unmounted on drop.
+    pub fn start_on_tmpfs(name: &str, bytes: u64) -> io::Result<Containerd> {
+        Containerd::start_with_root(name, Some(bytes))
+    }
+
+    fn start_with_root(name: &str, tmpfs_bytes: Option<u64>) -> io::Result<Containerd> {
         ensure_installed().map_err(io::Error::other)?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("reactor-ctd-{name}-"))
@@ -161,7 +172,27 @@ impl Containerd {
         let config = base.join("config.toml");
         std::fs::write(&config, config_toml(&base, &pause.name))?;
 
-        let child = spawn_containerd(&config, &log)?;
+        if let Some(bytes) = tmpfs_bytes {
+            std::fs::create_dir_all(&root)?;
+            let data = std::ffi::CString::new(format!("size={bytes},mode=0700"))
+                .map_err(io::Error::other)?;
+            rustix::mount::mount(
+                "tmpfs",
+                &root,
+                "tmpfs",
+                rustix::mount::MountFlags::empty(),
+                data.as_c_str(),
+            )?;
+        }
+        let child = match spawn_containerd(&config, &log) {
+            Ok(child) => child,
+            Err(e) => {
+                if tmpfs_bytes.is_some() {
+                    let _ = rustix::mount::unmount(&root, rustix::mount::UnmountFlags::DETACH);
+                }
+                return Err(e);
+            }
+        };
         let pid = child.id();
         let mut ctd = Containerd {
             dir,

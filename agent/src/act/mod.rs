@@ -1,4 +1,5 @@
-//! The only layer that changes the node: the container runtime (stop pods, remove images)
-//! and, later, the cgroup writer. Each submodule owns one outside system.
+//! `act`: the only layer that changes the node — the cgroup writer, and the container
+//! runtimes that start and stop pods and remove images. Each submodule owns one outside system.
 
+pub mod cgroups;
 pub mod cri;

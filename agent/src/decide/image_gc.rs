@@ -212,6 +212,31 @@ pub fn bytes_to_free(capacity: i64, available: i64, low_threshold_percent: i64) 
     (target - i128::from(available)) as i64
 }
 
+/// Plans the disk-pressure reclaim (the kubelet's `DeleteUnusedImages`): every unused image
+/// space-driven GC may delete, whatever the thresholds — a high threshold of 100 turns off the
+/// periodic GC, not this — still keeping images in use, pinned, used at `now` or first seen
+/// less than the minimum age ago. Least recently used first, as [`plan`] orders them.
+pub fn plan_reclaim(policy: &ImageGcPolicy, images: &[ImageRecord], now: UnixNanos) -> ImageGcPlan {
+    let mut out = ImageGcPlan::default();
+    if let Err(e) = policy.validate() {
+        out.error = Some(e);
+        return out;
+    }
+    let min_age = i128::from(policy.min_age_nanos);
+    for i in images_in_eviction_order(images) {
+        let image = &images[i];
+        if image.last_used.is_some_and(|used| used >= now) {
+            continue;
+        }
+        if age(now, image.first_detected) < min_age {
+            continue;
+        }
+        out.delete.push((i, DeleteReason::Space));
+        out.freed_bytes = out.freed_bytes.saturating_add(image.size_bytes);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,5 +538,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn reclaim_ignores_thresholds_but_keeps_young_used_and_pinned() {
+        let pol = ImageGcPolicy {
+            high_threshold_percent: 100,
+            low_threshold_percent: 100,
+            ..policy()
+        };
+        let mut images = vec![
+            image("old", 10, None, Some(NOW - 500 * S)),
+            image("never", 20, Some(NOW - 900 * S), None),
+            image("young", 30, Some(NOW - 10 * S), None),
+            image("now", 40, None, Some(NOW)),
+            image("pinned", 50, None, None),
+        ];
+        images[4].pinned = true;
+        let p = plan_reclaim(&pol, &images, NOW);
+        assert_eq!(ids(&images, &p), ["never", "old"]);
+        assert_eq!(p.freed_bytes, 30);
+        assert_eq!(p.error, None);
+        let bad = ImageGcPolicy {
+            low_threshold_percent: 101,
+            ..pol
+        };
+        assert!(plan_reclaim(&bad, &images, NOW).error.is_some());
     }
 }

@@ -656,7 +656,9 @@ mod tests {
             vec![
                 Kind::OomKill {
                     pid: None,
-                    comm: None
+                    comm: None,
+                    rss_bytes: None,
+                    oom_score_adj: None,
                 },
                 Kind::MemcgEvent {
                     item: "high".into(),

@@ -715,7 +715,9 @@ mod tests {
         }
         assert!(kinds.contains(&Kind::OomKill {
             pid: None,
-            comm: None
+            comm: None,
+            rss_bytes: None,
+            oom_score_adj: None,
         }));
         assert!(kinds.contains(&Kind::MemcgEvent {
             item: "high".into(),

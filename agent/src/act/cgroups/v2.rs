@@ -1,0 +1,317 @@
+//! cgroup v2: the unified hierarchy, one tree with controllers enabled per subtree.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{cpu_shares_to_weight, fs, CgroupError, CgroupPath, MemoryUsage, Resources};
+
+/// Controllers the kubelet enables for the pod tree, where the parent offers them.
+const CONTROLLERS: [&str; 6] = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids"];
+
+/// The v2 manager: `<mount>/<cgroup root>` of the unified hierarchy.
+#[derive(Debug, Clone)]
+pub struct V2 {
+    root: PathBuf,
+}
+
+impl V2 {
+    /// Uses the unified hierarchy mounted at `mount_root`; the cgroup root must exist.
+    pub fn new(mount_root: &Path, cgroup_root: &CgroupPath) -> Result<V2, CgroupError> {
+        if !mount_root.join("cgroup.controllers").exists() {
+            return Err(CgroupError::NoHierarchy {
+                version: "v2",
+                path: mount_root.to_path_buf(),
+                reason: "no cgroup.controllers: not a unified (cgroup2) mount".into(),
+            });
+        }
+        let root = cgroup_root.under(mount_root);
+        if !root.join("cgroup.controllers").exists() {
+            return Err(CgroupError::NoHierarchy {
+                version: "v2",
+                path: root,
+                reason: "the cgroup root does not exist".into(),
+            });
+        }
+        Ok(V2 { root })
+    }
+
+    /// `<mount>/<cgroup root>`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn file(&self, cgroup: &CgroupPath, name: &str) -> PathBuf {
+        cgroup.under(&self.root).join(name)
+    }
+
+    /// Enables in `dir`'s `cgroup.subtree_control` every kubelet controller it offers and
+    /// has not enabled yet, one write per controller so a refusal names it.
+    fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
+        let offered = fs::read(&dir.join("cgroup.controllers"))?;
+        let control = dir.join("cgroup.subtree_control");
+        let enabled = fs::read(&control)?;
+        for c in CONTROLLERS {
+            let has = |list: &str| list.split_whitespace().any(|x| x == c);
+            if has(&offered) && !has(&enabled) {
+                fs::write(&control, &format!("+{c}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn create(&self, cgroup: &CgroupPath) -> Result<(), CgroupError> {
+        let mut dir = self.root.clone();
+        for name in cgroup.names() {
+            Self::enable_controllers(&dir)?;
+            dir.push(name);
+            fs::mkdir(&dir)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply(&self, cgroup: &CgroupPath, r: &Resources) -> Result<(), CgroupError> {
+        if let Some(shares) = r.cpu_shares {
+            let weight = cpu_shares_to_weight(shares);
+            fs::write(&self.file(cgroup, "cpu.weight"), &weight.to_string())?;
+        }
+        if r.cpu_quota_us.is_some() || r.cpu_period_us.is_some() {
+            let quota = match r.cpu_quota_us {
+                Some(q) if q >= 0 => q.to_string(),
+                _ => "max".to_string(),
+            };
+            let value = match r.cpu_period_us {
+                Some(p) => format!("{quota} {p}"),
+                None => quota,
+            };
+            fs::write(&self.file(cgroup, "cpu.max"), &value)?;
+        }
+        if let Some(limit) = r.memory_limit_bytes {
+            let value = if limit < 0 {
+                "max".to_string()
+            } else {
+                limit.to_string()
+            };
+            fs::write(&self.file(cgroup, "memory.max"), &value)?;
+        }
+        if let Some(pids) = r.pids_max {
+            let value = if pids < 0 {
+                "max".to_string()
+            } else {
+                pids.to_string()
+            };
+            fs::write(&self.file(cgroup, "pids.max"), &value)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn read_file(&self, cgroup: &CgroupPath, name: &str) -> Result<String, CgroupError> {
+        fs::read(&self.file(cgroup, name))
+    }
+
+    pub(super) fn exists(&self, cgroup: &CgroupPath) -> bool {
+        cgroup.under(&self.root).is_dir()
+    }
+
+    pub(super) fn procs_files(&self, cgroup: &CgroupPath) -> Vec<PathBuf> {
+        vec![self.file(cgroup, "cgroup.procs")]
+    }
+
+    pub(super) fn procs_recursive(&self, cgroup: &CgroupPath) -> Result<Vec<u32>, CgroupError> {
+        let mut pids = Vec::new();
+        for dir in fs::subtree_leaf_first(&cgroup.under(&self.root))? {
+            pids.extend(fs::read_pids(&dir.join("cgroup.procs"))?);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
+    pub(super) fn memory_usage(&self, cgroup: &CgroupPath) -> Result<MemoryUsage, CgroupError> {
+        let usage = fs::read_u64(&self.file(cgroup, "memory.current"))?;
+        let inactive =
+            fs::read_key(&self.file(cgroup, "memory.stat"), "inactive_file")?.unwrap_or(0);
+        Ok(MemoryUsage::new(usage, inactive))
+    }
+
+    pub(super) fn oom_kills(&self, cgroup: &CgroupPath) -> Result<u64, CgroupError> {
+        Ok(fs::read_key(&self.file(cgroup, "memory.events"), "oom_kill")?.unwrap_or(0))
+    }
+
+    pub(super) fn remove(&self, cgroup: &CgroupPath, wait: Duration) -> Result<(), CgroupError> {
+        if cgroup.is_root() {
+            return Err(CgroupError::BadName {
+                name: "/".into(),
+                reason: "refusing to remove the cgroup root",
+            });
+        }
+        super::remove_tree(&cgroup.under(&self.root), wait, |d| {
+            fs::read_pids(&d.join("cgroup.procs")).unwrap_or_default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::CgroupManager;
+    use super::*;
+
+    fn set_fixture(tmp: &Path, cgroup: &str, file: &str, value: &str) {
+        let dir = tmp.join(cgroup);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(file), value).unwrap();
+    }
+
+    fn read(tmp: &Path, cgroup: &str, file: &str) -> String {
+        std::fs::read_to_string(tmp.join(cgroup).join(file)).unwrap()
+    }
+
+    /// A unified mount with the agent's delegated subtree `agent` offering cpu/memory/pids.
+    fn fixture() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        set_fixture(
+            tmp.path(),
+            "",
+            "cgroup.controllers",
+            "cpuset cpu io memory pids\n",
+        );
+        set_fixture(
+            tmp.path(),
+            "agent",
+            "cgroup.controllers",
+            "cpu memory pids\n",
+        );
+        set_fixture(tmp.path(), "agent", "cgroup.subtree_control", "\n");
+        tmp
+    }
+
+    #[test]
+    fn detect_picks_v2_and_create_enables_controllers() {
+        let tmp = fixture();
+        // What the kernel would show in kubepods once its parent delegates controllers.
+        set_fixture(
+            tmp.path(),
+            "agent/kubepods",
+            "cgroup.controllers",
+            "cpu memory\n",
+        );
+        set_fixture(
+            tmp.path(),
+            "agent/kubepods",
+            "cgroup.subtree_control",
+            "cpu\n",
+        );
+        let m = CgroupManager::detect(tmp.path(), &CgroupPath::parse("agent").unwrap()).unwrap();
+        assert!(matches!(m, CgroupManager::V2(_)));
+        let pod = CgroupPath::parse("kubepods/podu1").unwrap();
+        m.create(&pod).unwrap();
+        assert!(tmp.path().join("agent/kubepods/podu1").is_dir());
+        // A real subtree_control accumulates; the fixture file keeps the last write, which
+        // shows each controller is written separately and only when missing.
+        assert_eq!(read(tmp.path(), "agent", "cgroup.subtree_control"), "+pids");
+        assert_eq!(
+            read(tmp.path(), "agent/kubepods", "cgroup.subtree_control"),
+            "+memory"
+        );
+    }
+
+    #[test]
+    fn apply_writes_weight_max_and_memory_max() {
+        let tmp = fixture();
+        let cg = "kubepods/burstable/podu1";
+        for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
+            set_fixture(tmp.path(), &format!("agent/{cg}"), f, "\n");
+        }
+        let m = CgroupManager::v2(tmp.path(), &CgroupPath::parse("agent").unwrap()).unwrap();
+        let pod = CgroupPath::parse(cg).unwrap();
+        m.apply(
+            &pod,
+            &Resources {
+                cpu_shares: Some(1024),
+                cpu_quota_us: Some(-1),
+                cpu_period_us: Some(100_000),
+                memory_limit_bytes: Some(1 << 30),
+                pids_max: Some(100),
+            },
+        )
+        .unwrap();
+        let at = format!("agent/{cg}");
+        assert_eq!(read(tmp.path(), &at, "cpu.weight"), "39");
+        assert_eq!(read(tmp.path(), &at, "cpu.max"), "max 100000");
+        assert_eq!(read(tmp.path(), &at, "memory.max"), "1073741824");
+        assert_eq!(read(tmp.path(), &at, "pids.max"), "100");
+        m.apply(
+            &pod,
+            &Resources {
+                cpu_quota_us: Some(25_000),
+                memory_limit_bytes: Some(-1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(read(tmp.path(), &at, "cpu.max"), "25000");
+        assert_eq!(m.read_file(&pod, "memory.max").unwrap(), "max");
+    }
+
+    #[test]
+    fn missing_controller_file_is_reported_with_a_hint() {
+        let tmp = fixture();
+        set_fixture(tmp.path(), "agent/kubepods", "cgroup.procs", "");
+        let m = CgroupManager::v2(tmp.path(), &CgroupPath::parse("agent").unwrap()).unwrap();
+        let err = m
+            .apply(
+                &CgroupPath::kubepods(),
+                &Resources {
+                    memory_limit_bytes: Some(1),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("agent/kubepods/memory.max") && err.contains("controller not enabled"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn usage_and_oom_kills_read_back() {
+        let tmp = fixture();
+        let cg = "agent/kubepods/podu3/web";
+        set_fixture(tmp.path(), cg, "memory.current", "5000\n");
+        set_fixture(
+            tmp.path(),
+            cg,
+            "memory.stat",
+            "anon 10\ninactive_file 6000\n",
+        );
+        set_fixture(
+            tmp.path(),
+            cg,
+            "memory.events",
+            "low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\n",
+        );
+        set_fixture(tmp.path(), cg, "cgroup.procs", "");
+        set_fixture(tmp.path(), "agent/kubepods/podu3", "cgroup.procs", "");
+        let m = CgroupManager::v2(tmp.path(), &CgroupPath::parse("agent").unwrap()).unwrap();
+        let c = CgroupPath::parse("kubepods/podu3/web").unwrap();
+        let u = m.memory_usage(&c).unwrap();
+        assert_eq!(
+            (u.usage_bytes, u.inactive_file_bytes, u.working_set_bytes),
+            (5000, 6000, 0)
+        );
+        assert_eq!(m.oom_kills(&c).unwrap(), 1);
+        assert!(m.is_empty(&c.parent().unwrap()).unwrap());
+        set_fixture(tmp.path(), cg, "cgroup.procs", "42\n");
+        assert_eq!(m.procs_recursive(&c.parent().unwrap()).unwrap(), vec![42]);
+        assert!(m.procs(&c.parent().unwrap()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn not_a_unified_mount() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = CgroupManager::v2(tmp.path(), &CgroupPath::root())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a unified"), "{err}");
+    }
+}

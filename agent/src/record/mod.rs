@@ -1,0 +1,5 @@
+//! `record`: what the agent keeps so that a restart loses nothing — checkpoints of pods,
+//! device allocations and image records today; eviction records, conditions and metrics
+//! as they land.
+
+pub mod checkpoint;
