@@ -30,20 +30,20 @@ pub enum ServeError {
         reason: String,
     },
     /// The address could not be bound (in use, not local, no permission).
-    #[error("cannot serve metrics on {address} (metricsAddress): {source}")]
+    #[error("cannot serve metrics on {address} (metricsAddress): {error}")]
     Bind {
         /// The address.
         address: SocketAddr,
-        /// The kernel's reason.
-        source: std::io::Error,
+        /// The kernel's reason (in the message, not a `source`, so it prints once).
+        error: std::io::Error,
     },
     /// The server failed while running.
-    #[error("metrics endpoint on {address} failed: {source}")]
+    #[error("metrics endpoint on {address} failed: {error}")]
     Serve {
         /// The address.
         address: SocketAddr,
         /// What failed.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -79,12 +79,11 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `metricsAddress`. Must run inside a tokio runtime.
-    pub async fn bind(address: &str) -> Result<MetricsServer, ServeError> {
-        let address = parse_address(address)?;
+    /// Binds an address from [`parse_address`]. Must run inside a tokio runtime.
+    pub async fn bind(address: SocketAddr) -> Result<MetricsServer, ServeError> {
         let listener = TcpListener::bind(address)
             .await
-            .map_err(|source| ServeError::Bind { address, source })?;
+            .map_err(|error| ServeError::Bind { address, error })?;
         let address = listener.local_addr().unwrap_or(address);
         Ok(MetricsServer { listener, address })
     }
@@ -104,7 +103,7 @@ impl MetricsServer {
         axum::serve(self.listener, router(metrics))
             .with_graceful_shutdown(shutdown)
             .await
-            .map_err(|source| ServeError::Serve { address, source })
+            .map_err(|error| ServeError::Serve { address, error })
     }
 }
 
@@ -174,7 +173,9 @@ mod tests {
     async fn serves_metrics_and_health_over_tcp_and_stops_on_shutdown() {
         let metrics = Arc::new(Metrics::new());
         metrics.record_oom_kill();
-        let server = MetricsServer::bind("127.0.0.1:0").await.unwrap();
+        let server = MetricsServer::bind(parse_address("127.0.0.1:0").unwrap())
+            .await
+            .unwrap();
         let addr = server.local_addr();
         assert_ne!(addr.port(), 0);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -202,9 +203,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_taken_address_is_a_one_line_error_naming_it() {
-        let first = MetricsServer::bind("127.0.0.1:0").await.unwrap();
+        let first = MetricsServer::bind(parse_address("127.0.0.1:0").unwrap())
+            .await
+            .unwrap();
         let addr = first.local_addr().to_string();
-        let err = MetricsServer::bind(&addr).await.unwrap_err().to_string();
+        let err = MetricsServer::bind(first.local_addr())
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(&addr) && err.contains("metricsAddress"),
             "{err}"
