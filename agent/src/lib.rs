@@ -7,6 +7,7 @@
 //! front ends over this library.
 
 pub mod act;
+pub mod api;
 pub mod config;
 pub mod decide;
 pub mod devices;

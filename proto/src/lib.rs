@@ -21,3 +21,62 @@ pub mod deviceplugin_v1beta1 {
     )]
     tonic::include_proto!("v1beta1");
 }
+
+/// The agent's own API, `reactor.v1` (`proto/reactor/v1/agent.proto`): pods (apply, remove,
+/// list), the node's pressure status, the event stream and the plan engine, served on the
+/// agent's root-only unix socket.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod reactor_v1 {
+    tonic::include_proto!("reactor.v1");
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::reactor_v1::{event, Event, OomKillEvent, PodRef, RemovePodRequest};
+
+    #[test]
+    fn event_oneof_round_trips() {
+        let event = Event {
+            at_unix_nanos: 1_700_000_000_000_000_000,
+            sequence: 42,
+            kind: Some(event::Kind::OomKill(OomKillEvent {
+                pod: Some(PodRef {
+                    namespace: "default".into(),
+                    name: "hog".into(),
+                }),
+                container: "hog".into(),
+                cgroup: "/kubepods/besteffort/podu1/hog".into(),
+                pid: 4242,
+            })),
+        };
+        let back = Event::decode(event.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn grace_period_distinguishes_unset_from_zero() {
+        let unset = RemovePodRequest {
+            target: None,
+            grace_period_seconds: None,
+        };
+        let zero = RemovePodRequest {
+            target: None,
+            grace_period_seconds: Some(0),
+        };
+        let decode = |r: &RemovePodRequest| {
+            RemovePodRequest::decode(r.encode_to_vec().as_slice())
+                .unwrap()
+                .grace_period_seconds
+        };
+        assert_eq!(decode(&unset), None);
+        assert_eq!(decode(&zero), Some(0));
+    }
+
+    #[test]
+    fn service_is_named_reactor_v1_agent() {
+        use super::reactor_v1::agent_server::SERVICE_NAME;
+        assert_eq!(SERVICE_NAME, "reactor.v1.Agent");
+    }
+}

@@ -217,7 +217,9 @@ fn a_flooded_ring_buffer_counts_and_reports_drops_and_keeps_going() {
         "{:?}",
         source.missing()
     );
-    assert_eq!(source.drops(), 0, "a fresh source has dropped nothing");
+    // Page faults anywhere on the machine hit the watched tracepoint, so on a busy machine a
+    // one-page buffer may overflow before the storm even starts: count from here.
+    let before = source.drops();
 
     {
         let mut storm = TestMemcg::new("ebpf-storm", LIMIT).expect("test memcg");
@@ -232,8 +234,8 @@ fn a_flooded_ring_buffer_counts_and_reports_drops_and_keeps_going() {
     }
     let dropped = source.drops();
     assert!(
-        dropped > 0,
-        "a 4 KiB ring buffer nobody reads must overflow"
+        dropped > before,
+        "a 4 KiB ring buffer nobody reads must overflow ({before} dropped before the storm)"
     );
 
     let (tx, mut rx) = mpsc::channel(65_536);

@@ -3,3 +3,6 @@
 
 pub mod cgroups;
 pub mod cri;
+pub mod pod_spec;
+pub mod process;
+pub mod runtime;

@@ -4,6 +4,7 @@
 //! values, so `reactor plan` can run the same rules offline on a JSON snapshot and tests can
 //! hold them to the kubelet's behaviour without a node.
 
+pub mod backoff;
 pub mod cgroups;
 pub mod duration;
 pub mod image_gc;

@@ -21,8 +21,10 @@
 //!   `cgroup.subtree_control` from the cgroup root down, every controller the kubelet uses
 //!   that the ancestor offers in `cgroup.controllers`.
 //! - **Values.** [`Resources`] holds the kubelet's `ResourceConfig` in v1 units (cpu shares,
-//!   CFS quota and period in µs, memory bytes, pids); v2 converts shares to `cpu.weight` with
-//!   the kubelet's formula and writes `cpu.max`/`memory.max`/`pids.max`.
+//!   CFS quota and period in µs, memory bytes, pids) and converts from `decide`'s
+//!   [`ResourceConfig`]; which file gets which value on each version (shares → `cpu.weight`,
+//!   quota and period → one `cpu.max`, ...) is `decide::cgroups::files`, the same mapping
+//!   `reactor plan cgroups` prints, so the plan and the writer cannot drift apart.
 //! - **Lowering a memory limit below usage.** On v1 the kernel reclaims, and if it cannot get
 //!   below the new limit the write fails with `EBUSY`: that is
 //!   [`CgroupError::LimitBelowUsage`] with the usage at the time. On v2 the kernel reclaims
@@ -44,11 +46,15 @@
 //! ```
 
 mod fs;
+pub mod tree;
 pub mod v1;
 pub mod v2;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::decide::cgroups::{files, pod_cgroup, CgroupVersion, FileValue, ResourceConfig};
+use crate::decide::pod::PodInfo;
 
 /// Where cgroupfs is mounted on a normal host; only a default, never assumed.
 pub const DEFAULT_MOUNT_ROOT: &str = "/sys/fs/cgroup";
@@ -157,7 +163,19 @@ fn write_hint(e: &std::io::Error) -> &'static str {
 /// Names are what the kubelet and runtimes use (`kubepods`, `burstable`, `pod<uid>`, a
 /// container name or id): a name may not be empty, `.` or `..`, contain `/` or NUL, or be
 /// longer than 255 bytes. That makes joining onto a mount root unable to escape it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(try_from = "String", into = "String")]
 pub struct CgroupPath {
     names: Vec<String>,
 }
@@ -250,6 +268,19 @@ impl CgroupPath {
     }
 }
 
+impl TryFrom<String> for CgroupPath {
+    type Error = CgroupError;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        CgroupPath::parse(&text)
+    }
+}
+
+impl From<CgroupPath> for String {
+    fn from(path: CgroupPath) -> String {
+        path.to_string()
+    }
+}
+
 impl std::fmt::Display for CgroupPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "/{}", self.names.join("/"))
@@ -258,7 +289,8 @@ impl std::fmt::Display for CgroupPath {
 
 /// The values the kubelet writes for one cgroup, in cgroup v1 units (its `ResourceConfig`).
 /// `None` leaves the file as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Resources {
     /// `cpu.shares` (2..=262144); v2 writes the converted `cpu.weight`.
     pub cpu_shares: Option<u64>,
@@ -337,6 +369,24 @@ impl CgroupManager {
             Self::v2(mount_root, cgroup_root)
         } else {
             Self::v1(mount_root, cgroup_root)
+        }
+    }
+
+    /// The manager the config asks for: `cgroupRoot` below the cgroupfs mounted at
+    /// `mount_root` (normally [`DEFAULT_MOUNT_ROOT`]), v1 or v2 as the mount shows.
+    /// The config's own validation has already refused drivers other than `cgroupfs`.
+    pub fn from_config(
+        config: &crate::config::Config,
+        mount_root: &Path,
+    ) -> Result<CgroupManager, CgroupError> {
+        Self::detect(mount_root, &CgroupPath::parse(&config.cgroup_root)?)
+    }
+
+    /// Which cgroup version this manager writes, as `decide` needs it for the values.
+    pub fn version(&self) -> CgroupVersion {
+        match self {
+            CgroupManager::V1(_) => CgroupVersion::V1,
+            CgroupManager::V2(_) => CgroupVersion::V2,
         }
     }
 
@@ -448,10 +498,70 @@ pub(crate) fn remove_tree(
     Ok(())
 }
 
-/// The kubelet's conversion of v1 `cpu.shares` [2, 262144] to v2 `cpu.weight` [1, 10000].
-pub fn cpu_shares_to_weight(shares: u64) -> u64 {
-    let shares = shares.clamp(2, 262_144);
-    1 + ((shares - 2) * 9999) / 262_142
+impl Resources {
+    /// The cpu and memory part as `decide`'s [`ResourceConfig`], whose
+    /// [`files`](crate::decide::cgroups::files) says which file gets which value on each
+    /// cgroup version: the writer and `reactor plan cgroups` share one mapping.
+    pub fn config(&self) -> ResourceConfig {
+        ResourceConfig {
+            cpu_shares: self.cpu_shares,
+            cpu_quota: self.cpu_quota_us,
+            cpu_period: self.cpu_period_us,
+            memory: self.memory_limit_bytes,
+        }
+    }
+}
+
+impl From<&ResourceConfig> for Resources {
+    /// `decide`'s values for a cgroup; zero there means "not set" and stays unset here.
+    fn from(c: &ResourceConfig) -> Resources {
+        Resources {
+            cpu_shares: c.cpu_shares.filter(|v| *v != 0),
+            cpu_quota_us: c.cpu_quota.filter(|v| *v != 0),
+            cpu_period_us: c.cpu_period.filter(|v| *v != 0),
+            memory_limit_bytes: c.memory.filter(|v| *v != 0),
+            pids_max: None,
+        }
+    }
+}
+
+/// The cgroup files and values to write for `r` on `version`, in write order (a CFS period
+/// before its quota), from `decide`'s mapping plus `pids.max`.
+pub(crate) fn files_for(r: &Resources, version: CgroupVersion) -> Vec<(&'static str, String)> {
+    let mut out: Vec<(&'static str, String)> = files(&r.config(), version)
+        .into_iter()
+        .map(|(name, value)| {
+            let text = match value {
+                FileValue::Int(i) => i.to_string(),
+                FileValue::Text(t) => t,
+            };
+            (name, text)
+        })
+        .collect();
+    if let Some(pids) = r.pids_max {
+        out.push((
+            "pids.max",
+            if pids < 0 {
+                "max".into()
+            } else {
+                pids.to_string()
+            },
+        ));
+    }
+    out
+}
+
+impl CgroupPath {
+    /// The pod cgroup of a pod as `decide` sees it (`kubepods[/burstable|/besteffort]/pod<uid>`).
+    pub fn for_pod(pod: &PodInfo) -> Result<CgroupPath, CgroupError> {
+        if pod.uid.is_empty() {
+            return Err(CgroupError::BadName {
+                name: pod.name.clone(),
+                reason: "the pod has no metadata.uid to name its cgroup",
+            });
+        }
+        CgroupPath::parse(&pod_cgroup(pod))
+    }
 }
 
 #[cfg(test)]
@@ -483,9 +593,69 @@ mod tests {
     }
 
     #[test]
-    fn shares_to_weight_matches_the_kubelet() {
-        assert_eq!(cpu_shares_to_weight(2), 1);
-        assert_eq!(cpu_shares_to_weight(1024), 39);
-        assert_eq!(cpu_shares_to_weight(262_144), 10_000);
+    fn decide_values_map_to_files() {
+        let r = Resources::from(&ResourceConfig {
+            cpu_shares: Some(1024),
+            cpu_quota: Some(0),
+            cpu_period: Some(100_000),
+            memory: Some(-1),
+        });
+        assert_eq!(r.cpu_quota_us, None);
+        assert_eq!(
+            files_for(&r, CgroupVersion::V2),
+            [
+                ("cpu.weight", "39".to_string()),
+                ("cpu.max", "max 100000".into()),
+                ("memory.max", "max".into())
+            ]
+        );
+        let v1 = files_for(
+            &Resources {
+                pids_max: Some(10),
+                ..r
+            },
+            CgroupVersion::V1,
+        );
+        assert_eq!(v1.first().map(|f| f.0), Some("cpu.shares"));
+        assert_eq!(v1.last(), Some(&("pids.max", "10".to_string())));
+    }
+
+    #[test]
+    fn from_config_uses_the_cgroup_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("agent/slice")).unwrap();
+        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        std::fs::write(tmp.path().join("agent/slice/cgroup.controllers"), "").unwrap();
+        let mut config = crate::config::Config {
+            cgroup_root: "/agent/slice".into(),
+            ..Default::default()
+        };
+        let m = CgroupManager::from_config(&config, tmp.path()).unwrap();
+        assert_eq!(m.version(), CgroupVersion::V2);
+        let CgroupManager::V2(v2) = &m else {
+            panic!("v2")
+        };
+        assert_eq!(v2.root(), tmp.path().join("agent/slice"));
+        config.cgroup_root = "/missing".into();
+        let err = CgroupManager::from_config(&config, tmp.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("missing") && err.contains("does not exist"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pod_cgroup_from_the_pod_model() {
+        let pod = crate::decide::pod::PodInfo::from_json(serde_json::json!({
+            "metadata": {"name": "web", "uid": "u-1"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            CgroupPath::for_pod(&pod).unwrap().to_string(),
+            "/kubepods/burstable/podu-1"
+        );
     }
 }

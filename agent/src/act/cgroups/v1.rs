@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{fs, CgroupError, CgroupPath, MemoryUsage, Resources};
+use crate::decide::cgroups::CgroupVersion;
 
 /// Controllers the kubelet (cgroupfs driver) needs a pod's cgroup in; all must be mounted.
 const REQUIRED: [&str; 4] = ["cpu", "cpuacct", "cpuset", "memory"];
@@ -121,38 +122,22 @@ impl V1 {
     }
 
     pub(super) fn apply(&self, cgroup: &CgroupPath, r: &Resources) -> Result<(), CgroupError> {
-        if let Some(shares) = r.cpu_shares {
-            fs::write(&self.file(cgroup, "cpu.shares"), &shares.to_string())?;
-        }
-        // Period before quota: a quota is checked against the period in force.
-        if let Some(period) = r.cpu_period_us {
-            fs::write(&self.file(cgroup, "cpu.cfs_period_us"), &period.to_string())?;
-        }
-        if let Some(quota) = r.cpu_quota_us {
-            fs::write(&self.file(cgroup, "cpu.cfs_quota_us"), &quota.to_string())?;
-        }
-        if let Some(limit) = r.memory_limit_bytes {
-            let path = self.file(cgroup, "memory.limit_in_bytes");
-            let value = limit.to_string();
-            if let Err(e) = fs::write(&path, &value) {
-                if let CgroupError::Write { source, .. } = &e {
-                    if source.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) {
-                        let usage =
-                            fs::read_u64(&self.file(cgroup, "memory.usage_in_bytes")).unwrap_or(0);
-                        return Err(CgroupError::LimitBelowUsage { path, value, usage });
-                    }
-                }
-                return Err(e);
+        for (name, value) in super::files_for(r, CgroupVersion::V1) {
+            if name == "pids.max" && self.hierarchy("pids").is_none() {
+                continue;
             }
-        }
-        if let Some(pids) = r.pids_max {
-            if self.hierarchy("pids").is_some() {
-                let value = if pids < 0 {
-                    "max".to_string()
-                } else {
-                    pids.to_string()
-                };
-                fs::write(&self.file(cgroup, "pids.max"), &value)?;
+            let path = self.file(cgroup, name);
+            match fs::write(&path, &value) {
+                Err(CgroupError::Write { source, .. })
+                    if name == "memory.limit_in_bytes"
+                        && source.raw_os_error()
+                            == Some(rustix::io::Errno::BUSY.raw_os_error()) =>
+                {
+                    let usage =
+                        fs::read_u64(&self.file(cgroup, "memory.usage_in_bytes")).unwrap_or(0);
+                    return Err(CgroupError::LimitBelowUsage { path, value, usage });
+                }
+                other => other?,
             }
         }
         Ok(())

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{cpu_shares_to_weight, fs, CgroupError, CgroupPath, MemoryUsage, Resources};
+use super::{fs, CgroupError, CgroupPath, MemoryUsage, Resources};
+use crate::decide::cgroups::CgroupVersion;
 
 /// Controllers the kubelet enables for the pod tree, where the parent offers them.
 const CONTROLLERS: [&str; 6] = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids"];
@@ -70,36 +71,8 @@ impl V2 {
     }
 
     pub(super) fn apply(&self, cgroup: &CgroupPath, r: &Resources) -> Result<(), CgroupError> {
-        if let Some(shares) = r.cpu_shares {
-            let weight = cpu_shares_to_weight(shares);
-            fs::write(&self.file(cgroup, "cpu.weight"), &weight.to_string())?;
-        }
-        if r.cpu_quota_us.is_some() || r.cpu_period_us.is_some() {
-            let quota = match r.cpu_quota_us {
-                Some(q) if q >= 0 => q.to_string(),
-                _ => "max".to_string(),
-            };
-            let value = match r.cpu_period_us {
-                Some(p) => format!("{quota} {p}"),
-                None => quota,
-            };
-            fs::write(&self.file(cgroup, "cpu.max"), &value)?;
-        }
-        if let Some(limit) = r.memory_limit_bytes {
-            let value = if limit < 0 {
-                "max".to_string()
-            } else {
-                limit.to_string()
-            };
-            fs::write(&self.file(cgroup, "memory.max"), &value)?;
-        }
-        if let Some(pids) = r.pids_max {
-            let value = if pids < 0 {
-                "max".to_string()
-            } else {
-                pids.to_string()
-            };
-            fs::write(&self.file(cgroup, "pids.max"), &value)?;
+        for (name, value) in super::files_for(r, CgroupVersion::V2) {
+            fs::write(&self.file(cgroup, name), &value)?;
         }
         Ok(())
     }

@@ -1,0 +1,110 @@
+//! A cgroup root unique to one test, in every v1 hierarchy the agent uses or in the unified
+//! (v2) hierarchy, removed on drop with everything below it.
+//!
+//! The agent is told to work below this root (its `cgroupRoot`), exactly as it works in a
+//! delegated subtree on a real node; nothing a test does touches cgroups outside it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Where cgroupfs is mounted on these machines.
+pub const MOUNT_ROOT: &str = "/sys/fs/cgroup";
+/// Where the unified hierarchy is mounted on these machines (hybrid layout).
+pub const UNIFIED_ROOT: &str = "/sys/fs/cgroup/unified";
+
+/// v1 controllers the agent creates cgroups in (those mounted here).
+pub const V1_CONTROLLERS: [&str; 6] = ["cpu", "cpuacct", "cpuset", "memory", "pids", "hugetlb"];
+
+/// A per-test cgroup root; see the module doc.
+pub struct TestCgroupRoot {
+    /// The cgroup root's name (one path component below each mount).
+    pub name: String,
+    /// Its directory in each hierarchy.
+    pub dirs: Vec<PathBuf>,
+}
+
+fn is_cgroup_mount(p: &Path) -> bool {
+    p.join("cgroup.procs").exists()
+}
+
+impl TestCgroupRoot {
+    /// Creates `reactor-test-<name>-<pid>` in every mounted v1 hierarchy the agent uses,
+    /// with the cpuset one seeded from its parent.
+    pub fn v1(name: &str) -> std::io::Result<TestCgroupRoot> {
+        let name = format!("reactor-test-{name}-{}", std::process::id());
+        let mut root = TestCgroupRoot {
+            name: name.clone(),
+            dirs: Vec::new(),
+        };
+        for c in V1_CONTROLLERS {
+            let mount = Path::new(MOUNT_ROOT).join(c);
+            if !is_cgroup_mount(&mount) {
+                continue;
+            }
+            let dir = mount.join(&name);
+            std::fs::create_dir(&dir)?;
+            root.dirs.push(dir.clone());
+            if c == "cpuset" {
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    std::fs::write(dir.join(f), std::fs::read_to_string(mount.join(f))?)?;
+                }
+            }
+        }
+        Ok(root)
+    }
+
+    /// Creates `reactor-test-<name>-<pid>` in the unified hierarchy.
+    pub fn v2(name: &str) -> std::io::Result<TestCgroupRoot> {
+        let name = format!("reactor-test-{name}-{}", std::process::id());
+        let dir = Path::new(UNIFIED_ROOT).join(&name);
+        std::fs::create_dir(&dir)?;
+        Ok(TestCgroupRoot {
+            name,
+            dirs: vec![dir],
+        })
+    }
+
+    /// Every cgroup directory left below the root in any hierarchy (the root excluded).
+    pub fn leftovers(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for d in &self.dirs {
+            let mut stack = vec![d.clone()];
+            while let Some(dir) = stack.pop() {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        out.push(e.path());
+                        stack.push(e.path());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for TestCgroupRoot {
+    fn drop(&mut self) {
+        // Only this test's processes can be in its own root: kill those left by pid.
+        let mut dirs: Vec<PathBuf> = self.leftovers();
+        dirs.extend(self.dirs.iter().cloned());
+        for d in &dirs {
+            if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
+        }
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for d in dirs {
+            while std::fs::remove_dir(&d).is_err() && d.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if d.exists() {
+                eprintln!("warning: could not remove test cgroup {}", d.display());
+            }
+        }
+    }
+}

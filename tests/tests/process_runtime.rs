@@ -1,0 +1,618 @@
+//! The process runtime on the real kernel: processes in their v1 container cgroups,
+//! oom_score_adj, restarts with back-off, OOM kills, stop with a grace period, and re-adoption
+//! after the runtime object is dropped (an agent restart). Every test works below its own
+//! cgroup root and state dir, and checks nothing is left.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] fns: a failed setup should panic with its backtrace"
+)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use reactor::act::cgroups::{CgroupManager, CgroupPath, Resources};
+use reactor::act::process::{ProcessRuntime, ProcessRuntimeConfig};
+use reactor::act::runtime::{
+    ContainerSpec, ContainerState, PodPhase, PodSpec, PodStatus, RestartPolicy, Runtime,
+};
+use reactor::decide::backoff::BackOffPolicy;
+use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
+use reactor_tests::{is_root, memhog_bin, require};
+
+fn ready() -> bool {
+    require(is_root(), "root, to create cgroups and set oom_score_adj")
+        && require(
+            Path::new("/sys/fs/cgroup/memory/memory.oom_control").exists(),
+            "cgroup v1 memory hierarchy under /sys/fs/cgroup",
+        )
+}
+
+struct Setup {
+    root: TestCgroupRoot,
+    state: tempfile::TempDir,
+    cgroups: CgroupManager,
+}
+
+fn setup(name: &str) -> Setup {
+    let root = TestCgroupRoot::v1(name).unwrap();
+    let cgroups = CgroupManager::v1(
+        Path::new(MOUNT_ROOT),
+        &CgroupPath::parse(&root.name).unwrap(),
+    )
+    .unwrap();
+    Setup {
+        root,
+        state: tempfile::tempdir().unwrap(),
+        cgroups,
+    }
+}
+
+impl Setup {
+    async fn runtime(&self, backoff: BackOffPolicy) -> ProcessRuntime {
+        ProcessRuntime::open(ProcessRuntimeConfig {
+            cgroups: self.cgroups.clone(),
+            state_dir: self.state.path().to_path_buf(),
+            backoff,
+        })
+        .await
+        .unwrap()
+    }
+
+    /// What the pod lifecycle does before calling the runtime: the pod cgroup.
+    fn pod(&self, uid: &str, policy: RestartPolicy, containers: Vec<ContainerSpec>) -> PodSpec {
+        let cgroup = CgroupPath::pod(Some("burstable"), uid).unwrap();
+        self.cgroups.create(&cgroup).unwrap();
+        self.cgroups
+            .apply(
+                &cgroup,
+                &Resources {
+                    cpu_shares: Some(1024),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        PodSpec {
+            uid: uid.into(),
+            namespace: "default".into(),
+            name: format!("pod-{uid}"),
+            cgroup,
+            restart_policy: policy,
+            containers,
+        }
+    }
+
+    fn finish(self) {
+        self.cgroups
+            .remove(&CgroupPath::kubepods(), Duration::from_secs(2))
+            .unwrap();
+        assert!(
+            self.root.leftovers().is_empty(),
+            "{:?}",
+            self.root.leftovers()
+        );
+    }
+}
+
+fn container(name: &str, cmd: &[&str], oom_score_adj: i32) -> ContainerSpec {
+    ContainerSpec {
+        name: name.into(),
+        image: String::new(),
+        command: cmd.iter().map(|s| s.to_string()).collect(),
+        args: vec![],
+        env: vec![],
+        resources: Resources::default(),
+        oom_score_adj,
+    }
+}
+
+/// Whether this process may lower oom_score_adj below 0 (CAP_SYS_RESOURCE, bit 24).
+fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}
+
+fn short_backoff() -> BackOffPolicy {
+    BackOffPolicy {
+        initial: Duration::from_millis(200),
+        max: Duration::from_millis(800),
+    }
+}
+
+fn running_pid(s: &PodStatus, i: usize) -> u32 {
+    match &s.containers[i].state {
+        ContainerState::Running { pid, .. } => *pid,
+        other => panic!(
+            "container {i} not running: {other:?} after {:?}",
+            s.containers[i].last_termination
+        ),
+    }
+}
+
+/// A process is gone when /proc has no entry or only its zombie (a re-adopted process is
+/// not our child once the first runtime is dropped, so nobody reaps it until the test ends).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+async fn wait_for(
+    rt: &ProcessRuntime,
+    uid: &str,
+    what: &str,
+    f: impl Fn(&PodStatus) -> bool,
+) -> PodStatus {
+    let start = Instant::now();
+    loop {
+        let s = rt.pod_status(uid).await.unwrap();
+        if f(&s) {
+            return s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_containers_in_their_cgroups_with_oom_score_adj_env_and_grace() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-two");
+    let rt = s.runtime(BackOffPolicy::default()).await;
+    // The kubelet's Guaranteed value needs CAP_SYS_RESOURCE, which some sandboxes drop.
+    let web_adj = if has_cap_sys_resource() { -997 } else { 2 };
+    let mut web = container(
+        "web",
+        &["sh", "-c", "echo FOO=$FOO; sleep 300 & exec sleep 301"],
+        web_adj,
+    );
+    web.env = vec![("FOO".into(), "from-device".into())];
+    web.resources.memory_limit_bytes = Some(64 << 20);
+    let stubborn = container(
+        "stubborn",
+        &["sh", "-c", "trap '' TERM; exec sleep 302"],
+        1000,
+    );
+    let pod = s.pod("aaaa-1", RestartPolicy::Always, vec![web, stubborn]);
+    rt.run_pod(pod.clone()).await.unwrap();
+    let status = rt.pod_status("aaaa-1").await.unwrap();
+    assert_eq!(status.phase, PodPhase::Running);
+    let (web_pid, stubborn_pid) = (running_pid(&status, 0), running_pid(&status, 1));
+
+    for (pid, name, adj) in [
+        (web_pid, "web", &*web_adj.to_string()),
+        (stubborn_pid, "stubborn", "1000"),
+    ] {
+        let cg = pod.cgroup.join(name).unwrap();
+        assert!(s.cgroups.procs(&cg).unwrap().contains(&pid), "{name}");
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+                .unwrap()
+                .trim(),
+            adj
+        );
+        // Its own session: the whole tree is one process group.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        assert_eq!(fields[3], pid.to_string(), "session of {name}");
+    }
+    let web_cg = pod.cgroup.join("web").unwrap();
+    assert_eq!(
+        s.cgroups
+            .read_file(&web_cg, "memory.limit_in_bytes")
+            .unwrap(),
+        "67108864"
+    );
+    // The background sleep is in the container cgroup too.
+    let start = Instant::now();
+    while s.cgroups.procs(&web_cg).unwrap().len() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let tree = s.cgroups.procs(&web_cg).unwrap();
+    // stubborn has set its trap once its shell has exec'd sleep.
+    let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    while comm(stubborn_pid).trim() != "sleep" {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let log = std::fs::read_to_string(rt.log_path(&pod, "web", 0)).unwrap();
+    assert!(log.contains("FOO=from-device"), "{log}");
+
+    // Stop with a grace period: web ends on SIGTERM, stubborn ignores it and is killed after.
+    let t0 = Instant::now();
+    let last = rt
+        .stop_pod("aaaa-1", Duration::from_millis(600))
+        .await
+        .unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(600),
+        "SIGKILL came before the grace"
+    );
+    let ContainerState::Terminated(w) = &last.containers[0].state else {
+        panic!("{last:?}")
+    };
+    assert_eq!(
+        (w.exit_code, w.signal, w.reason.as_str()),
+        (143, Some(15), "Error")
+    );
+    let ContainerState::Terminated(t) = &last.containers[1].state else {
+        panic!("{last:?}")
+    };
+    assert_eq!((t.exit_code, t.signal), (137, Some(9)));
+    for pid in tree.iter().chain([&stubborn_pid]) {
+        assert!(gone(*pid), "pid {pid} survived the stop");
+    }
+    assert!(!s.cgroups.exists(&web_cg));
+    assert!(rt.list_pods().await.unwrap().is_empty());
+    drop(rt);
+    s.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_container_is_restarted_with_back_off() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-crash");
+    let rt = s.runtime(short_backoff()).await;
+    let pod = s.pod(
+        "bbbb-2",
+        RestartPolicy::Always,
+        vec![container("crash", &["sh", "-c", "exit 3"], 500)],
+    );
+    let t0 = Instant::now();
+    rt.run_pod(pod).await.unwrap();
+    let s1 = wait_for(&rt, "bbbb-2", "a CrashLoopBackOff", |p| {
+        matches!(&p.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff")
+    })
+    .await;
+    let ContainerState::Waiting { message, .. } = &s1.containers[0].state else {
+        unreachable!()
+    };
+    assert!(
+        message.contains("back-off") && message.contains("container=crash"),
+        "{message}"
+    );
+    let s4 = wait_for(&rt, "bbbb-2", "four restarts", |p| {
+        p.containers[0].restart_count >= 4
+    })
+    .await;
+    // Delays 0, 200, 400, 800 ms: the fourth restart cannot come sooner than 1.4 s.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1400),
+        "restarted faster than the back-off"
+    );
+    let last = s4.containers[0].last_termination.clone().unwrap();
+    assert_eq!((last.exit_code, last.reason.as_str()), (3, "Error"));
+    assert_eq!(s4.phase, PodPhase::Running);
+
+    // OnFailure does not restart a clean exit; Never does not restart a failure.
+    let ok = s.pod(
+        "bbbb-3",
+        RestartPolicy::OnFailure,
+        vec![container("ok", &["true"], 0)],
+    );
+    rt.run_pod(ok).await.unwrap();
+    let done = wait_for(&rt, "bbbb-3", "Succeeded", |p| {
+        p.phase == PodPhase::Succeeded
+    })
+    .await;
+    assert_eq!(done.containers[0].restart_count, 0);
+    let bad = s.pod(
+        "bbbb-4",
+        RestartPolicy::Never,
+        vec![container("bad", &["false"], 0)],
+    );
+    rt.run_pod(bad).await.unwrap();
+    let failed = wait_for(&rt, "bbbb-4", "Failed", |p| p.phase == PodPhase::Failed).await;
+    assert_eq!(failed.containers[0].restart_count, 0);
+    // A command that does not exist is a StartError, not a panic.
+    let missing = s.pod(
+        "bbbb-5",
+        RestartPolicy::Never,
+        vec![container("nope", &["/nonexistent/x"], 0)],
+    );
+    rt.run_pod(missing).await.unwrap();
+    let se = wait_for(&rt, "bbbb-5", "StartError", |p| p.phase == PodPhase::Failed).await;
+    let ContainerState::Terminated(t) = &se.containers[0].state else {
+        panic!("{se:?}")
+    };
+    assert_eq!((t.exit_code, t.reason.as_str()), (128, "StartError"));
+
+    for uid in ["bbbb-2", "bbbb-3", "bbbb-4", "bbbb-5"] {
+        rt.stop_pod(uid, Duration::ZERO).await.unwrap();
+    }
+    drop(rt);
+    s.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oom_kill_is_recorded_as_oomkilled() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-oom");
+    let rt = s.runtime(short_backoff()).await;
+    let hog = memhog_bin();
+    let mut c = container("hog", &[hog.to_str().unwrap(), "64", "0", "60"], 1000);
+    c.resources.memory_limit_bytes = Some(16 << 20);
+    let pod = s.pod("cccc-3", RestartPolicy::Never, vec![c]);
+    let mut exits = rt.subscribe_exits();
+    rt.run_pod(pod).await.unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(30), exits.recv())
+        .await
+        .expect("an exit event")
+        .unwrap();
+    assert_eq!(
+        (exit.pod.as_str(), exit.container.as_str()),
+        ("default/pod-cccc-3", "hog")
+    );
+    assert_eq!(exit.terminated.reason, "OOMKilled");
+    assert!(!exit.restarting);
+    assert_eq!(exit.cgroup.to_string(), "/kubepods/burstable/podcccc-3/hog");
+    let st = wait_for(&rt, "cccc-3", "the OOM kill", |p| {
+        p.phase == PodPhase::Failed
+    })
+    .await;
+    let ContainerState::Terminated(t) = &st.containers[0].state else {
+        panic!("{st:?}")
+    };
+    assert_eq!(
+        (t.exit_code, t.signal, t.reason.as_str()),
+        (137, Some(9), "OOMKilled")
+    );
+    rt.stop_pod("cccc-3", Duration::ZERO).await.unwrap();
+    drop(rt);
+    s.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_are_re_adopted_after_the_runtime_is_dropped() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-adopt");
+    let rt = s.runtime(short_backoff()).await;
+    let pod = s.pod(
+        "dddd-4",
+        RestartPolicy::Always,
+        vec![
+            container("a", &["sleep", "300"], 0),
+            container("b", &["sleep", "301"], 0),
+        ],
+    );
+    rt.run_pod(pod).await.unwrap();
+    let before = rt.pod_status("dddd-4").await.unwrap();
+    let (a, b) = (running_pid(&before, 0), running_pid(&before, 1));
+    drop(rt); // the agent "crashes": supervision stops, nothing is killed
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!gone(a) && !gone(b), "dropping the runtime must not kill");
+    // While the agent is down, container b dies.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(b as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while !gone(b) {
+        assert!(start.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let rt = s.runtime(short_backoff()).await;
+    let pods = rt.list_pods().await.unwrap();
+    assert_eq!(pods.len(), 1);
+    // a is the same process, not restarted.
+    assert_eq!(running_pid(&pods[0], 0), a);
+    assert_eq!(pods[0].containers[0].restart_count, 0);
+    // b was lost while the agent was away: restarted under Always, its end unknown.
+    let after = wait_for(&rt, "dddd-4", "b restarted", |p| {
+        p.containers[1].restart_count == 1
+            && matches!(p.containers[1].state, ContainerState::Running { .. })
+    })
+    .await;
+    let lost = after.containers[1].last_termination.clone().unwrap();
+    assert_eq!(lost.reason, "ContainerStatusUnknown");
+    let b2 = running_pid(&after, 1);
+    assert_ne!(b2, b);
+
+    let last = rt.stop_pod("dddd-4", Duration::from_secs(2)).await.unwrap();
+    assert!(matches!(
+        last.containers[0].state,
+        ContainerState::Terminated(_)
+    ));
+    assert!(gone(a) && gone(b2));
+    drop(rt);
+    // The checkpoint no longer lists the pod.
+    let rt = s.runtime(short_backoff()).await;
+    assert!(rt.list_pods().await.unwrap().is_empty());
+    drop(rt);
+    s.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_stops_a_pod_on_the_unified_hierarchy() {
+    use reactor_tests::cgroup_root::UNIFIED_ROOT;
+    if !require(is_root(), "root, to create cgroups")
+        || !require(
+            Path::new(UNIFIED_ROOT).join("cgroup.controllers").exists(),
+            "a cgroup2 mount at /sys/fs/cgroup/unified",
+        )
+    {
+        return;
+    }
+    let root = TestCgroupRoot::v2("proc-v2").unwrap();
+    let cgroups = CgroupManager::v2(
+        Path::new(UNIFIED_ROOT),
+        &CgroupPath::parse(&root.name).unwrap(),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let rt = ProcessRuntime::open(ProcessRuntimeConfig {
+        cgroups: cgroups.clone(),
+        state_dir: state.path().to_path_buf(),
+        backoff: short_backoff(),
+    })
+    .await
+    .unwrap();
+    let cgroup = CgroupPath::pod(Some("besteffort"), "ffff-6").unwrap();
+    cgroups.create(&cgroup).unwrap();
+    let pod = PodSpec {
+        uid: "ffff-6".into(),
+        namespace: "default".into(),
+        name: "v2".into(),
+        cgroup: cgroup.clone(),
+        restart_policy: RestartPolicy::Always,
+        containers: vec![container(
+            "tree",
+            &["sh", "-c", "sleep 300 & exec sleep 301"],
+            1000,
+        )],
+    };
+    rt.run_pod(pod).await.unwrap();
+    let st = rt.pod_status("ffff-6").await.unwrap();
+    let pid = running_pid(&st, 0);
+    let cg = cgroup.join("tree").unwrap();
+    assert!(cgroups.procs(&cg).unwrap().contains(&pid));
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(
+        own.lines()
+            .any(|l| l.starts_with("0::") && l.ends_with("/podffff-6/tree")),
+        "{own}"
+    );
+    let last = rt.stop_pod("ffff-6", Duration::ZERO).await.unwrap();
+    let ContainerState::Terminated(t) = &last.containers[0].state else {
+        panic!("{last:?}")
+    };
+    assert_eq!((t.exit_code, t.signal), (137, Some(9)));
+    assert!(gone(pid));
+    assert!(!cgroups.exists(&cg));
+    drop(rt);
+    cgroups
+        .remove(&CgroupPath::kubepods(), Duration::from_secs(2))
+        .unwrap();
+    assert!(root.leftovers().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_of_a_lost_run_are_cleared_and_a_corrupt_checkpoint_refused() {
+    use std::os::unix::process::CommandExt;
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-left");
+    let pod = s.pod(
+        "gggg-7",
+        RestartPolicy::Never,
+        vec![container("c", &["sleep", "300"], 0)],
+    );
+    // A process from a run the runtime never recorded (a crash between start and save).
+    let cg = pod.cgroup.join("c").unwrap();
+    s.cgroups.create(&cg).unwrap();
+    let files = s.cgroups.procs_files(&cg);
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("300");
+    // SAFETY: the hook only writes small files; the test holds no locks at spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            for f in &files {
+                std::fs::write(f, "0")?;
+            }
+            Ok(())
+        });
+    }
+    let mut stray = cmd.spawn().unwrap();
+    assert_eq!(s.cgroups.procs(&cg).unwrap(), vec![stray.id()]);
+
+    let rt = s.runtime(short_backoff()).await;
+    rt.run_pod(pod).await.unwrap();
+    let st = rt.pod_status("gggg-7").await.unwrap();
+    let pid = running_pid(&st, 0);
+    assert_eq!(s.cgroups.procs(&cg).unwrap(), vec![pid]);
+    let status = stray.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    rt.stop_pod("gggg-7", Duration::ZERO).await.unwrap();
+    let checkpoint = rt.checkpoint_path().to_path_buf();
+    drop(rt);
+
+    // A damaged checkpoint is refused with one line and kept aside.
+    std::fs::write(&checkpoint, "{\"kind\":\"process-runtime\",\"vers").unwrap();
+    let err = ProcessRuntime::open(ProcessRuntimeConfig {
+        cgroups: s.cgroups.clone(),
+        state_dir: s.state.path().to_path_buf(),
+        backoff: short_backoff(),
+    })
+    .await
+    .err()
+    .expect("corrupt checkpoint refused")
+    .to_string();
+    assert!(err.contains("corrupt") && !err.contains('\n'), "{err}");
+    assert!(checkpoint
+        .with_file_name("process-runtime.json.corrupt")
+        .exists());
+    s.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_waiting_out_its_back_off_is_restarted_after_reopen() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-reopen");
+    let long = BackOffPolicy {
+        initial: Duration::from_secs(60),
+        max: Duration::from_secs(120),
+    };
+    let rt = s.runtime(long).await;
+    let pod = s.pod(
+        "hhhh-8",
+        RestartPolicy::Always,
+        vec![container("crash", &["false"], 0)],
+    );
+    rt.run_pod(pod).await.unwrap();
+    // Dies, restarts at once, dies again: now in a 60 s back-off.
+    let waiting = wait_for(&rt, "hhhh-8", "CrashLoopBackOff", |p| {
+        matches!(&p.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "CrashLoopBackOff")
+    })
+    .await;
+    assert_eq!(waiting.containers[0].restart_count, 1);
+    drop(rt);
+    // A new agent does not remember the back-off (the kubelet keeps it in memory too): the
+    // container is restarted at once and the restart is counted.
+    let rt = s.runtime(long).await;
+    let again = wait_for(&rt, "hhhh-8", "the restart after reopen", |p| {
+        p.containers[0].restart_count >= 2
+    })
+    .await;
+    assert_eq!(
+        again.containers[0]
+            .last_termination
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        1
+    );
+    rt.stop_pod("hhhh-8", Duration::ZERO).await.unwrap();
+    drop(rt);
+    s.finish();
+}
