@@ -28,10 +28,6 @@ impl Shutdown {
     }
 
     /// A receiver for another task to stop on.
-    #[allow(
-        dead_code,
-        reason = "the API server and reactor loop subscribe in later issues"
-    )]
     pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.rx.clone()
     }

@@ -3,3 +3,4 @@
 //! as they land.
 
 pub mod checkpoint;
+pub mod metrics;

@@ -1,0 +1,979 @@
+//! Prometheus metrics: one registry ([`Metrics`]) holding every family the agent exposes, so
+//! the rest of the code only increments, and [`serve`] to expose it over HTTP.
+//!
+//! Operators watch a node agent through its metrics: how fast pressure is noticed (detection
+//! lag) and acted on (reaction lag), what the kernel reported, what the agent evicted and what
+//! it failed to prevent (kernel OOM kills). Every family is registered up front, in one place,
+//! so names, help texts, units and label sets are decided once and a dashboard can rely on
+//! them.
+//!
+//! Naming follows the Prometheus conventions: a `reactor_` prefix, base units (seconds,
+//! bytes) in the name, `_total` on counters. The exposition is the OpenMetrics text format
+//! (which Prometheus scrapes natively). A family with no series is left out of the
+//! exposition (the client library does this, as the Go client does), so every family whose
+//! label values are known in advance is created at zero when [`Metrics::new`] runs:
+//!
+//! | family | type | labels | present from start |
+//! | --- | --- | --- | --- |
+//! | `reactor_detection_lag_seconds` | histogram | `source` | yes, every source |
+//! | `reactor_reaction_lag_seconds` | histogram | `source` | yes, every source |
+//! | `reactor_pressure_events_total` | counter | `source`, `kind` | yes, each kind a source can send |
+//! | `reactor_ebpf_ring_buffer_dropped_events_total` | counter | — | yes |
+//! | `reactor_sense_source_attached` | gauge 0/1 | `source` | yes, every source |
+//! | `reactor_eviction_signal_value` | gauge | `signal` | no: after the first observation (0 would read as "no memory left") |
+//! | `reactor_eviction_threshold` | gauge | `signal`, `type` (hard, soft) | no: only signals with a threshold |
+//! | `reactor_node_condition` | gauge 0/1 | `condition` | yes, every condition (0 = false) |
+//! | `reactor_evictions_total` | counter | `signal`, `qos` | yes, every signal × QoS class |
+//! | `reactor_oom_kills_total` | counter | — | yes |
+//! | `reactor_preemptions_total` | counter | — | yes |
+//! | `reactor_pod_admissions_total` | counter | `result` (admitted, rejected) | yes |
+//! | `reactor_pod_admission_rejections_total` | counter | `reason` | no: after the first rejection (reasons are open-ended) |
+//! | `reactor_image_gc_runs_total` | counter | — | yes |
+//! | `reactor_image_gc_failures_total` | counter | — | yes |
+//! | `reactor_image_gc_freed_bytes_total` | counter | — | yes |
+//! | `reactor_devices` | gauge | `resource`, `health` (healthy, unhealthy) | no: after the first [`Metrics::update_devices`] (resources are whatever plugins register) |
+//! | `reactor_devices_allocated` | gauge | `resource` | no: as `reactor_devices` |
+//!
+//! Signal values and thresholds are in the signal's own unit: bytes for the `*.available`
+//! memory and filesystem signals, counts for `*.inodesFree` and `pid.available`.
+//!
+//! Recording is cheap enough for the hot path: label sets are `&'static str` where the values
+//! are known, so an increment is a read lock, a hash lookup and an atomic add, with no
+//! allocation.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::decide::qos::QosClass;
+use crate::decide::signal::{NodeCondition, Signal};
+use crate::devices::Capacity;
+use crate::sense::lag::BUCKET_BOUNDS_NS;
+use crate::sense::{Kind, Received, Source};
+
+pub mod serve;
+
+/// The content type of [`Metrics::encode`]'s output (OpenMetrics text 1.0.0).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Every family name the agent exposes, as it appears on sample lines' `# TYPE` (counters
+/// without their `_total`): for tests and docs that must name them all.
+pub const FAMILIES: [&str; 18] = [
+    "reactor_detection_lag_seconds",
+    "reactor_reaction_lag_seconds",
+    "reactor_pressure_events",
+    "reactor_ebpf_ring_buffer_dropped_events",
+    "reactor_sense_source_attached",
+    "reactor_eviction_signal_value",
+    "reactor_eviction_threshold",
+    "reactor_node_condition",
+    "reactor_evictions",
+    "reactor_oom_kills",
+    "reactor_preemptions",
+    "reactor_pod_admissions",
+    "reactor_pod_admission_rejections",
+    "reactor_image_gc_runs",
+    "reactor_image_gc_failures",
+    "reactor_image_gc_freed_bytes",
+    "reactor_devices",
+    "reactor_devices_allocated",
+];
+
+/// The families that appear only after their first use (see the module docs for why).
+pub const FAMILIES_AFTER_FIRST_USE: [&str; 5] = [
+    "reactor_eviction_signal_value",
+    "reactor_eviction_threshold",
+    "reactor_pod_admission_rejections",
+    "reactor_devices",
+    "reactor_devices_allocated",
+];
+
+/// The kinds of event each source can send: the `kind` label values created at zero.
+const KINDS_BY_SOURCE: [(Source, &[&str]); 4] = [
+    (
+        Source::Ebpf,
+        &["oom-kill", "reclaim-stall", "memcg-event", "dropped"],
+    ),
+    (Source::Psi, &["psi-trigger"]),
+    (
+        Source::MemcgThreshold,
+        &["threshold-crossed", "oom-kill", "memcg-event"],
+    ),
+    (Source::Poll, &["tick"]),
+];
+
+/// The `kind` label of an event: the kind's name without its details (`oom-kill`), so the
+/// label set stays small; the same name as the event's JSON `type`.
+pub fn kind_label(kind: &Kind) -> &'static str {
+    match kind {
+        Kind::OomKill { .. } => "oom-kill",
+        Kind::ReclaimStall { .. } => "reclaim-stall",
+        Kind::MemcgEvent { .. } => "memcg-event",
+        Kind::PsiTrigger { .. } => "psi-trigger",
+        Kind::ThresholdCrossed { .. } => "threshold-crossed",
+        Kind::Tick => "tick",
+        Kind::Dropped { .. } => "dropped",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    source: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabels {
+    signal: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ThresholdLabels {
+    signal: &'static str,
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    condition: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EvictionLabels {
+    signal: &'static str,
+    qos: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    resource: String,
+    health: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
+}
+
+/// A gauge holding a float (signal values can exceed what `i64` gauges show exactly only in
+/// theory, but thresholds given as percentages resolve to fractions of bytes).
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// A histogram family whose histograms all use the lag buckets.
+type LagFamily = Family<SourceLabels, Histogram, fn() -> Histogram>;
+
+/// The outcome of a pod admission, for [`Metrics::record_admission`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// The pod was admitted.
+    Admitted,
+    /// The pod was rejected; the reason is the pod status reason (`Evicted`, `OutOfcpu`...).
+    Rejected,
+}
+
+impl Admission {
+    fn label(self) -> &'static str {
+        match self {
+            Admission::Admitted => "admitted",
+            Admission::Rejected => "rejected",
+        }
+    }
+}
+
+/// A signal's thresholds in the signal's unit, resolved against capacity (a percentage
+/// threshold becomes bytes), for [`Metrics::set_signal`]. `None` = no such threshold.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SignalThresholds {
+    /// The hard eviction threshold.
+    pub hard: Option<f64>,
+    /// The soft eviction threshold.
+    pub soft: Option<f64>,
+}
+
+/// The agent's metrics registry. Share it as `Arc<Metrics>`: every method takes `&self`.
+pub struct Metrics {
+    registry: Registry,
+    detection_lag: LagFamily,
+    reaction_lag: LagFamily,
+    events: Family<EventLabels, Counter>,
+    ring_buffer_drops: Counter,
+    sense_attached: Family<SourceLabels, Gauge>,
+    signal_value: Family<SignalLabels, FloatGauge>,
+    signal_threshold: Family<ThresholdLabels, FloatGauge>,
+    conditions: Family<ConditionLabels, Gauge>,
+    evictions: Family<EvictionLabels, Counter>,
+    oom_kills: Counter,
+    preemptions: Counter,
+    admissions: Family<ResultLabels, Counter>,
+    rejections: Family<ReasonLabels, Counter>,
+    image_gc_runs: Counter,
+    image_gc_failures: Counter,
+    image_gc_freed: Counter,
+    devices: Family<DeviceLabels, Gauge>,
+    devices_allocated: Family<ResourceLabels, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// A histogram with the sense layer's lag buckets (1 µs to 50 s, 1-2-5), in seconds, so the
+/// Prometheus histogram and `reactor watch`'s summaries bucket the same way.
+fn lag_histogram() -> Histogram {
+    Histogram::new(BUCKET_BOUNDS_NS.iter().map(|&ns| ns as f64 / 1e9))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every family and creates the series whose label values are known at zero.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            detection_lag: Family::new_with_constructor(lag_histogram),
+            reaction_lag: Family::new_with_constructor(lag_histogram),
+            events: Family::default(),
+            ring_buffer_drops: Counter::default(),
+            sense_attached: Family::default(),
+            signal_value: Family::default(),
+            signal_threshold: Family::default(),
+            conditions: Family::default(),
+            evictions: Family::default(),
+            oom_kills: Counter::default(),
+            preemptions: Counter::default(),
+            admissions: Family::default(),
+            rejections: Family::default(),
+            image_gc_runs: Counter::default(),
+            image_gc_failures: Counter::default(),
+            image_gc_freed: Counter::default(),
+            devices: Family::default(),
+            devices_allocated: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register_with_unit(
+            "reactor_detection_lag",
+            "Time from the kernel seeing a pressure event (its own timestamp where it has one) \
+             to the agent taking it, per sense source",
+            Unit::Seconds,
+            m.detection_lag.clone(),
+        );
+        registry.register_with_unit(
+            "reactor_reaction_lag",
+            "Time from a pressure event to the agent's action on it being done, per sense \
+             source of the event",
+            Unit::Seconds,
+            m.reaction_lag.clone(),
+        );
+        registry.register(
+            "reactor_pressure_events",
+            "Pressure events received, per sense source and kind",
+            m.events.clone(),
+        );
+        registry.register(
+            "reactor_ebpf_ring_buffer_dropped_events",
+            "eBPF records lost because the ring buffer was full (pressure may have been missed)",
+            m.ring_buffer_drops.clone(),
+        );
+        registry.register(
+            "reactor_sense_source_attached",
+            "Whether a sense source is running (1) or missing (0); see the agent's log for why",
+            m.sense_attached.clone(),
+        );
+        registry.register(
+            "reactor_eviction_signal_value",
+            "Last observed value of an eviction signal, in its unit (bytes; inodes and pids \
+             as counts)",
+            m.signal_value.clone(),
+        );
+        registry.register(
+            "reactor_eviction_threshold",
+            "Eviction threshold of a signal resolved to its unit, by type (hard, soft)",
+            m.signal_threshold.clone(),
+        );
+        registry.register(
+            "reactor_node_condition",
+            "Node pressure condition: 1 when true, 0 when false",
+            m.conditions.clone(),
+        );
+        registry.register(
+            "reactor_evictions",
+            "Pods evicted, by the signal that triggered the eviction and the pod's QoS class",
+            m.evictions.clone(),
+        );
+        registry.register(
+            "reactor_oom_kills",
+            "Processes killed by the kernel OOM killer: pressure the agent did not prevent",
+            m.oom_kills.clone(),
+        );
+        registry.register(
+            "reactor_preemptions",
+            "Pods preempted to admit a critical pod",
+            m.preemptions.clone(),
+        );
+        registry.register(
+            "reactor_pod_admissions",
+            "Pod admission decisions, by result (admitted, rejected)",
+            m.admissions.clone(),
+        );
+        registry.register(
+            "reactor_pod_admission_rejections",
+            "Pods rejected at admission, by reason",
+            m.rejections.clone(),
+        );
+        registry.register(
+            "reactor_image_gc_runs",
+            "Image garbage collection runs",
+            m.image_gc_runs.clone(),
+        );
+        registry.register(
+            "reactor_image_gc_failures",
+            "Image garbage collection runs that did not free what they had to",
+            m.image_gc_failures.clone(),
+        );
+        registry.register_with_unit(
+            "reactor_image_gc_freed",
+            "Bytes freed by image garbage collection",
+            Unit::Bytes,
+            m.image_gc_freed.clone(),
+        );
+        registry.register(
+            "reactor_devices",
+            "Devices registered by device plugins, per resource and health",
+            m.devices.clone(),
+        );
+        registry.register(
+            "reactor_devices_allocated",
+            "Devices held by pods, per resource",
+            m.devices_allocated.clone(),
+        );
+        for source in Source::ALL {
+            let labels = SourceLabels {
+                source: source.name(),
+            };
+            m.detection_lag.get_or_create_owned(&labels);
+            m.reaction_lag.get_or_create_owned(&labels);
+            m.sense_attached.get_or_create_owned(&labels);
+        }
+        for (source, kinds) in KINDS_BY_SOURCE {
+            for &kind in kinds {
+                m.events.get_or_create_owned(&EventLabels {
+                    source: source.name(),
+                    kind,
+                });
+            }
+        }
+        for condition in [
+            NodeCondition::MemoryPressure,
+            NodeCondition::DiskPressure,
+            NodeCondition::PidPressure,
+        ] {
+            m.set_condition(condition, false);
+        }
+        for signal in Signal::ALL {
+            for qos in [
+                QosClass::Guaranteed,
+                QosClass::Burstable,
+                QosClass::BestEffort,
+            ] {
+                m.evictions.get_or_create_owned(&EvictionLabels {
+                    signal: signal.name(),
+                    qos: qos.as_str(),
+                });
+            }
+        }
+        for result in [Admission::Admitted, Admission::Rejected] {
+            m.admissions.get_or_create_owned(&ResultLabels {
+                result: result.label(),
+            });
+        }
+        Metrics { registry, ..m }
+    }
+
+    /// The exposition in the OpenMetrics text format ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing into a String cannot fail; the encoder only reports the writer's errors.
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Records one sense event: counts it by source and kind and observes its detection lag.
+    /// A [`Kind::Dropped`] event also adds its count to the ring-buffer drop counter.
+    /// Kernel OOM kills are counted separately by [`Metrics::record_oom_kill`], because one
+    /// kill can reach the agent from more than one source.
+    pub fn record_event(&self, received: &Received) {
+        let source = received.event.source.name();
+        self.events
+            .get_or_create(&EventLabels {
+                source,
+                kind: kind_label(&received.event.kind),
+            })
+            .inc();
+        self.detection_lag
+            .get_or_create(&SourceLabels { source })
+            .observe(received.lag_ns as f64 / 1e9);
+        if let Kind::Dropped { count } = received.event.kind {
+            self.ring_buffer_drops.inc_by(count);
+        }
+    }
+
+    /// Marks a sense source as running (`true`) or missing.
+    pub fn set_source_attached(&self, source: Source, attached: bool) {
+        self.sense_attached
+            .get_or_create(&SourceLabels {
+                source: source.name(),
+            })
+            .set(i64::from(attached));
+    }
+
+    /// Observes the time from a pressure event (from `source`) to the action taken on it.
+    pub fn observe_reaction_lag(&self, source: Source, secs: f64) {
+        self.reaction_lag
+            .get_or_create(&SourceLabels {
+                source: source.name(),
+            })
+            .observe(secs);
+    }
+
+    /// Sets a signal's observed value and its thresholds (a threshold given as `None` is
+    /// removed from the exposition, so a dashboard never shows a stale one).
+    pub fn set_signal(&self, signal: Signal, value: f64, thresholds: SignalThresholds) {
+        let name = signal.name();
+        self.signal_value
+            .get_or_create(&SignalLabels { signal: name })
+            .set(value);
+        for (r#type, threshold) in [("hard", thresholds.hard), ("soft", thresholds.soft)] {
+            let labels = ThresholdLabels {
+                signal: name,
+                r#type,
+            };
+            match threshold {
+                Some(t) => {
+                    self.signal_threshold.get_or_create(&labels).set(t);
+                }
+                None => {
+                    self.signal_threshold.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// Sets a node condition true (1) or false (0).
+    pub fn set_condition(&self, condition: NodeCondition, on: bool) {
+        self.conditions
+            .get_or_create(&ConditionLabels {
+                condition: condition.name(),
+            })
+            .set(i64::from(on));
+    }
+
+    /// Counts one pod eviction by the signal that caused it and the pod's QoS class.
+    pub fn record_eviction(&self, signal: Signal, qos: QosClass) {
+        self.evictions
+            .get_or_create(&EvictionLabels {
+                signal: signal.name(),
+                qos: qos.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts one process killed by the kernel OOM killer.
+    pub fn record_oom_kill(&self) {
+        self.oom_kills.inc();
+    }
+
+    /// Counts one pod preempted for a critical pod.
+    pub fn record_preemption(&self) {
+        self.preemptions.inc();
+    }
+
+    /// Counts one admission decision; a rejection is also counted under its `reason` (the pod
+    /// status reason, e.g. `Evicted`, `OutOfmemory`), which is ignored for admissions.
+    pub fn record_admission(&self, result: Admission, reason: &str) {
+        self.admissions
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc();
+        if result == Admission::Rejected {
+            self.rejections
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_string(),
+                })
+                .inc();
+        }
+    }
+
+    /// Counts one image GC run with the bytes it freed; `ok = false` counts a failure (it
+    /// could not free what it had to).
+    pub fn record_image_gc(&self, freed_bytes: u64, ok: bool) {
+        self.image_gc_runs.inc();
+        self.image_gc_freed.inc_by(freed_bytes);
+        if !ok {
+            self.image_gc_failures.inc();
+        }
+    }
+
+    /// Sets the device gauges from the device manager's capacity: healthy (= allocatable),
+    /// unhealthy (= capacity - allocatable) and allocated per resource. Resources the manager
+    /// dropped (`deleted`) leave the exposition.
+    pub fn update_devices(&self, capacity: &Capacity) {
+        for (resource, c) in &capacity.resources {
+            let unhealthy = c.capacity.saturating_sub(c.allocatable);
+            for (health, n) in [("healthy", c.allocatable), ("unhealthy", unhealthy)] {
+                self.devices
+                    .get_or_create(&DeviceLabels {
+                        resource: resource.clone(),
+                        health,
+                    })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            self.devices_allocated
+                .get_or_create(&ResourceLabels {
+                    resource: resource.clone(),
+                })
+                .set(i64::try_from(c.allocated).unwrap_or(i64::MAX));
+        }
+        for resource in &capacity.deleted {
+            for health in ["healthy", "unhealthy"] {
+                self.devices.remove(&DeviceLabels {
+                    resource: resource.clone(),
+                    health,
+                });
+            }
+            self.devices_allocated.remove(&ResourceLabels {
+                resource: resource.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::ResourceCapacity;
+    use crate::sense::PressureEvent;
+
+    fn received(source: Source, kind: Kind, lag_ns: u64) -> Received {
+        Received {
+            event: PressureEvent {
+                at_ns: 1,
+                source,
+                cgroup: None,
+                kind,
+            },
+            lag_ns,
+        }
+    }
+
+    /// The value of the one sample line starting with `series ` (exact name and labels).
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    }
+
+    fn has_help_and_type(text: &str, family: &str) -> bool {
+        text.lines()
+            .any(|l| l.starts_with(&format!("# HELP {family} ")))
+            && text
+                .lines()
+                .any(|l| l.starts_with(&format!("# TYPE {family} ")))
+    }
+
+    fn use_everything(m: &Metrics) {
+        m.record_event(&received(Source::Ebpf, Kind::Dropped { count: 3 }, 500));
+        m.observe_reaction_lag(Source::Psi, 0.002);
+        m.set_signal(
+            Signal::MemoryAvailable,
+            1e9,
+            SignalThresholds {
+                hard: Some(1e8),
+                soft: Some(2e8),
+            },
+        );
+        m.record_admission(Admission::Rejected, "OutOfmemory");
+        let mut capacity = Capacity::default();
+        capacity.resources.insert(
+            "example.com/gpu".into(),
+            ResourceCapacity {
+                capacity: 4,
+                allocatable: 3,
+                allocated: 2,
+                free: 1,
+            },
+        );
+        m.update_devices(&capacity);
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_once_used() {
+        let m = Metrics::new();
+        use_everything(&m);
+        let text = m.encode();
+        for family in FAMILIES {
+            assert!(
+                has_help_and_type(&text, family),
+                "{family} missing:\n{text}"
+            );
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn fresh_registry_shows_all_but_the_documented_families() {
+        let text = Metrics::new().encode();
+        for family in FAMILIES {
+            let shown = has_help_and_type(&text, family);
+            assert_eq!(
+                shown,
+                !FAMILIES_AFTER_FIRST_USE.contains(&family),
+                "{family}:\n{text}"
+            );
+        }
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_pressure_events_total{source="ebpf",kind="oom-kill"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_evictions_total{signal="pid.available",qos="BestEffort"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, r#"reactor_node_condition{condition="PIDPressure"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_detection_lag_seconds_count{source="memcg-threshold"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(sample(&text, "reactor_oom_kills_total"), Some(0.0));
+        assert_eq!(
+            sample(&text, "reactor_image_gc_freed_bytes_total"),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn names_follow_the_conventions() {
+        let m = Metrics::new();
+        use_everything(&m);
+        let text = m.encode();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut parts = line.split(' ').skip(2);
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                panic!("bad TYPE line {line}");
+            };
+            assert!(name.starts_with("reactor_"), "{line}");
+            assert!(!name.contains("_ms") && !name.contains("_ns"), "{line}");
+            if kind == "counter" {
+                assert!(
+                    text.lines()
+                        .any(|l| l.starts_with(&format!("{name}_total"))),
+                    "{name} has no _total sample"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn events_count_by_source_and_kind_and_lag_lands_in_its_bucket() {
+        let m = Metrics::new();
+        m.record_event(&received(Source::Psi, Kind::Tick, 0));
+        m.record_event(&received(
+            Source::Psi,
+            Kind::PsiTrigger {
+                level: "some".into(),
+                total_us: None,
+            },
+            1_500,
+        ));
+        m.record_event(&received(
+            Source::Psi,
+            Kind::PsiTrigger {
+                level: "full".into(),
+                total_us: Some(3),
+            },
+            3_000_000,
+        ));
+        let text = m.encode();
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_pressure_events_total{source="psi",kind="psi-trigger"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_pressure_events_total{source="psi",kind="tick"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_detection_lag_seconds_count{source="psi"}"#
+            ),
+            Some(3.0)
+        );
+        // 0 and 1.5 µs are at or below 2 µs; 3 ms is not.
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_detection_lag_seconds_bucket{le="2e-6",source="psi"}"#
+            )
+            .or_else(|| sample(
+                &text,
+                r#"reactor_detection_lag_seconds_bucket{le="0.000002",source="psi"}"#
+            )),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_detection_lag_seconds_bucket{le="+Inf",source="psi"}"#
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_detection_lag_seconds_count{source="poll"}"#
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn drops_add_their_count() {
+        let m = Metrics::new();
+        m.record_event(&received(Source::Ebpf, Kind::Dropped { count: 7 }, 10));
+        m.record_event(&received(Source::Ebpf, Kind::Dropped { count: 5 }, 10));
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, "reactor_ebpf_ring_buffer_dropped_events_total"),
+            Some(12.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_pressure_events_total{source="ebpf",kind="dropped"}"#
+            ),
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn decisions_and_actions_are_counted() {
+        let m = Metrics::new();
+        m.record_eviction(Signal::MemoryAvailable, QosClass::BestEffort);
+        m.record_eviction(Signal::MemoryAvailable, QosClass::BestEffort);
+        m.record_oom_kill();
+        m.record_preemption();
+        m.record_admission(Admission::Admitted, "ignored");
+        m.record_admission(Admission::Rejected, "Evicted");
+        m.record_image_gc(4096, true);
+        m.record_image_gc(0, false);
+        m.set_condition(NodeCondition::MemoryPressure, true);
+        m.set_source_attached(Source::Ebpf, true);
+        m.observe_reaction_lag(Source::Ebpf, 0.000_3);
+        let text = m.encode();
+        for (series, want) in [
+            (
+                r#"reactor_evictions_total{signal="memory.available",qos="BestEffort"}"#,
+                2.0,
+            ),
+            (
+                r#"reactor_evictions_total{signal="memory.available",qos="Guaranteed"}"#,
+                0.0,
+            ),
+            ("reactor_oom_kills_total", 1.0),
+            ("reactor_preemptions_total", 1.0),
+            (r#"reactor_pod_admissions_total{result="admitted"}"#, 1.0),
+            (r#"reactor_pod_admissions_total{result="rejected"}"#, 1.0),
+            (
+                r#"reactor_pod_admission_rejections_total{reason="Evicted"}"#,
+                1.0,
+            ),
+            ("reactor_image_gc_runs_total", 2.0),
+            ("reactor_image_gc_failures_total", 1.0),
+            ("reactor_image_gc_freed_bytes_total", 4096.0),
+            (r#"reactor_node_condition{condition="MemoryPressure"}"#, 1.0),
+            (r#"reactor_node_condition{condition="DiskPressure"}"#, 0.0),
+            (r#"reactor_sense_source_attached{source="ebpf"}"#, 1.0),
+            (r#"reactor_sense_source_attached{source="psi"}"#, 0.0),
+            (r#"reactor_reaction_lag_seconds_count{source="ebpf"}"#, 1.0),
+        ] {
+            assert_eq!(sample(&text, series), Some(want), "{series}:\n{text}");
+        }
+        assert!(!text.contains(r#"reason="ignored""#));
+    }
+
+    #[test]
+    fn signals_and_thresholds_follow_the_latest_values() {
+        let m = Metrics::new();
+        m.set_signal(
+            Signal::NodeFsAvailable,
+            5e9,
+            SignalThresholds {
+                hard: Some(1e9),
+                soft: Some(2e9),
+            },
+        );
+        m.set_signal(
+            Signal::NodeFsAvailable,
+            4e9,
+            SignalThresholds {
+                hard: Some(1e9),
+                soft: None,
+            },
+        );
+        let text = m.encode();
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_eviction_signal_value{signal="nodefs.available"}"#
+            ),
+            Some(4e9)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"reactor_eviction_threshold{signal="nodefs.available",type="hard"}"#
+            ),
+            Some(1e9)
+        );
+        assert!(!text.contains(r#"type="soft""#), "{text}");
+        assert!(!text.contains(r#"signal="memory.available"}"#), "{text}");
+    }
+
+    #[test]
+    fn devices_follow_capacity_and_deleted_resources_leave() {
+        let m = Metrics::new();
+        let mut capacity = Capacity::default();
+        capacity.resources.insert(
+            "example.com/gpu".into(),
+            ResourceCapacity {
+                capacity: 4,
+                allocatable: 3,
+                allocated: 2,
+                free: 1,
+            },
+        );
+        m.update_devices(&capacity);
+        let text = m.encode();
+        for (series, want) in [
+            (
+                r#"reactor_devices{resource="example.com/gpu",health="healthy"}"#,
+                3.0,
+            ),
+            (
+                r#"reactor_devices{resource="example.com/gpu",health="unhealthy"}"#,
+                1.0,
+            ),
+            (
+                r#"reactor_devices_allocated{resource="example.com/gpu"}"#,
+                2.0,
+            ),
+        ] {
+            assert_eq!(sample(&text, series), Some(want), "{series}:\n{text}");
+        }
+        let gone = Capacity {
+            resources: Default::default(),
+            deleted: vec!["example.com/gpu".into()],
+        };
+        m.update_devices(&gone);
+        assert!(!m.encode().contains("example.com/gpu"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::new();
+        m.record_admission(Admission::Rejected, "a \"quoted\"\nreason");
+        let text = m.encode();
+        assert!(text.contains(r#"reason="a \"quoted\"\nreason""#), "{text}");
+    }
+
+    #[test]
+    fn every_kind_has_a_label_a_source_declares() {
+        let declared: Vec<&str> = KINDS_BY_SOURCE
+            .iter()
+            .flat_map(|(_, kinds)| kinds.iter().copied())
+            .collect();
+        for kind in [
+            Kind::OomKill {
+                pid: None,
+                comm: None,
+                rss_bytes: None,
+                oom_score_adj: None,
+            },
+            Kind::ReclaimStall {
+                pid: 1,
+                duration_ns: 1,
+                memcg: true,
+                folded: 0,
+                folded_ns: 0,
+            },
+            Kind::MemcgEvent {
+                item: "high".into(),
+                count: 1,
+            },
+            Kind::PsiTrigger {
+                level: "some".into(),
+                total_us: None,
+            },
+            Kind::ThresholdCrossed {
+                threshold_bytes: None,
+                usage_bytes: None,
+            },
+            Kind::Tick,
+            Kind::Dropped { count: 1 },
+        ] {
+            let label = kind_label(&kind);
+            // The same name as the event's JSON `type` (`reactor watch --json`).
+            let json = serde_json::to_value(&kind).unwrap();
+            assert_eq!(json["type"], label, "{kind}");
+            assert!(declared.contains(&label), "{label}");
+        }
+    }
+}
