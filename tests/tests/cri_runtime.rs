@@ -504,3 +504,68 @@ async fn a_new_runtime_readopts_the_pod_and_survives_a_runtime_outage() {
     drop(rt);
     s.finish(&[&pod, &other]).await;
 }
+
+const GUARANTEED: &str = r#"
+metadata: {name: db, namespace: prod, uid: crirt-g-0001}
+spec:
+  containers:
+  - name: db
+    image: localhost/reactor/app:1
+    command: [sleep, "300"]
+    resources:
+      requests: {cpu: 500m, memory: 64Mi}
+      limits: {cpu: 500m, memory: 64Mi}
+"#;
+
+/// A Guaranteed container's -997 needs CAP_SYS_RESOURCE, which this machine does not grant;
+/// the harness's containerd runs with `restrict_oom_score_adj`, which raises a score below
+/// containerd's own to containerd's own. The pod runs, with that score: what a node with
+/// this setting does, recorded here so a change in containerd's behaviour shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guaranteed_pod_runs_with_the_score_containerd_restricts_it_to() {
+    if !ready() {
+        return;
+    }
+    let s = setup("crirt-guar");
+    let rt = s.runtime().await;
+    let node = node();
+    let doc: serde_json::Value = serde_saphyr::from_str(GUARANTEED).unwrap();
+    let info = PodInfo::from_json(doc.clone()).unwrap();
+    let pod_cg = CgroupPath::for_pod(&info).unwrap();
+    s.cgroups
+        .create_pod_cgroup(&pod_cg, &Resources::from(&pod_config(&node, &info)))
+        .unwrap();
+    let spec = pod_spec(
+        &serde_json::from_value(doc).unwrap(),
+        &info,
+        &node,
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    assert_eq!(spec.containers[0].oom_score_adj, -997);
+    rt.run_pod(spec.clone())
+        .await
+        .unwrap_or_else(|e| panic!("run_pod: {e}\n{}", s.ctd.log_tail()));
+    let status = rt.pod_status(&info.uid).await.unwrap();
+    let pid = running_pid(&status, 0);
+    let containerd_adj: i32 = read_trim(format!("/proc/{}/oom_score_adj", s.ctd.pid()))
+        .parse()
+        .unwrap();
+    let got: i32 = read_trim(format!("/proc/{pid}/oom_score_adj"))
+        .parse()
+        .unwrap();
+    assert_eq!(
+        got,
+        containerd_adj.max(-997),
+        "restricted to containerd's own"
+    );
+    let (_, ids) = rt.container_ids(&info.uid).unwrap();
+    let cg = pod_cg.join(&ids["db"]).unwrap();
+    assert_eq!(
+        s.cgroups.read_file(&cg, "memory.limit_in_bytes").unwrap(),
+        (64u64 << 20).to_string()
+    );
+    rt.stop_pod(&info.uid, Duration::ZERO).await.unwrap();
+    drop(rt);
+    s.finish(&[&spec]).await;
+}

@@ -29,7 +29,11 @@
 //!   rebuilds the view from them and their containers; it kills nothing. Dropping a
 //!   [`CriRuntime`] stops the relist task and likewise kills nothing.
 //!
-//! Only the cgroupfs cgroup driver is supported (the `cgroup_parent` form).
+//! Only the cgroupfs cgroup driver is supported (the `cgroup_parent` form). The pid in
+//! [`ContainerState::Running`] comes from the runtime's verbose status (containerd reveals
+//! it); it is 0 where a runtime does not. The PID namespace is shared by the pod (the
+//! kubelet's `shareProcessNamespace: true`), unlike the kubelet's default, so signals reach
+//! a container's main process as they do under the process runtime.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -634,7 +638,13 @@ impl Inner {
                         started_at: time_of(status.started_at_ns),
                     };
                 }
-                cri::ContainerState::Created => {}
+                cri::ContainerState::Created => {
+                    // Created but never started (the agent stopped in between): replace it.
+                    slot.restart_at = Some(self.mono());
+                    if let Some(id) = slot.id.take() {
+                        slot.old.push(id);
+                    }
+                }
                 cri::ContainerState::Exited | cri::ContainerState::Unknown => {
                     // Ended while the agent was away: its state now, restart if the policy
                     // says so (the back-off starts afresh, as after a kubelet restart).
