@@ -18,8 +18,8 @@ use reactor::act::cri::{ContainerFilter, SandboxFilter};
 use reactor::act::cri_runtime::{CriRuntime, CriRuntimeConfig, LABEL_MANAGED_BY, MANAGED_BY};
 use reactor::act::pod_spec::pod_spec;
 use reactor::act::runtime::{
-    ContainerSpec, ContainerState, PodPhase, PodSpec, PodStatus, RestartPolicy, Runtime,
-    RuntimeError,
+    BindMount, ContainerSpec, ContainerState, DeviceNode, PodPhase, PodSpec, PodStatus,
+    RestartPolicy, Runtime, RuntimeError,
 };
 use reactor::decide::backoff::BackOffPolicy;
 use reactor::decide::cgroups::{
@@ -147,13 +147,23 @@ impl Setup {
             .unwrap();
         assert!(containers.is_empty(), "{containers:?}");
         for pod in pods {
-            // Only the pod cgroup itself: the runtime removed the container cgroups.
-            let left: Vec<PathBuf> = std::fs::read_dir(self.memory_dir(&pod.cgroup))
-                .unwrap()
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path())
-                .collect();
+            // Only the pod cgroup itself: the runtime removed the container cgroups (runc
+            // removes a just-killed container's cgroup once its last task is gone, so this
+            // may trail the stop a little).
+            let dir = self.memory_dir(&pod.cgroup);
+            let children = || -> Vec<PathBuf> {
+                std::fs::read_dir(&dir)
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect()
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !children().is_empty() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let left = children();
             assert!(left.is_empty(), "container cgroups left: {left:?}");
             self.cgroups
                 .remove_pod_cgroup(&pod.cgroup, Duration::from_secs(2))
@@ -448,18 +458,51 @@ async fn a_new_runtime_readopts_the_pod_and_survives_a_runtime_outage() {
         return;
     }
     let mut s = setup("crirt-adopt");
+    // A device plugin's allocation: a device node, a mount and an annotation.
+    let shared = s.ctd.dir().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("hello"), "from the host").unwrap();
+    let mut main = busybox("main", &["/bin/sleep", "300"]);
+    main.devices = vec![DeviceNode {
+        container_path: "/dev/reactor-null".into(),
+        host_path: "/dev/null".into(),
+        permissions: "rw".into(),
+    }];
+    main.mounts = vec![BindMount {
+        container_path: "/shared".into(),
+        host_path: shared.display().to_string(),
+        read_only: true,
+    }];
+    main.annotations = vec![("vendor.example/dev".into(), "dev-1".into())];
     let pod = s.pod(
         "crirt-a1",
         RestartPolicy::Always,
-        vec![
-            busybox("main", &["/bin/sleep", "300"]),
-            busybox("side", &["/bin/sleep", "301"]),
-        ],
+        vec![main, busybox("side", &["/bin/sleep", "301"])],
     );
     let first = s.runtime().await;
     first.run_pod(pod.clone()).await.unwrap();
     let before = first.pod_status(&pod.uid).await.unwrap();
     let ids_before = first.container_ids(&pod.uid).unwrap();
+    let root = format!("/proc/{}/root", running_pid(&before, 0));
+    assert_eq!(read_trim(format!("{root}/shared/hello")), "from the host");
+    assert!(Path::new(&format!("{root}/dev/reactor-null")).exists());
+    let listed = s
+        .ctd
+        .client()
+        .await
+        .list_containers(&ContainerFilter {
+            id: Some(ids_before.1["main"].clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        listed[0]
+            .annotations
+            .get("vendor.example/dev")
+            .map(String::as_str),
+        Some("dev-1")
+    );
     drop(first); // the agent goes away; nothing is killed
 
     let rt = s.runtime().await;
@@ -473,7 +516,15 @@ async fn a_new_runtime_readopts_the_pod_and_survives_a_runtime_outage() {
     assert_eq!(after.cgroup, pod.cgroup);
 
     // The runtime goes down: calls say so, naming it; the relist task lives on.
+    let mut exits = rt.subscribe_exits();
     s.ctd.stop_daemon();
+    // A container ends while the runtime is down (its shim stays and keeps the exit).
+    let side_pid = running_pid(&after, 1);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(side_pid).unwrap()).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
     let err = rt.pod_status(&pod.uid).await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, RuntimeError::Unavailable { .. }), "{text}");
@@ -495,6 +546,28 @@ async fn a_new_runtime_readopts_the_pod_and_survives_a_runtime_outage() {
     })
     .await;
     assert_eq!(running_pid(&back, 0), running_pid(&before, 0));
+    // The exit during the outage is found once the runtime is back, and restarted.
+    let exit = tokio::time::timeout(Duration::from_secs(20), exits.recv())
+        .await
+        .expect("the side container's exit after the outage")
+        .unwrap();
+    assert_eq!(
+        (
+            exit.container.as_str(),
+            exit.terminated.exit_code,
+            exit.restarting
+        ),
+        ("side", 137, true),
+        "{exit:?}"
+    );
+    let restarted = eventually("side restarted", || async {
+        let st = rt.pod_status(&pod.uid).await.ok()?;
+        (st.containers[1].restart_count == 1
+            && matches!(st.containers[1].state, ContainerState::Running { .. }))
+        .then_some(st)
+    })
+    .await;
+    assert_ne!(running_pid(&restarted, 1), side_pid);
 
     let last = rt.stop_pod(&pod.uid, Duration::from_secs(5)).await.unwrap();
     assert!(last
@@ -554,6 +627,7 @@ async fn guaranteed_pod_runs_with_the_score_containerd_restricts_it_to() {
     let got: i32 = read_trim(format!("/proc/{pid}/oom_score_adj"))
         .parse()
         .unwrap();
+    eprintln!("decide: -997, containerd's own: {containerd_adj}, the container got: {got}");
     assert_eq!(
         got,
         containerd_adj.max(-997),
