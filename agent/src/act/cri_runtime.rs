@@ -29,6 +29,10 @@
 //!   rebuilds the view from them and their containers; it kills nothing. Dropping a
 //!   [`CriRuntime`] stops the relist task and likewise kills nothing.
 //!
+//! Images are not pulled: a container's image must already be in the runtime (imported, or
+//! pulled by whoever deploys the pod); a missing one is a `StartError` naming it, restarted by
+//! the restart policy like any failed start.
+//!
 //! Only the cgroupfs cgroup driver is supported (the `cgroup_parent` form). The pid in
 //! [`ContainerState::Running`] comes from the runtime's verbose status (containerd reveals
 //! it); it is 0 where a runtime does not. The PID namespace is shared by the pod (the
