@@ -87,6 +87,7 @@ fn sleeper_pod(cgroup: &CgroupPath, i: usize) -> PodSpec {
                 ..Default::default()
             },
             oom_score_adj: 1000,
+            ..Default::default()
         }],
     }
 }

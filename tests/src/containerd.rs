@@ -214,6 +214,12 @@ impl Containerd {
     /// answers.
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop_daemon();
+        self.start_daemon()
+    }
+
+    /// Starts containerd again after [`stop_daemon`](Self::stop_daemon), on the same root,
+    /// state and socket; returns once CRI answers.
+    pub fn start_daemon(&mut self) -> io::Result<()> {
         let child = spawn_containerd(&self.dir.path().join("config.toml"), &self.log)?;
         self.pid = child.id();
         self.child = Some(child);
@@ -362,8 +368,8 @@ impl Containerd {
     }
 
     /// Stops only the containerd process by pid (SIGTERM, SIGKILL after 10 s); shims and
-    /// containers keep running, as in a real runtime restart.
-    fn stop_daemon(&mut self) {
+    /// containers keep running, as in a real runtime outage. Idempotent.
+    pub fn stop_daemon(&mut self) {
         if let Some(mut child) = self.child.take() {
             signal(self.pid, rustix::process::Signal::TERM);
             let deadline = Instant::now() + Duration::from_secs(10);

@@ -102,6 +102,7 @@ fn container(name: &str, cmd: &[&str], oom_score_adj: i32) -> ContainerSpec {
         env: vec![],
         resources: Resources::default(),
         oom_score_adj,
+        ..Default::default()
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod cgroups;
 pub mod cri;
+pub mod cri_runtime;
 pub mod pod_spec;
 pub mod process;
 pub mod runtime;

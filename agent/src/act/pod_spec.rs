@@ -203,6 +203,7 @@ pub fn pod_spec(
             env,
             resources: Resources::from(&container_config(node, info, ci)),
             oom_score_adj: i32::try_from(adj).unwrap_or(1000),
+            ..Default::default()
         });
     }
     Ok(PodSpec {

@@ -925,6 +925,7 @@ mod tests {
             env: vec![],
             resources: Default::default(),
             oom_score_adj: 0,
+            ..Default::default()
         };
         let err = validate(&pod(c.clone())).unwrap_err().to_string();
         assert!(err.contains("needs a command"), "{err}");

@@ -45,9 +45,33 @@ impl RestartPolicy {
     }
 }
 
+/// A device node a device plugin allocated to a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Its path inside the container.
+    pub container_path: String,
+    /// Its path on the host.
+    pub host_path: String,
+    /// cgroup device permissions: some of `r`, `w`, `m`.
+    pub permissions: String,
+}
+
+/// A host path a device plugin allocated to a container, bind-mounted into it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BindMount {
+    /// Where it appears inside the container.
+    pub container_path: String,
+    /// What is mounted, on the host.
+    pub host_path: String,
+    /// Whether the container may only read it.
+    pub read_only: bool,
+}
+
 /// One container, as the runtime needs it: already resolved from the pod spec (env merged
 /// with device allocations, cgroup values and `oom_score_adj` computed by `decide`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerSpec {
     /// `spec.containers[].name`; also the name of its cgroup below the pod's.
@@ -65,6 +89,19 @@ pub struct ContainerSpec {
     pub resources: Resources,
     /// The kernel OOM killer's bias for this container's processes (-1000..=1000).
     pub oom_score_adj: i32,
+    /// Device nodes from device plugins' allocations. Only a container runtime can create
+    /// device nodes in a container's own `/dev`; the process runtime's processes see the
+    /// host's `/dev` and ignore this.
+    #[serde(default)]
+    pub devices: Vec<DeviceNode>,
+    /// Bind mounts from device plugins' allocations; the process runtime has no mount
+    /// namespace per container and ignores them.
+    #[serde(default)]
+    pub mounts: Vec<BindMount>,
+    /// Annotations from device plugins' allocations, passed to the container runtime (CDI
+    /// and runtime hooks read them); the process runtime ignores them.
+    #[serde(default)]
+    pub annotations: Vec<(String, String)>,
 }
 
 /// One pod to run.
@@ -234,7 +271,8 @@ pub fn pod_phase(containers: &[ContainerStatus]) -> PodPhase {
 }
 
 /// Why a runtime call failed. The API maps these to gRPC codes in one place:
-/// `NotFound`, `AlreadyExists`, `InvalidArgument` (`InvalidPod`), `Unavailable`, `Internal`.
+/// `NotFound`, `AlreadyExists`, `InvalidArgument` (`InvalidPod`), `Unavailable`, `Internal`
+/// (`Cri` among others).
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// No pod with this uid.
@@ -273,6 +311,10 @@ pub enum RuntimeError {
         /// The kernel's error.
         source: std::io::Error,
     },
+    /// The container runtime answered a call with an error (CRI runtime only; a runtime
+    /// that cannot be reached is [`RuntimeError::Unavailable`] instead).
+    #[error("container runtime: {0}")]
+    Cri(#[from] super::cri::CriError),
     /// The runtime itself cannot be reached (CRI endpoint down).
     #[error("runtime unavailable: {reason}")]
     Unavailable {

@@ -403,6 +403,23 @@ impl CriClient {
         Ok(convert::container_status(status))
     }
 
+    /// The host pid of a running container's main process, from the runtime's verbose
+    /// status (containerd puts it in `info["info"].pid`); `None` when the container is not
+    /// running or the runtime does not reveal it. CRI has no field for it, but a node agent
+    /// needs it to find the process in /proc (its `oom_score_adj`, its cgroup).
+    pub async fn container_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
+        const RPC: &str = "ContainerStatus";
+        let mut c = self.runtime.clone();
+        let req = pb::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: true,
+        };
+        let r = self
+            .call(RPC, self.timeouts.request, c.container_status(req))
+            .await?;
+        Ok(convert::container_pid(&r.info))
+    }
+
     /// Resource use of one container.
     pub async fn container_stats(&self, id: &str) -> Result<ContainerStats, CriError> {
         const RPC: &str = "ContainerStats";

@@ -306,6 +306,14 @@ pub(crate) fn container_status(s: pb::ContainerStatus) -> ContainerStatus {
     }
 }
 
+/// The main process's pid from a verbose `ContainerStatus` (containerd: a JSON document
+/// under `info` with a `pid` field; 0 once the process is gone).
+pub(crate) fn container_pid(info: &HashMap<String, String>) -> Option<u32> {
+    let doc: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    let pid = u32::try_from(doc.get("pid")?.as_u64()?).ok()?;
+    (pid != 0).then_some(pid)
+}
+
 pub(crate) fn container_stats(s: pb::ContainerStats) -> ContainerStats {
     let attrs = s.attributes.unwrap_or_default();
     let cpu = s.cpu.unwrap_or_default();
@@ -426,6 +434,21 @@ mod tests {
         assert_eq!(sandbox_config("RunPodSandbox", &s).unwrap().hostname, "web");
         s.uid.clear();
         assert!(sandbox_config("RunPodSandbox", &s).is_err());
+    }
+
+    #[test]
+    fn container_pid_is_read_from_containerd_verbose_info() {
+        let mut info = HashMap::new();
+        assert_eq!(container_pid(&info), None);
+        info.insert(
+            "info".to_string(),
+            r#"{"sandboxID":"x","pid":4242}"#.to_string(),
+        );
+        assert_eq!(container_pid(&info), Some(4242));
+        info.insert("info".to_string(), r#"{"pid":0}"#.to_string());
+        assert_eq!(container_pid(&info), None);
+        info.insert("info".to_string(), "not json".to_string());
+        assert_eq!(container_pid(&info), None);
     }
 
     #[test]
