@@ -1,7 +1,7 @@
 //! `reactor`: a node agent that handles memory, disk and pid pressure by the kubelet's rules,
 //! woken by the kernel's own pressure events instead of a ten-second poll.
 //!
-//! Data flows one way: [`sense`] turns kernel sources into pressure events, `observe` reads
+//! Data flows one way: [`sense`] turns kernel sources into pressure events, [`observe`] reads
 //! the signals, [`decide`] applies the kubelet's rules as pure functions, `act` changes the
 //! node, and `record` keeps what happened. The binary (`reactor`) and its gRPC API are thin
 //! front ends over this library.
@@ -12,6 +12,7 @@ pub mod config;
 pub mod decide;
 pub mod devices;
 pub mod images;
+pub mod observe;
 pub mod plan;
 pub mod record;
 pub mod sense;

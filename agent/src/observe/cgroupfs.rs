@@ -1,0 +1,430 @@
+//! The memory controller's files, read through one injected root.
+//!
+//! The root is a seam: the live agent passes `/sys/fs/cgroup`, unit tests a temp dir holding
+//! fixture files in either layout. Every read goes into a buffer and a path kept between
+//! calls, so an observation on every pressure event does not churn the allocator.
+//!
+//! The working set is computed as cadvisor computes it for the kubelet: usage minus inactive
+//! file pages, floored at zero. Usage is `memory.usage_in_bytes` on v1 and `memory.current` on
+//! v2; inactive file pages are `total_inactive_file` (v1, hierarchical) or `inactive_file`
+//! (v2, hierarchical by design). The v2 root cgroup has no `memory.current`; there runc (and so
+//! cadvisor) takes `anon + file` from the root's `memory.stat`, and so do we.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::path::{Path, PathBuf};
+
+use super::ObserveError;
+
+/// Which cgroup interface holds the memory controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The v1 `memory` hierarchy.
+    V1,
+    /// The unified hierarchy with the memory controller enabled.
+    V2,
+}
+
+/// A cgroup's memory figures in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// What the kernel charges the cgroup (page cache included).
+    pub usage: u64,
+    /// Inactive file pages: reclaimable cache the kubelet does not count as used.
+    pub inactive_file: u64,
+    /// `usage - inactive_file`, floored at zero: the figure eviction compares.
+    pub working_set: u64,
+}
+
+/// The memory hierarchy, rooted at an injected directory, with scratch space for reads.
+#[derive(Debug)]
+pub struct CgroupFs {
+    layout: Layout,
+    /// The directory of the hierarchy's root cgroup (`/sys/fs/cgroup/memory` on v1).
+    root: PathBuf,
+    path: PathBuf,
+    buf: Vec<u8>,
+}
+
+/// Whether `dir/cgroup.controllers` lists the memory controller.
+fn v2_has_memory(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.controllers"))
+        .is_ok_and(|text| text.split_whitespace().any(|c| c == "memory"))
+}
+
+impl CgroupFs {
+    /// Finds the memory controller under a cgroupfs mount point (`/sys/fs/cgroup`): the
+    /// unified hierarchy when it has the memory controller, else the v1 `memory` hierarchy,
+    /// else a hybrid's `unified` mount with memory. Hybrid hosts whose v2 mount lacks memory
+    /// (as here) resolve to v1, which is where the kernel charges pages.
+    pub fn detect(mount: &Path) -> Result<CgroupFs, ObserveError> {
+        if v2_has_memory(mount) {
+            return Ok(CgroupFs::new(Layout::V2, mount.to_path_buf()));
+        }
+        let v1 = mount.join("memory");
+        if v1.join("memory.usage_in_bytes").exists() {
+            return Ok(CgroupFs::new(Layout::V1, v1));
+        }
+        let unified = mount.join("unified");
+        if v2_has_memory(&unified) {
+            return Ok(CgroupFs::new(Layout::V2, unified));
+        }
+        Err(ObserveError::NoMemoryController {
+            mount: mount.to_path_buf(),
+        })
+    }
+
+    /// A hierarchy of a known layout whose root cgroup is the directory `root`.
+    pub fn new(layout: Layout, root: PathBuf) -> CgroupFs {
+        CgroupFs {
+            layout,
+            root,
+            path: PathBuf::with_capacity(256),
+            buf: Vec::with_capacity(8192),
+        }
+    }
+
+    /// The layout in use.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The directory of the hierarchy's root cgroup.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of a cgroup given by its path in the hierarchy (`/kubepods/pod…`).
+    /// `..` components are refused so a cgroup name from outside cannot escape the root.
+    pub fn dir(&self, cgroup: &str) -> Result<PathBuf, ObserveError> {
+        let mut dir = self.root.clone();
+        push_cgroup(&mut dir, cgroup)?;
+        Ok(dir)
+    }
+
+    /// Whether a cgroup exists.
+    pub fn exists(&mut self, cgroup: &str) -> Result<bool, ObserveError> {
+        self.set_path(cgroup, None)?;
+        Ok(self.path.is_dir())
+    }
+
+    fn set_path(&mut self, cgroup: &str, file: Option<&str>) -> Result<(), ObserveError> {
+        self.path.as_mut_os_string().clear();
+        self.path.push(&self.root);
+        push_cgroup(&mut self.path, cgroup)?;
+        if let Some(file) = file {
+            self.path.push(file);
+        }
+        Ok(())
+    }
+
+    /// Reads `cgroup/file` into the buffer; `Ok(false)` when the file (or cgroup) is absent.
+    fn read(&mut self, cgroup: &str, file: &str) -> Result<bool, ObserveError> {
+        self.set_path(cgroup, Some(file))?;
+        read_into(&self.path, &mut self.buf)
+    }
+
+    fn read_u64(&mut self, cgroup: &str, file: &str) -> Result<Option<u64>, ObserveError> {
+        if !self.read(cgroup, file)? {
+            return Ok(None);
+        }
+        let text = std::str::from_utf8(&self.buf).unwrap_or("").trim();
+        text.parse::<u64>()
+            .map(Some)
+            .map_err(|_| ObserveError::parse(&self.path, format!("{text:?} is not a byte count")))
+    }
+
+    /// The memory usage and working set of a cgroup; `Ok(None)` when the cgroup is gone
+    /// (a pod that just exited), so callers treat it as "no statistics".
+    pub fn memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {
+        let is_root = cgroup.trim_matches('/').is_empty();
+        let usage = match self.layout {
+            Layout::V1 => self.read_u64(cgroup, "memory.usage_in_bytes")?,
+            Layout::V2 if is_root => None,
+            Layout::V2 => self.read_u64(cgroup, "memory.current")?,
+        };
+        if usage.is_none() && !(self.layout == Layout::V2 && is_root) {
+            return Ok(None);
+        }
+        if !self.read(cgroup, "memory.stat")? {
+            return Ok(None);
+        }
+        let text = std::str::from_utf8(&self.buf)
+            .map_err(|_| ObserveError::parse(&self.path, "not UTF-8".to_string()))?;
+        let stat = |key: &str| -> Result<u64, ObserveError> {
+            stat_value(text, key)
+                .map_err(|reason| ObserveError::parse(&self.path, reason))?
+                .ok_or_else(|| ObserveError::parse(&self.path, format!("no {key} line")))
+        };
+        let (usage, inactive_file) = match (self.layout, usage) {
+            (Layout::V1, Some(usage)) => (usage, stat("total_inactive_file")?),
+            (Layout::V2, Some(usage)) => (usage, stat("inactive_file")?),
+            // The v2 root: runc's emulation, anon + file of the root's memory.stat.
+            (_, _) => (
+                stat("anon")?.saturating_add(stat("file")?),
+                stat("inactive_file")?,
+            ),
+        };
+        Ok(Some(MemoryUsage {
+            usage,
+            inactive_file,
+            working_set: usage.saturating_sub(inactive_file),
+        }))
+    }
+
+    /// Processes in a cgroup and every cgroup below it (`cgroup.procs` lines), as the
+    /// kubelet's per-pod process count; `Ok(None)` when the cgroup is gone.
+    pub fn process_count(&mut self, cgroup: &str) -> Result<Option<u64>, ObserveError> {
+        self.set_path(cgroup, None)?;
+        let mut dir = std::mem::take(&mut self.path);
+        let counted = count_procs(&mut dir, &mut self.buf, 0);
+        self.path = dir;
+        counted
+    }
+}
+
+/// Deepest cgroup nesting walked when counting processes: far below anything a runtime
+/// creates, and a bound on the work a strange tree can cause.
+const MAX_DEPTH: usize = 16;
+
+fn count_procs(
+    dir: &mut PathBuf,
+    buf: &mut Vec<u8>,
+    depth: usize,
+) -> Result<Option<u64>, ObserveError> {
+    dir.push("cgroup.procs");
+    let present = read_into(dir, buf);
+    dir.pop();
+    if !present? {
+        return Ok(None);
+    }
+    let mut count = buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count() as u64;
+    if depth >= MAX_DEPTH {
+        return Ok(Some(count));
+    }
+    let entries = match std::fs::read_dir(&*dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Some(count)),
+        Err(e) => return Err(ObserveError::io(dir, e)),
+    };
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        dir.push(entry.file_name());
+        let child = count_procs(dir, buf, depth + 1);
+        dir.pop();
+        count += child?.unwrap_or(0);
+    }
+    Ok(Some(count))
+}
+
+/// Appends a cgroup path (`/a/b`, `a/b`, `/` for the root) to a directory, refusing `..`.
+fn push_cgroup(dir: &mut PathBuf, cgroup: &str) -> Result<(), ObserveError> {
+    for part in cgroup.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if part == ".." {
+            return Err(ObserveError::BadCgroup {
+                cgroup: cgroup.to_string(),
+            });
+        }
+        dir.push(part);
+    }
+    Ok(())
+}
+
+/// Reads a whole file into `buf` (cleared first); `Ok(false)` when it does not exist.
+pub(crate) fn read_into(path: &Path, buf: &mut Vec<u8>) -> Result<bool, ObserveError> {
+    buf.clear();
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(ObserveError::io(path, e)),
+    };
+    match file.read_to_end(buf) {
+        Ok(_) => Ok(true),
+        // A cgroup removed between open and read.
+        Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(19) => Ok(false),
+        Err(e) => Err(ObserveError::io(path, e)),
+    }
+}
+
+/// The value of `key` in a `memory.stat`-style file (`key value` per line); `Ok(None)` when
+/// the key is absent, `Err` when its value is not a whole number.
+pub fn stat_value(text: &str, key: &str) -> Result<Option<u64>, String> {
+    for line in text.lines() {
+        let mut parts = line.split_ascii_whitespace();
+        if parts.next() != Some(key) {
+            continue;
+        }
+        let value = parts.next().unwrap_or("");
+        return value
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| format!("{key} value {value:?} is not a whole number"));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! Temp-dir cgroupfs trees in either layout, shared by the observe unit tests.
+
+    use std::path::Path;
+
+    /// Writes `file` with `text` under `root/cgroup`, creating the directories.
+    pub fn set(root: &Path, cgroup: &str, file: &str, text: &str) {
+        let dir = root.join(cgroup.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+
+    /// A v1 `memory.stat` (the hierarchical `total_*` lines after the local ones).
+    pub fn v1_stat(inactive_file: u64) -> String {
+        format!(
+            "cache 4096\nrss 8192\nrss_huge 0\nshmem 0\nmapped_file 0\ninactive_anon 0\n\
+             active_anon 8192\ninactive_file 1\nactive_file 0\nhierarchical_memory_limit \
+             9223372036854771712\ntotal_cache 4096\ntotal_rss 8192\ntotal_inactive_anon 0\n\
+             total_active_anon 8192\ntotal_inactive_file {inactive_file}\ntotal_active_file 0\n"
+        )
+    }
+
+    /// A v2 `memory.stat`.
+    pub fn v2_stat(anon: u64, file: u64, inactive_file: u64) -> String {
+        format!(
+            "anon {anon}\nfile {file}\nkernel 4096\nkernel_stack 0\nsock 0\nshmem 0\n\
+             file_mapped 0\nfile_dirty 0\ninactive_anon 0\nactive_anon {anon}\n\
+             inactive_file {inactive_file}\nactive_file 0\nunevictable 0\n"
+        )
+    }
+
+    /// A v1 memory cgroup with usage and inactive file pages.
+    pub fn v1_memcg(root: &Path, cgroup: &str, usage: u64, inactive_file: u64) {
+        set(root, cgroup, "memory.usage_in_bytes", &format!("{usage}\n"));
+        set(root, cgroup, "memory.stat", &v1_stat(inactive_file));
+        set(root, cgroup, "cgroup.procs", "");
+    }
+
+    /// A v2 cgroup with `memory.current` and inactive file pages.
+    pub fn v2_memcg(root: &Path, cgroup: &str, current: u64, inactive_file: u64) {
+        set(root, cgroup, "memory.current", &format!("{current}\n"));
+        set(
+            root,
+            cgroup,
+            "memory.stat",
+            &v2_stat(current, 0, inactive_file),
+        );
+        set(root, cgroup, "cgroup.procs", "");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn v1_working_set_is_usage_minus_total_inactive_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        v1_memcg(&tmp.path().join("memory"), "/", 1000 << 20, 300 << 20);
+        v1_memcg(
+            &tmp.path().join("memory"),
+            "/kubepods",
+            500 << 20,
+            600 << 20,
+        );
+        let mut fs = CgroupFs::detect(tmp.path()).unwrap();
+        assert_eq!(fs.layout(), Layout::V1);
+        let root = fs.memory("/").unwrap().unwrap();
+        assert_eq!(root.working_set, 700 << 20);
+        // More inactive file than usage floors at zero, as cadvisor does.
+        let kubepods = fs.memory("/kubepods").unwrap().unwrap();
+        assert_eq!(kubepods.working_set, 0);
+        assert_eq!(fs.memory("/kubepods/gone").unwrap(), None);
+    }
+
+    #[test]
+    fn v2_root_uses_anon_plus_file_and_children_memory_current() {
+        let tmp = tempfile::tempdir().unwrap();
+        set(
+            tmp.path(),
+            "/",
+            "cgroup.controllers",
+            "cpuset cpu io memory pids\n",
+        );
+        set(tmp.path(), "/", "memory.stat", &v2_stat(600, 400, 150));
+        v2_memcg(tmp.path(), "/kubepods", 300, 100);
+        let mut fs = CgroupFs::detect(tmp.path()).unwrap();
+        assert_eq!(fs.layout(), Layout::V2);
+        let root = fs.memory("/").unwrap().unwrap();
+        assert_eq!((root.usage, root.working_set), (1000, 850));
+        let kubepods = fs.memory("kubepods").unwrap().unwrap();
+        assert_eq!((kubepods.usage, kubepods.working_set), (300, 200));
+    }
+
+    #[test]
+    fn hybrid_without_v2_memory_resolves_to_v1_and_nothing_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        set(tmp.path(), "/unified", "cgroup.controllers", "pids\n");
+        assert!(matches!(
+            CgroupFs::detect(tmp.path()),
+            Err(ObserveError::NoMemoryController { .. })
+        ));
+        v1_memcg(&tmp.path().join("memory"), "/", 1, 0);
+        assert_eq!(CgroupFs::detect(tmp.path()).unwrap().layout(), Layout::V1);
+    }
+
+    #[test]
+    fn bad_figures_name_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        v1_memcg(&tmp.path().join("memory"), "/", 1, 0);
+        set(
+            &tmp.path().join("memory"),
+            "/x",
+            "memory.usage_in_bytes",
+            "lots\n",
+        );
+        let mut fs = CgroupFs::detect(tmp.path()).unwrap();
+        let err = fs.memory("/x").unwrap_err().to_string();
+        assert!(
+            err.contains("memory.usage_in_bytes") && err.contains("lots"),
+            "{err}"
+        );
+        set(
+            &tmp.path().join("memory"),
+            "/y",
+            "memory.usage_in_bytes",
+            "5\n",
+        );
+        set(&tmp.path().join("memory"), "/y", "memory.stat", "cache 1\n");
+        let err = fs.memory("/y").unwrap_err().to_string();
+        assert!(err.contains("no total_inactive_file"), "{err}");
+        assert!(matches!(
+            fs.memory("/../etc"),
+            Err(ObserveError::BadCgroup { .. })
+        ));
+    }
+
+    #[test]
+    fn process_count_walks_the_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("memory");
+        v1_memcg(&root, "/", 1, 0);
+        set(&root, "/pod1", "cgroup.procs", "");
+        set(&root, "/pod1/a", "cgroup.procs", "10\n11\n");
+        set(&root, "/pod1/b", "cgroup.procs", "12\n");
+        set(&root, "/pod1/b/deeper", "cgroup.procs", "13\n14\n15\n");
+        let mut fs = CgroupFs::detect(tmp.path()).unwrap();
+        assert_eq!(fs.process_count("/pod1").unwrap(), Some(6));
+        assert_eq!(fs.process_count("/pod1/a").unwrap(), Some(2));
+        assert_eq!(fs.process_count("/pod2").unwrap(), None);
+    }
+
+    #[test]
+    fn stat_lines_are_matched_by_whole_key() {
+        let text = "total_inactive_file 7\ninactive_file 3\n";
+        assert_eq!(stat_value(text, "inactive_file"), Ok(Some(3)));
+        assert_eq!(stat_value(text, "total_inactive_file"), Ok(Some(7)));
+        assert_eq!(stat_value(text, "file"), Ok(None));
+        assert!(stat_value("file x\n", "file").is_err());
+    }
+}
