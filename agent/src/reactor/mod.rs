@@ -101,7 +101,7 @@ impl ReactorSettings {
             max_pod_grace_period: config.eviction_max_pod_grace_period,
             housekeeping: config.housekeeping_interval.0,
             release_wait: Duration::from_secs(10),
-            close_poll: Duration::from_millis(5),
+            close_poll: Duration::from_millis(1),
             ranking_top: 5,
             cgroup_root: if config.cgroup_root.is_empty() {
                 "/".to_string()
@@ -114,8 +114,9 @@ impl ReactorSettings {
 
 /// The memcg notifications the loop needs: for each memory threshold, a usage threshold on
 /// the cgroup the signal is measured on (the node cgroup for `memory.available`, kubepods for
-/// the allocatable signal) at the level where it is met, and one a margin earlier that puts
-/// the loop on close watch. (The kubelet's memory threshold notifier, plus the early one.)
+/// the allocatable signal) at the level where the threshold is met — the kubelet's memory
+/// threshold notifier. Usage counts page cache the working set does not, so the crossing can
+/// come a little before the threshold is met; the loop then watches closely (`close_poll`).
 pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<MemcgTarget> {
     let capacity = observer.memory_capacity();
     let allocatable = capacity.saturating_sub(observer.settings().reserved_memory);
@@ -132,18 +133,15 @@ pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<Mem
             crate::decide::quantity::Quantity::from_units(i64::try_from(total).unwrap_or(i64::MAX));
         let level = u64::try_from(t.level(total_q, false).value()).unwrap_or(0);
         let usage_at = total.saturating_sub(level);
-        let margin = (level / 4).max(16 << 20);
-        for bytes in [usage_at, usage_at.saturating_sub(margin)] {
-            if bytes == 0 {
-                continue;
-            }
-            let target = MemcgTarget {
-                cgroup: cgroup.clone(),
-                threshold_bytes: Some(bytes),
-            };
-            if !out.contains(&target) {
-                out.push(target);
-            }
+        if usage_at == 0 {
+            continue;
+        }
+        let target = MemcgTarget {
+            cgroup,
+            threshold_bytes: Some(usage_at),
+        };
+        if !out.contains(&target) {
+            out.push(target);
         }
     }
     out
@@ -182,7 +180,9 @@ pub struct Reactor<P> {
     seq: u64,
     unprevented_ooms: u64,
     oom_counts: BTreeMap<(String, String), u64>,
-    last_kernel_event: Option<PressureEvent>,
+    /// The first kernel event of the current pressure episode (since the last evaluation
+    /// that found nothing met and nothing close): what a timer-woken decision answers to.
+    episode: Option<PressureEvent>,
     close: bool,
 }
 
@@ -223,7 +223,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             seq: 0,
             unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
-            last_kernel_event: None,
+            episode: None,
             close: false,
         }
     }
@@ -273,7 +273,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     fn take_events(&mut self, received: Vec<Received>) -> Option<Wake> {
         if received.is_empty() {
             return Some(Wake {
-                event: self.last_kernel_event.clone(),
+                event: self.episode.clone(),
                 timer: true,
                 detection_lag_ns: None,
                 coalesced: 0,
@@ -289,8 +289,8 @@ impl<P: PodControl + 'static> Reactor<P> {
                 self.record_oom(&r, *pid, comm.clone());
             }
             coalesced += 1;
-            if record::is_kernel_event(&r.event) {
-                self.last_kernel_event = Some(r.event.clone());
+            if record::is_kernel_event(&r.event) && self.episode.is_none() {
+                self.episode = Some(r.event.clone());
             }
             // The wake-up is the earliest kernel event of the batch (ticks only when alone).
             let better = match &wake {
@@ -370,6 +370,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             self.state = next;
             self.close = self.is_close(&signals);
+            if result.met.is_empty() && result.conditions.is_empty() && !self.close {
+                self.episode = None;
+            }
             let conditions: Vec<String> = result
                 .conditions
                 .iter()
