@@ -103,16 +103,18 @@ impl Node {
         );
         let pods = Arc::new(RuntimePods::new(runtime.clone(), cgroups.clone()));
 
-        let mut config = Config::default();
-        config.cgroup_root = format!("/{}", root.name);
-        config.node.memory_capacity = format!("{}Mi", spec.capacity_mi);
-        config.node.nodefs_path = state.path().to_path_buf();
         let map = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
             kv.iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect()
         };
-        config.eviction_hard = map(spec.hard);
+        let mut config = Config {
+            cgroup_root: format!("/{}", root.name),
+            eviction_hard: map(spec.hard),
+            ..Config::default()
+        };
+        config.node.memory_capacity = format!("{}Mi", spec.capacity_mi);
+        config.node.nodefs_path = state.path().to_path_buf();
         config.eviction_soft = spec
             .soft
             .iter()
