@@ -1,8 +1,10 @@
 //! Reading the eviction signals now, from cgroupfs, `statvfs` and `/proc`.
 //!
 //! The reactor loop calls [`Observer::observe`] on every pressure event, so an observation is
-//! a handful of small file reads into buffers kept between calls: no allocation in the steady
-//! state, microseconds per signal. The figures are the kubelet's (through cadvisor):
+//! a handful of small file reads into buffers kept between calls: no heap allocation once
+//! warm, microseconds per signal. [`Observer::observe_pods`] refills its output in place; only
+//! the walk of each pod's cgroup tree (a directory listing) allocates. The figures are the
+//! kubelet's (through cadvisor):
 //!
 //! | signal | available | capacity |
 //! | --- | --- | --- |
@@ -493,8 +495,10 @@ mod tests {
     }
 
     fn modelled_node() -> Config {
-        let mut c = Config::default();
-        c.cgroup_root = "/node".into();
+        let mut c = Config {
+            cgroup_root: "/node".into(),
+            ..Default::default()
+        };
         c.node.memory_capacity = "1Gi".into();
         c.system_reserved = BTreeMap::from([(
             "memory".to_string(),
