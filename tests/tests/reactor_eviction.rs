@@ -189,6 +189,20 @@ impl Node {
         args: &[&str],
         policy: RestartPolicy,
     ) {
+        self.run_limited(uid, qos_dir, resources, args, policy, None)
+            .await;
+    }
+
+    /// Like `run`, with a memory limit on the container cgroup.
+    async fn run_limited(
+        &self,
+        uid: &str,
+        qos_dir: Option<&str>,
+        resources: serde_json::Value,
+        args: &[&str],
+        policy: RestartPolicy,
+        memory_limit: Option<i64>,
+    ) {
         let info = PodInfo::from_json(serde_json::json!({
             "metadata": {"name": format!("pod-{uid}"), "namespace": "default", "uid": uid},
             "spec": {"containers": [{"name": "app", "resources": resources}]}
@@ -211,7 +225,10 @@ impl Node {
                     command,
                     args: vec![],
                     env: vec![],
-                    resources: Resources::default(),
+                    resources: Resources {
+                        memory_limit_bytes: memory_limit,
+                        ..Resources::default()
+                    },
                     oom_score_adj: 0,
                 }],
             })
@@ -610,5 +627,66 @@ async fn soft_threshold_shorter_than_its_grace_evicts_nothing_and_conditions_cle
     }
     assert!(actions.is_empty(), "{actions:?}");
     assert!(node.pods.evictions().is_empty());
+    node.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_oom_kill_is_mapped_to_its_pod_and_container() {
+    if !ready() {
+        return;
+    }
+    let mut node = Node::start(NodeSpec {
+        name: "reactor-oom",
+        capacity_mi: 512,
+        hard: &[("allocatableMemory.available", "16Mi")],
+        soft: &[],
+        min_reclaim: &[],
+        transition: Duration::from_secs(2),
+        ebpf: true,
+        deferred: false,
+    })
+    .await;
+    require(
+        node.ebpf_attached,
+        "eBPF attached (oom:mark_victim names the victim's cgroup)",
+    );
+    // A container limited to 32Mi that wants 128Mi: the kernel kills it, not the agent.
+    node.run_limited(
+        "o",
+        Some("burstable"),
+        burstable("16Mi"),
+        &["128", "0"],
+        RestartPolicy::Always,
+        Some(32 << 20),
+    )
+    .await;
+    let mut found = None;
+    while let Some(d) = node.next_action(Duration::from_secs(15)).await {
+        if let Action::OomKilled { .. } = d.action {
+            found = Some(d);
+            break;
+        }
+    }
+    let d = found.expect("an OOMKilled record");
+    let Action::OomKilled {
+        uid,
+        container,
+        restarting,
+        reason,
+        ..
+    } = &d.action
+    else {
+        unreachable!()
+    };
+    assert_eq!(uid.as_deref(), Some("o"));
+    assert_eq!(container.as_deref(), Some("app"));
+    assert_eq!(
+        *restarting,
+        Some(true),
+        "restartPolicy Always brings it back"
+    );
+    assert_eq!(reason, "OOMKilled");
+    assert!(d.unprevented_ooms >= 1);
+    assert_eq!(d.wake.event.as_ref().map(|e| e.source), Some(Source::Ebpf));
     node.finish().await;
 }
