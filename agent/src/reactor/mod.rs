@@ -370,7 +370,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             self.state = next;
             self.close = self.is_close(&signals);
-            if result.met.is_empty() && result.conditions.is_empty() && !self.close {
+            // The episode ends when no threshold is met (grace periods aside) and no memory
+            // signal is close; node conditions may linger for their transition period.
+            if self.state.first_observed_at.is_empty() && !self.close {
                 self.episode = None;
             }
             let conditions: Vec<String> = result
@@ -451,7 +453,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             wake = match self.take_events(received) {
                 Some(w) if !w.timer => w,
                 _ => Wake {
-                    event: None,
+                    event: self.episode.clone(),
                     timer: true,
                     detection_lag_ns: None,
                     coalesced: 0,
