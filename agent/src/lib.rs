@@ -14,5 +14,6 @@ pub mod devices;
 pub mod images;
 pub mod observe;
 pub mod plan;
+pub mod reactor;
 pub mod record;
 pub mod sense;

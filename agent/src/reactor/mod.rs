@@ -1,0 +1,746 @@
+//! The reactor loop: live node-pressure eviction, driven by kernel events.
+//!
+//! sense → observe → decide → act → record, once per wake-up:
+//!
+//! 1. Wake on every [`PressureEvent`](crate::sense::PressureEvent) (a storm of them is drained
+//!    and becomes one evaluation), on the housekeeping tick, or on a timer of its own (a
+//!    grace period or a condition's transition period running out, or a memory signal close
+//!    to a threshold, which is then re-read every few milliseconds).
+//! 2. Observe the signals ([`crate::observe`]) and run one eviction-manager pass with the same
+//!    function `reactor plan pressure` uses ([`crate::decide::pressure::pass`]), keeping its
+//!    state between passes.
+//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images),
+//!    re-observe, and stop there if that resolved the threshold with its minimum reclaim.
+//!    Memory has no node-level reclaim, as in the kubelet.
+//! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
+//!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
+//!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
+//!    empty — its memory is then given back — and evaluate again at once.
+//! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
+//!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
+//!
+//! The loop owns its state (one task); pods are reached through [`PodControl`].
+
+pub mod oom;
+pub mod pods;
+pub mod reclaim;
+pub mod record;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+
+use crate::act::cgroups::{CgroupManager, CgroupPath};
+use crate::config::Config;
+use crate::decide::pod::PodInfo;
+use crate::decide::pressure::{pass, threshold_met_text, thresholds_met, EvictionState, Reclaim};
+use crate::decide::rank::{eviction_message, rank};
+use crate::decide::signal::{FsLayout, Signal};
+use crate::decide::summary::Summary;
+use crate::decide::thresholds::{
+    format_quantity, parse_thresholds, pod_grace_period_seconds, with_containerfs_thresholds,
+    EvictionSettings, Threshold, ThresholdError,
+};
+use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
+use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
+
+pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
+pub use reclaim::{NodeReclaim, NodeReclaimed};
+pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
+
+/// The kubelet's default `evictionPressureTransitionPeriod`, which also replaces a zero.
+const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
+
+/// How the loop behaves; built from the config once.
+#[derive(Clone, Debug)]
+pub struct ReactorSettings {
+    /// The eviction thresholds, hard first.
+    pub thresholds: Vec<Threshold>,
+    /// `evictionPressureTransitionPeriod`.
+    pub transition_period: Duration,
+    /// `evictionMaxPodGracePeriod`, seconds.
+    pub max_pod_grace_period: i64,
+    /// The housekeeping interval: the longest the loop sleeps without an event.
+    pub housekeeping: Duration,
+    /// How long to wait for an evicted pod's cgroup to empty before deciding again.
+    pub release_wait: Duration,
+    /// How often to re-read the signals while a memory signal is close to a threshold.
+    pub close_poll: Duration,
+    /// How many pods of the ranking each decision records.
+    pub ranking_top: usize,
+    /// `cgroupRoot` (as a path in the hierarchy): events from cgroups outside it are not
+    /// this node's.
+    pub cgroup_root: String,
+}
+
+impl ReactorSettings {
+    /// The settings a config file asks for.
+    pub fn from_config(config: &Config) -> Result<ReactorSettings, ThresholdError> {
+        let settings = EvictionSettings {
+            hard: config.eviction_hard.clone(),
+            soft: config.eviction_soft.clone(),
+            soft_grace_period: config.eviction_soft_grace_period.clone(),
+            minimum_reclaim: config.eviction_minimum_reclaim.clone(),
+            merge_defaults: config.merge_default_eviction_settings,
+            enforce_allocatable_pods: config.enforce_node_allocatable.iter().any(|e| e == "pods"),
+        };
+        let parsed = parse_thresholds(&settings)?;
+        let (thresholds, _) = with_containerfs_thresholds(&parsed, FsLayout::Shared);
+        let transition = config.eviction_pressure_transition_period.0;
+        Ok(ReactorSettings {
+            thresholds,
+            transition_period: if transition.is_zero() {
+                DEFAULT_TRANSITION
+            } else {
+                transition
+            },
+            max_pod_grace_period: config.eviction_max_pod_grace_period,
+            housekeeping: config.housekeeping_interval.0,
+            release_wait: Duration::from_secs(10),
+            close_poll: Duration::from_millis(1),
+            ranking_top: 5,
+            cgroup_root: if config.cgroup_root.is_empty() {
+                "/".to_string()
+            } else {
+                config.cgroup_root.clone()
+            },
+        })
+    }
+}
+
+/// The memcg notifications the loop needs: for each memory threshold, a usage threshold on
+/// the cgroup the signal is measured on (the node cgroup for `memory.available`, kubepods for
+/// the allocatable signal) at the level where the threshold is met — the kubelet's memory
+/// threshold notifier. Usage counts page cache the working set does not, so the crossing can
+/// come a little before the threshold is met; the loop then watches closely (`close_poll`).
+pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<MemcgTarget> {
+    let capacity = observer.memory_capacity();
+    let allocatable = capacity.saturating_sub(observer.settings().reserved_memory);
+    let mut out: Vec<MemcgTarget> = Vec::new();
+    for t in &settings.thresholds {
+        let (cgroup, total) = match t.signal {
+            Signal::MemoryAvailable => (observer.settings().node_cgroup.clone(), capacity),
+            Signal::AllocatableMemoryAvailable => {
+                (observer.settings().kubepods_cgroup.clone(), allocatable)
+            }
+            _ => continue,
+        };
+        let total_q =
+            crate::decide::quantity::Quantity::from_units(i64::try_from(total).unwrap_or(i64::MAX));
+        let level = u64::try_from(t.level(total_q, false).value()).unwrap_or(0);
+        let usage_at = total.saturating_sub(level);
+        if usage_at == 0 {
+            continue;
+        }
+        let target = MemcgTarget {
+            cgroup,
+            threshold_bytes: Some(usage_at),
+        };
+        if !out.contains(&target) {
+            out.push(target);
+        }
+    }
+    out
+}
+
+/// A running loop's outputs.
+#[derive(Clone)]
+pub struct ReactorHandle {
+    decisions: broadcast::Sender<Decision>,
+    conditions: watch::Receiver<Vec<String>>,
+}
+
+impl ReactorHandle {
+    /// Every decision from now on (the API's event stream subscribes here).
+    pub fn subscribe(&self) -> broadcast::Receiver<Decision> {
+        self.decisions.subscribe()
+    }
+
+    /// The node conditions the loop reports now (`MemoryPressure`, `DiskPressure`, ...).
+    pub fn conditions(&self) -> watch::Receiver<Vec<String>> {
+        self.conditions.clone()
+    }
+}
+
+/// The loop's state; see the module doc. Run it with [`Reactor::run`] or [`spawn`].
+pub struct Reactor<P> {
+    settings: ReactorSettings,
+    observer: Observer,
+    pods: Arc<P>,
+    cgroups: CgroupManager,
+    reclaimer: Option<Arc<dyn NodeReclaim>>,
+    state: EvictionState,
+    summary: Summary,
+    decisions: broadcast::Sender<Decision>,
+    conditions: watch::Sender<Vec<String>>,
+    seq: u64,
+    unprevented_ooms: u64,
+    oom_counts: BTreeMap<(String, String), u64>,
+    /// The first kernel event of the current pressure episode (since the last evaluation
+    /// that found nothing met and nothing close): what a timer-woken decision answers to.
+    episode: Option<PressureEvent>,
+    close: bool,
+}
+
+/// Polls a future once; `None` when it is not ready (it is dropped).
+async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| Poll::Ready(ready(fut.as_mut().poll(cx)))).await
+}
+
+fn ready<T>(p: Poll<T>) -> Option<T> {
+    match p {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+impl<P: PodControl + 'static> Reactor<P> {
+    /// A loop over `observer`'s signals and `pods`; `cgroups` is the writer rooted at
+    /// `cgroupRoot` (to watch victims' cgroups empty and read OOM kill counters);
+    /// `reclaimer` frees node-level disk resources (none: evict at once).
+    pub fn new(
+        settings: ReactorSettings,
+        observer: Observer,
+        pods: Arc<P>,
+        cgroups: CgroupManager,
+        reclaimer: Option<Arc<dyn NodeReclaim>>,
+    ) -> Reactor<P> {
+        Reactor {
+            settings,
+            observer,
+            pods,
+            cgroups,
+            reclaimer,
+            state: EvictionState::default(),
+            summary: Summary::default(),
+            decisions: broadcast::channel(1024).0,
+            conditions: watch::channel(Vec::new()).0,
+            seq: 0,
+            unprevented_ooms: 0,
+            oom_counts: BTreeMap::new(),
+            episode: None,
+            close: false,
+        }
+    }
+
+    /// The outputs, to subscribe before running.
+    pub fn handle(&self) -> ReactorHandle {
+        ReactorHandle {
+            decisions: self.decisions.clone(),
+            conditions: self.conditions.subscribe(),
+        }
+    }
+
+    /// Runs until `sense` stops or `shutdown` turns `true`.
+    pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) {
+        self.baseline_oom_counts();
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let sleep = self.next_recheck();
+            let first = tokio::select! {
+                r = sense.next() => match r {
+                    Some(r) => Some(r),
+                    None => return,
+                },
+                () = tokio::time::sleep(sleep) => None,
+                _ = shutdown.changed() => return,
+            };
+            let mut received: Vec<Received> = first.into_iter().collect();
+            self.drain(&mut sense, &mut received).await;
+            let Some(wake) = self.take_events(received) else {
+                continue;
+            };
+            self.evaluate(wake, &mut sense).await;
+        }
+    }
+
+    /// Takes every event already waiting.
+    async fn drain(&mut self, sense: &mut Sense, into: &mut Vec<Received>) {
+        while let Some(Some(r)) = poll_once(sense.next()).await {
+            into.push(r);
+        }
+    }
+
+    /// Records OOM kills among `received` and folds the rest into one wake-up; `None` when
+    /// nothing among them concerns this node.
+    fn take_events(&mut self, received: Vec<Received>) -> Option<Wake> {
+        if received.is_empty() {
+            return Some(Wake {
+                event: self.episode.clone(),
+                timer: true,
+                detection_lag_ns: None,
+                coalesced: 0,
+            });
+        }
+        let mut wake: Option<(PressureEvent, u64)> = None;
+        let mut coalesced = 0;
+        for r in received {
+            if !self.is_ours(&r.event) {
+                continue;
+            }
+            if let Kind::OomKill { pid, comm, .. } = &r.event.kind {
+                self.record_oom(&r, *pid, comm.clone());
+            }
+            coalesced += 1;
+            if record::is_kernel_event(&r.event) && self.episode.is_none() {
+                self.episode = Some(r.event.clone());
+            }
+            // The wake-up is the earliest kernel event of the batch (ticks only when alone).
+            let better = match &wake {
+                None => true,
+                Some((w, _)) => {
+                    let (wk, rk) = (
+                        record::is_kernel_event(w),
+                        record::is_kernel_event(&r.event),
+                    );
+                    (rk && !wk) || (rk == wk && r.event.at_ns < w.at_ns)
+                }
+            };
+            if better {
+                wake = Some((r.event, r.lag_ns));
+            }
+        }
+        let (event, lag) = wake?;
+        Some(Wake {
+            event: Some(event),
+            timer: false,
+            detection_lag_ns: Some(lag),
+            coalesced,
+        })
+    }
+
+    /// Whether an event concerns this node: unattributed ones (PSI, ticks, drops) do, and so
+    /// does anything in a cgroup below `cgroupRoot`.
+    fn is_ours(&self, event: &PressureEvent) -> bool {
+        let root = self.settings.cgroup_root.trim_end_matches('/');
+        match &event.cgroup {
+            None => true,
+            Some(_) if root.is_empty() => true,
+            Some(c) => c == root || c.starts_with(&format!("{root}/")),
+        }
+    }
+
+    /// The longest the loop may sleep: the housekeeping interval, cut short by a grace period
+    /// or a condition's transition period running out, or by close watch.
+    fn next_recheck(&self) -> Duration {
+        let now = i128::from(monotonic_ns());
+        let mut wait = i128::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(i128::MAX);
+        if self.close {
+            wait = wait.min(i128::try_from(self.settings.close_poll.as_nanos()).unwrap_or(0));
+        }
+        for (&i, &at) in &self.state.first_observed_at {
+            if let Some(t) = self.settings.thresholds.get(i) {
+                let due = at + i128::from(t.grace_period_nanos) - now;
+                if due > 0 {
+                    wait = wait.min(due);
+                }
+            }
+        }
+        let transition = i128::try_from(self.settings.transition_period.as_nanos()).unwrap_or(0);
+        for &at in self.state.conditions_last_observed_at.values() {
+            let due = at + transition - now;
+            if due > 0 {
+                wait = wait.min(due + 1);
+            }
+        }
+        Duration::from_nanos(u64::try_from(wait.max(0)).unwrap_or(u64::MAX))
+    }
+
+    /// One evaluation, and the ones an eviction leads to at once.
+    async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
+        loop {
+            let signals = self.observer.observe();
+            let observations = signals.observations();
+            let now = i128::from(signals.monotonic_ns);
+            let transition =
+                i128::try_from(self.settings.transition_period.as_nanos()).unwrap_or(i128::MAX);
+            let (next, result) = pass(
+                &self.settings.thresholds,
+                &self.state,
+                &observations,
+                now,
+                transition,
+            );
+            self.state = next;
+            self.close = self.is_close(&signals);
+            // The episode ends when no threshold is met (grace periods aside) and no memory
+            // signal is close; node conditions may linger for their transition period.
+            if self.state.first_observed_at.is_empty() && !self.close {
+                self.episode = None;
+            }
+            let conditions: Vec<String> = result
+                .conditions
+                .iter()
+                .map(|c| c.name().to_string())
+                .collect();
+            let conditions_changed = *self.conditions.borrow() != conditions;
+            if conditions_changed {
+                self.conditions.send_replace(conditions.clone());
+            }
+            let met: Vec<String> = result
+                .met
+                .iter()
+                .filter_map(|&i| self.settings.thresholds.get(i).map(ToString::to_string))
+                .collect();
+            let mut decision = Decision {
+                seq: 0,
+                wake: wake.clone(),
+                observed_at_ns: signals.monotonic_ns,
+                signals: signal_values(&signals),
+                met,
+                conditions,
+                ranking: Vec::new(),
+                action: Action::None,
+                reaction_lag_ns: None,
+                release_ns: None,
+                unprevented_ooms: self.unprevented_ooms,
+            };
+            let Some(reclaim) = result.reclaim else {
+                if !decision.met.is_empty() || conditions_changed {
+                    self.emit(decision);
+                }
+                return;
+            };
+            if reclaim::reclaims_node_level(reclaim.signal) {
+                if let Some(reclaimer) = self.reclaimer.clone() {
+                    let outcome = reclaimer.reclaim().await;
+                    let again = self.observer.observe().observations();
+                    let resolved = thresholds_met(
+                        &self.settings.thresholds,
+                        [reclaim.threshold],
+                        &again,
+                        true,
+                    )
+                    .is_empty();
+                    let mut d = decision.clone();
+                    d.action = match outcome {
+                        Ok(r) => Action::Reclaimed {
+                            freed_bytes: r.freed_bytes,
+                            resolved,
+                            error: None,
+                        },
+                        Err(e) => Action::Reclaimed {
+                            freed_bytes: 0,
+                            resolved,
+                            error: Some(e),
+                        },
+                    };
+                    self.emit(d);
+                    if resolved {
+                        return;
+                    }
+                }
+            }
+            let layout = signals.fs_layout().unwrap_or_default();
+            let evicted = self
+                .evict_one(&reclaim, &result.met, &signals, layout, &mut decision)
+                .await;
+            self.emit(decision);
+            if !evicted {
+                return;
+            }
+            // Events that came in while the victim was going are folded into the next pass,
+            // which runs at once (OOM kills among them are still recorded).
+            let mut received = Vec::new();
+            self.drain(sense, &mut received).await;
+            wake = match self.take_events(received) {
+                Some(w) if !w.timer => w,
+                _ => Wake {
+                    event: self.episode.clone(),
+                    timer: true,
+                    detection_lag_ns: None,
+                    coalesced: 0,
+                },
+            };
+        }
+    }
+
+    /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
+    /// fills in `decision`. Returns whether a pod was evicted.
+    async fn evict_one(
+        &mut self,
+        reclaim: &Reclaim,
+        met: &[usize],
+        signals: &Signals,
+        layout: FsLayout,
+        decision: &mut Decision,
+    ) -> bool {
+        let pods = self.pods.pods();
+        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
+        let cgroups: Vec<PodCgroup> = pods.iter().map(|p| pod_cgroup(&root, p)).collect();
+        let problems = self.observer.observe_pods(&cgroups, &mut self.summary);
+        for p in problems {
+            tracing::debug!(error = %p, "pod statistics left out of the ranking");
+        }
+        let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
+        let index = self.summary.index();
+        let order = rank(reclaim.signal, layout, &infos, &index);
+        decision.ranking = order
+            .iter()
+            .take(self.settings.ranking_top)
+            .map(|&i| {
+                let p = &infos[i];
+                RankedPod {
+                    uid: p.uid.clone(),
+                    name: p.name.clone(),
+                    qos: p.qos.as_str().to_string(),
+                    priority: p.priority_or_zero(),
+                    working_set_bytes: index
+                        .get(p.uid.as_str())
+                        .and_then(|s| s.memory)
+                        .and_then(|m| m.working_set_bytes),
+                    critical: p.is_critical(),
+                }
+            })
+            .collect();
+        let Some(&victim) = order.iter().find(|&&i| !infos[i].is_critical()) else {
+            decision.action = Action::NothingToEvict;
+            return false;
+        };
+        let pod = &pods[victim];
+        let info = &infos[victim];
+        let Some(threshold) = self.settings.thresholds.get(reclaim.threshold) else {
+            return false;
+        };
+        let grace = pod_grace_period_seconds(
+            threshold,
+            self.settings.max_pod_grace_period,
+            pod.termination_grace_period,
+        )
+        .max(0);
+        let observations = signals.observations();
+        let resource = reclaim.signal.resource();
+        let text = threshold_met_text(&self.settings.thresholds, met, &observations, resource);
+        let message = eviction_message(
+            resource,
+            info,
+            index.get(info.uid.as_str()).copied(),
+            text.as_ref().map(|(q, a)| (q.as_str(), a.as_str())),
+        );
+        drop(index);
+        let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
+        let uid = info.uid.clone();
+        let result = self
+            .pods
+            .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
+            .await;
+        let (killed_at, error) = match &result {
+            Ok(e) => (e.killed_at_ns, None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        if let (Some(k), Some(ev)) = (killed_at, decision.wake.event.as_ref()) {
+            decision.reaction_lag_ns = Some(k.saturating_sub(ev.at_ns));
+        }
+        let released = self.wait_released(&pod.cgroup).await;
+        if let (Some(k), true) = (killed_at, released) {
+            decision.release_ns = Some(monotonic_ns().saturating_sub(k));
+        }
+        decision.action = Action::Evicted {
+            uid,
+            pod: info.name.clone(),
+            grace_seconds: grace,
+            message: message.message,
+            annotations: message.annotations,
+            released,
+            error,
+        };
+        result.is_ok()
+    }
+
+    /// Waits, bounded by `release_wait`, for the pod cgroup to hold no process (a removed
+    /// cgroup counts as empty).
+    async fn wait_released(&self, cgroup: &CgroupPath) -> bool {
+        let deadline = tokio::time::Instant::now() + self.settings.release_wait;
+        loop {
+            if !self.cgroups.exists(cgroup) || self.cgroups.is_empty(cgroup).unwrap_or(false) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Whether a memory signal is within a margin of a threshold (a quarter of its level, at
+    /// least 16 MiB): then the loop re-reads every `close_poll` rather than trusting the next
+    /// notification to come in time.
+    fn is_close(&self, signals: &Signals) -> bool {
+        let observations = signals.observations();
+        self.settings.thresholds.iter().any(|t| {
+            if !t.signal.is_memory() {
+                return false;
+            }
+            let Some(obs) = observations.get(t.signal) else {
+                return false;
+            };
+            let capacity = obs
+                .capacity
+                .unwrap_or(crate::decide::quantity::Quantity::ZERO);
+            let level = t.level(capacity, false).value();
+            let margin = (level / 4).max(16 << 20);
+            obs.available.value() < level.saturating_add(margin)
+        })
+    }
+
+    /// Reads each container's OOM kill counter as the starting point.
+    fn baseline_oom_counts(&mut self) {
+        for p in self.pods.pods() {
+            for c in &p.containers {
+                let key = (p.info.uid.clone(), c.clone());
+                if self.oom_counts.contains_key(&key) {
+                    continue;
+                }
+                let n = p
+                    .cgroup
+                    .join(c)
+                    .ok()
+                    .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
+                    .unwrap_or(0);
+                self.oom_counts.insert(key, n);
+            }
+        }
+    }
+
+    /// Records a kernel OOM kill: mapped to a pod and container by the event's cgroup, or,
+    /// when the event names only a parent cgroup (memcg notification), by the containers
+    /// whose kill counters moved. Counted as pressure the agent did not prevent.
+    fn record_oom(&mut self, r: &Received, pid: Option<u32>, comm: Option<String>) {
+        let pods = self.pods.pods();
+        let mut hits: Vec<(Option<&ActivePod>, Option<String>)> = Vec::new();
+        let mapped = r.event.cgroup.as_deref().and_then(oom::pod_of_cgroup);
+        if let Some((uid, container)) = mapped {
+            let pod = pods.iter().find(|p| p.info.uid == uid);
+            if let (Some(p), Some(c)) = (pod, container) {
+                let key = (p.info.uid.clone(), c.to_string());
+                let now = p
+                    .cgroup
+                    .join(c)
+                    .ok()
+                    .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
+                    .unwrap_or(0);
+                let known = self.oom_counts.get(&key).copied().unwrap_or(0);
+                self.oom_counts.insert(key, now.max(known + 1));
+            }
+            hits.push((pod, container.map(str::to_string)));
+        } else {
+            let mut seen = BTreeSet::new();
+            for p in &pods {
+                for c in &p.containers {
+                    let Some(now) = p
+                        .cgroup
+                        .join(c)
+                        .ok()
+                        .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
+                    else {
+                        continue;
+                    };
+                    let key = (p.info.uid.clone(), c.clone());
+                    let known = self.oom_counts.get(&key).copied().unwrap_or(0);
+                    if now > known && seen.insert(key.clone()) {
+                        self.oom_counts.insert(key, now);
+                        hits.push((Some(p), Some(c.clone())));
+                    }
+                }
+            }
+        }
+        // An OOM in a cgroup no pod owns (or already counted through another source) is
+        // left to the log.
+        if hits.is_empty() {
+            tracing::debug!(cgroup = ?r.event.cgroup, "kernel OOM kill with no new pod container kill");
+            return;
+        }
+        for (pod, container) in hits {
+            self.unprevented_ooms += 1;
+            let restarting = pod.map(|p| p.restart_policy.restarts(137));
+            let d = Decision {
+                seq: 0,
+                wake: Wake {
+                    event: Some(r.event.clone()),
+                    timer: false,
+                    detection_lag_ns: Some(r.lag_ns),
+                    coalesced: 1,
+                },
+                observed_at_ns: monotonic_ns(),
+                signals: Vec::new(),
+                met: Vec::new(),
+                conditions: self.conditions.borrow().clone(),
+                ranking: Vec::new(),
+                action: Action::OomKilled {
+                    uid: pod.map(|p| p.info.uid.clone()),
+                    pod: pod.map(|p| p.info.name.clone()),
+                    container,
+                    pid,
+                    comm: comm.clone(),
+                    restarting,
+                    reason: "OOMKilled".to_string(),
+                },
+                reaction_lag_ns: None,
+                release_ns: None,
+                unprevented_ooms: self.unprevented_ooms,
+            };
+            self.emit(d);
+        }
+    }
+
+    fn emit(&mut self, mut d: Decision) {
+        self.seq += 1;
+        d.seq = self.seq;
+        d.log();
+        let _ = self.decisions.send(d);
+    }
+}
+
+/// A pod's cgroups as the observer names them (paths in the hierarchy).
+fn pod_cgroup(root: &str, pod: &ActivePod) -> PodCgroup {
+    let rel = pod.cgroup.names().join("/");
+    PodCgroup {
+        uid: pod.info.uid.clone(),
+        name: pod.info.name.clone(),
+        namespace: String::new(),
+        cgroup: format!("{root}/{rel}"),
+        containers: pod
+            .containers
+            .iter()
+            .map(|c| ContainerCgroup {
+                name: c.clone(),
+                cgroup: c.clone(),
+                ephemeral_dir: None,
+            })
+            .collect(),
+    }
+}
+
+fn signal_values(signals: &Signals) -> Vec<SignalValue> {
+    let observations = signals.observations();
+    Signal::ALL
+        .iter()
+        .filter_map(|&s| {
+            let o = observations.get(s)?;
+            let bytes = s.resource().is_bytes();
+            Some(SignalValue {
+                signal: s.name().to_string(),
+                available: format_quantity(o.available, bytes),
+                capacity: o.capacity.map(|c| format_quantity(c, bytes)),
+            })
+        })
+        .collect()
+}
+
+/// Starts the loop on its own task: the agent's one call to bring eviction up.
+pub fn spawn<P: PodControl + 'static>(
+    reactor: Reactor<P>,
+    sense: Sense,
+    shutdown: watch::Receiver<bool>,
+) -> (ReactorHandle, tokio::task::JoinHandle<()>) {
+    let handle = reactor.handle();
+    let task = tokio::spawn(reactor.run(sense, shutdown));
+    (handle, task)
+}

@@ -1,0 +1,210 @@
+//! The pods seam: what the reactor loop needs from whatever manages pods on the node.
+//!
+//! The loop ranks and evicts pods but does not own them: the node's pod manager (admission,
+//! API, status) does. [`PodControl`] is the narrow interface between the two — list the
+//! active pods with their cgroups, and evict one with a grace period and the status the pod
+//! must end in. [`RuntimePods`] implements it directly over a [`Runtime`] and the cgroup
+//! writer, for nodes (and tests) without a pod manager.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
+use crate::act::runtime::{RestartPolicy, Runtime, RuntimeError};
+use crate::decide::pod::PodInfo;
+use crate::sense::monotonic_ns;
+
+/// A pod that runs on the node now, as the loop ranks and evicts it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActivePod {
+    /// What ranking and the eviction message need (uid, name, QoS, priority, requests).
+    pub info: PodInfo,
+    /// The pod cgroup, relative to `cgroupRoot` (`kubepods/besteffort/pod<uid>`).
+    pub cgroup: CgroupPath,
+    /// The container cgroup names below the pod cgroup (the container names for the process
+    /// runtime), to read per-container stats and to map an OOM kill to a container.
+    pub containers: Vec<String>,
+    /// `spec.restartPolicy`, to record whether an OOM-killed container comes back.
+    pub restart_policy: RestartPolicy,
+    /// `spec.terminationGracePeriodSeconds`, which caps a soft eviction's grace period.
+    pub termination_grace_period: Option<i64>,
+}
+
+/// The status an evicted pod ends in (the kubelet's `Failed` / `Evicted` with its message).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictionStatus {
+    /// `status.phase`: always `Failed`.
+    pub phase: String,
+    /// `status.reason`: always `Evicted`.
+    pub reason: String,
+    /// `status.message`: the kubelet's eviction message.
+    pub message: String,
+    /// The event annotations (`offending_containers`, `starved_resource`, ...).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl EvictionStatus {
+    /// `Failed` / `Evicted` with `message`.
+    pub fn evicted(message: String, annotations: BTreeMap<String, String>) -> EvictionStatus {
+        EvictionStatus {
+            phase: "Failed".to_string(),
+            reason: "Evicted".to_string(),
+            message,
+            annotations,
+        }
+    }
+}
+
+/// What an eviction did, for the decision record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Evicted {
+    /// `CLOCK_MONOTONIC` ns when SIGKILL went to the pod's processes (at once for grace 0,
+    /// after the grace period otherwise); `None` when nothing was left to kill.
+    pub killed_at_ns: Option<u64>,
+    /// How many processes were sent SIGKILL by the eviction itself.
+    pub killed: usize,
+}
+
+/// Why an eviction failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EvictError {
+    /// The runtime refused or failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A cgroup could not be read or removed.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+}
+
+/// The pod manager as the reactor loop sees it. Implemented by the node's pod manager, and
+/// by [`RuntimePods`] where there is none.
+pub trait PodControl: Send + Sync {
+    /// The pods running now (admitted, not terminated), with their cgroups.
+    fn pods(&self) -> Vec<ActivePod>;
+
+    /// Stops the pod `uid` — SIGKILL at once when `grace` is zero, SIGTERM then SIGKILL after
+    /// `grace` otherwise — and sets its status to `status`. Returns once the runtime has
+    /// stopped the containers; the loop itself waits for the pod cgroup to empty.
+    fn evict(
+        &self,
+        uid: &str,
+        grace: Duration,
+        status: EvictionStatus,
+    ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
+}
+
+/// [`PodControl`] over a [`Runtime`] and the cgroup writer: the pods are registered by the
+/// caller (who created their cgroups and ran them), eviction stops them through the runtime
+/// and removes the pod cgroup, and the final statuses are kept for the caller to read.
+pub struct RuntimePods<R> {
+    runtime: Arc<R>,
+    cgroups: CgroupManager,
+    pods: Mutex<BTreeMap<String, ActivePod>>,
+    evicted: Mutex<BTreeMap<String, EvictionStatus>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<R: Runtime> RuntimePods<R> {
+    /// An adapter with no pods yet.
+    pub fn new(runtime: Arc<R>, cgroups: CgroupManager) -> RuntimePods<R> {
+        RuntimePods {
+            runtime,
+            cgroups,
+            pods: Mutex::new(BTreeMap::new()),
+            evicted: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Registers a pod the caller runs through the runtime.
+    pub fn add(&self, pod: ActivePod) {
+        lock(&self.pods).insert(pod.info.uid.clone(), pod);
+    }
+
+    /// Forgets a pod (stopped by the caller).
+    pub fn remove(&self, uid: &str) -> Option<ActivePod> {
+        lock(&self.pods).remove(uid)
+    }
+
+    /// The final status of an evicted pod.
+    pub fn eviction_status(&self, uid: &str) -> Option<EvictionStatus> {
+        lock(&self.evicted).get(uid).cloned()
+    }
+
+    /// Every eviction so far, by uid.
+    pub fn evictions(&self) -> BTreeMap<String, EvictionStatus> {
+        lock(&self.evicted).clone()
+    }
+
+    fn kill_all(&self, cgroup: &CgroupPath) -> usize {
+        let pids = self.cgroups.procs_recursive(cgroup).unwrap_or_default();
+        let mut n = 0;
+        for pid in pids {
+            let Some(pid) = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            else {
+                continue;
+            };
+            if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl<R: Runtime> PodControl for RuntimePods<R> {
+    fn pods(&self) -> Vec<ActivePod> {
+        lock(&self.pods).values().cloned().collect()
+    }
+
+    async fn evict(
+        &self,
+        uid: &str,
+        grace: Duration,
+        status: EvictionStatus,
+    ) -> Result<Evicted, EvictError> {
+        let Some(pod) = lock(&self.pods).get(uid).cloned() else {
+            return Err(RuntimeError::NotFound {
+                uid: uid.to_string(),
+            }
+            .into());
+        };
+        let mut stop = std::pin::pin!(self.runtime.stop_pod(uid, grace));
+        // The first poll tells the runtime's supervisors to stop (so a killed container is
+        // not restarted); for grace 0 the processes are then killed here at once, without
+        // waiting for the supervisors to be scheduled, and the moment is recorded.
+        let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
+        let mut out = Evicted::default();
+        if grace.is_zero() {
+            out.killed = self.kill_all(&pod.cgroup);
+            out.killed_at_ns = Some(monotonic_ns());
+        }
+        let result = match first {
+            Poll::Ready(r) => r,
+            Poll::Pending => stop.await,
+        };
+        if !grace.is_zero() {
+            out.killed_at_ns = Some(monotonic_ns());
+        }
+        // The pod is gone from the node whatever the runtime says about its last moments.
+        lock(&self.pods).remove(uid);
+        lock(&self.evicted).insert(uid.to_string(), status);
+        match result {
+            Ok(_) | Err(RuntimeError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.cgroups.remove(&pod.cgroup, Duration::from_secs(2))?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,188 @@
+//! The decision record: everything needed to explain afterwards why the loop did what it did.
+//!
+//! One [`Decision`] per evaluation that found a threshold met, changed the node conditions,
+//! or acted, and one per kernel OOM kill. It goes out on a broadcast channel (for the API's
+//! event stream and for tests) and as one structured log line.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::sense::{Kind, PressureEvent, Source};
+
+/// The kernel event (or timer) that woke the loop.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Wake {
+    /// The event: for a re-check timer, the latest kernel event before it (what armed it).
+    pub event: Option<PressureEvent>,
+    /// `true` when a timer (grace period, transition period, a close threshold, the victim
+    /// released) woke the loop rather than an event.
+    pub timer: bool,
+    /// Detection lag of `event`: from its `at_ns` to when the loop took it.
+    pub detection_lag_ns: Option<u64>,
+    /// Events folded into this evaluation (the storm that became one pass).
+    pub coalesced: usize,
+}
+
+/// One signal's value as the pass saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalValue {
+    /// The signal name (`allocatableMemory.available`).
+    pub signal: String,
+    /// What was available, printed as the kubelet prints quantities.
+    pub available: String,
+    /// The capacity it is measured against.
+    pub capacity: Option<String>,
+}
+
+/// One pod in the ranking at the moment of the decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RankedPod {
+    /// The pod uid.
+    pub uid: String,
+    /// `namespace/name`.
+    pub name: String,
+    /// The QoS class.
+    pub qos: String,
+    /// The pod's priority.
+    pub priority: i32,
+    /// Its working set in bytes, when the statistics cover it.
+    pub working_set_bytes: Option<u64>,
+    /// Critical pods are ranked but never evicted.
+    pub critical: bool,
+}
+
+/// What the loop did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Action {
+    /// Thresholds are met or conditions are set, but nothing is due (grace period running,
+    /// statistics stale, or nothing met).
+    None,
+    /// Node-level resources were reclaimed first (dead containers, unused images).
+    Reclaimed {
+        /// Bytes the reclaim reported freed.
+        freed_bytes: u64,
+        /// Whether the threshold was resolved by it (no eviction needed).
+        resolved: bool,
+        /// Why the reclaim failed, if it did.
+        error: Option<String>,
+    },
+    /// A pod was evicted.
+    Evicted {
+        /// The pod uid.
+        uid: String,
+        /// `namespace/name`.
+        pod: String,
+        /// Grace period given, seconds.
+        grace_seconds: i64,
+        /// The kubelet's eviction message, the pod's status message.
+        message: String,
+        /// The eviction event's annotations.
+        annotations: BTreeMap<String, String>,
+        /// Whether the pod cgroup was empty (memory released) within the bounded wait.
+        released: bool,
+        /// Why the eviction call failed, if it did.
+        error: Option<String>,
+    },
+    /// A threshold was met but no pod could be evicted (none, or only critical ones).
+    NothingToEvict,
+    /// The kernel OOM killer killed a process: pressure the agent did not prevent.
+    OomKilled {
+        /// The pod uid, where the cgroup maps to a pod.
+        uid: Option<String>,
+        /// `namespace/name`, where known.
+        pod: Option<String>,
+        /// The container, where known.
+        container: Option<String>,
+        /// The victim's pid and command, where the source knows them.
+        pid: Option<u32>,
+        /// The victim's command name.
+        comm: Option<String>,
+        /// Whether the restart policy restarts the container (the runtime restarts it).
+        restarting: Option<bool>,
+        /// Always `OOMKilled`.
+        reason: String,
+    },
+}
+
+/// One explained decision.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// Sequence number, from 1.
+    pub seq: u64,
+    /// What woke the loop.
+    pub wake: Wake,
+    /// `CLOCK_MONOTONIC` ns when the signals were read.
+    pub observed_at_ns: u64,
+    /// The signal values read.
+    pub signals: Vec<SignalValue>,
+    /// The thresholds met with grace periods satisfied (`signal<value`).
+    pub met: Vec<String>,
+    /// The node conditions reported after this pass.
+    pub conditions: Vec<String>,
+    /// The ranking at that moment, first to evict first (top N).
+    pub ranking: Vec<RankedPod>,
+    /// What was done.
+    pub action: Action,
+    /// From the waking kernel event's `at_ns` to the victim's SIGKILL.
+    pub reaction_lag_ns: Option<u64>,
+    /// From SIGKILL to the victim's pod cgroup being empty.
+    pub release_ns: Option<u64>,
+    /// Kernel OOM kills so far that the agent did not prevent.
+    pub unprevented_ooms: u64,
+}
+
+impl Decision {
+    /// One structured log line.
+    pub fn log(&self) {
+        let source = self
+            .wake
+            .event
+            .as_ref()
+            .map_or("timer", |e| e.source.name());
+        let kind = self
+            .wake
+            .event
+            .as_ref()
+            .map_or_else(String::new, |e| e.kind.to_string());
+        let signals = self
+            .signals
+            .iter()
+            .map(|s| format!("{}={}", s.signal, s.available))
+            .collect::<Vec<_>>()
+            .join(",");
+        let ranking = self
+            .ranking
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let action = serde_json::to_string(&self.action).unwrap_or_default();
+        tracing::info!(
+            seq = self.seq,
+            source,
+            kind = %kind,
+            coalesced = self.wake.coalesced,
+            detection_lag_ns = self.wake.detection_lag_ns,
+            signals = %signals,
+            met = %self.met.join(","),
+            conditions = ?self.conditions,
+            ranking = %ranking,
+            action = %action,
+            reaction_lag_ns = self.reaction_lag_ns,
+            release_ns = self.release_ns,
+            unprevented_ooms = self.unprevented_ooms,
+            "eviction decision"
+        );
+    }
+}
+
+/// Whether an event comes from the kernel (not the housekeeping tick).
+pub fn is_kernel_event(event: &PressureEvent) -> bool {
+    event.source != Source::Poll && !matches!(event.kind, Kind::Tick)
+}
