@@ -230,6 +230,7 @@ impl Node {
                         ..Resources::default()
                     },
                     oom_score_adj: 0,
+                    ..ContainerSpec::default()
                 }],
             })
             .await
