@@ -156,17 +156,26 @@ async fn pods_get_the_kubelet_cgroups_and_run_in_them() {
             let adj = oom_score_adj(info, ci, node.memory_capacity).unwrap();
             let cg = pod_cg.join(&c.name).unwrap();
             assert_files(&m, &cg, &container_config(&node, info, ci));
-            let state = &status
-                .containers
-                .iter()
-                .find(|s| s.name == c.name)
-                .unwrap()
-                .state;
+            let container = status.containers.iter().find(|s| s.name == c.name).unwrap();
+            let state = &container.state;
             if adj < 0 && !can_lower_adj {
-                // This sandbox drops CAP_SYS_RESOURCE: the start fails and says why.
-                let ContainerState::Terminated(t) = state else {
-                    panic!("{state:?}")
-                };
+                // This sandbox drops CAP_SYS_RESOURCE: the start fails and says why — seen as
+                // the failed start itself or, once the restart policy has acted (the first
+                // restart is immediate), as the last termination of the next attempt.
+                let mut t = None;
+                for _ in 0..250 {
+                    let now = rt.pod_status(&info.uid).await.unwrap();
+                    let cs = now.containers.iter().find(|s| s.name == c.name).unwrap();
+                    t = match &cs.state {
+                        ContainerState::Terminated(t) => Some(t.clone()),
+                        _ => cs.last_termination.clone(),
+                    };
+                    if t.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                let t = t.expect("the failed start is recorded");
                 assert!(t.message.contains("CAP_SYS_RESOURCE"), "{t:?}");
                 continue;
             }

@@ -171,6 +171,19 @@ fn cri_resources(r: &Resources, oom_score_adj: i32) -> cri::LinuxResources {
     }
 }
 
+/// How long after a SIGKILL exit the runtime may still fill in the reason (`OOMKilled`).
+const REASON_SETTLE: Duration = Duration::from_millis(500);
+
+/// Whether an exit is too fresh to judge: killed by SIGKILL (137), no reason yet, and
+/// finished less than [`REASON_SETTLE`] ago.
+fn reason_may_follow(s: &cri::ContainerStatus, now: SystemTime) -> bool {
+    s.reason.is_empty()
+        && s.exit_code == 137
+        && now
+            .duration_since(time_of(s.finished_at_ns))
+            .is_ok_and(|age| age < REASON_SETTLE)
+}
+
 /// How an exited container ended, from its CRI status.
 fn terminated(s: &cri::ContainerStatus) -> Terminated {
     let reason = if !s.reason.is_empty() {
@@ -449,6 +462,10 @@ impl Inner {
                 Some(cri::ContainerState::Created) => continue,
                 Some(cri::ContainerState::Exited | cri::ContainerState::Unknown) => {
                     match self.client.container_status(&id).await {
+                        // containerd handles the task's exit and its OOM event separately: a
+                        // container SIGKILLed moments ago with no reason yet may be an OOM
+                        // kill whose reason lands a little later. Look again next relist.
+                        Ok(s) if reason_may_follow(&s, SystemTime::now()) => continue,
                         Ok(s) => terminated(&s),
                         Err(e) if e.is_not_found() => lost(),
                         Err(e) => return Err(e),
@@ -1072,5 +1089,23 @@ mod tests {
             t.finished_at,
             SystemTime::UNIX_EPOCH + Duration::from_secs(2)
         );
+
+        // A fresh SIGKILL exit with no reason waits for containerd's OOM event; an old one,
+        // another exit code, or one with a reason is judged at once.
+        let finished = SystemTime::UNIX_EPOCH + Duration::from_secs(2);
+        s.reason.clear();
+        assert!(reason_may_follow(&s, finished + Duration::from_millis(100)));
+        assert!(!reason_may_follow(&s, finished + Duration::from_secs(1)));
+        s.exit_code = 1;
+        assert!(!reason_may_follow(
+            &s,
+            finished + Duration::from_millis(100)
+        ));
+        s.exit_code = 137;
+        s.reason = "OOMKilled".into();
+        assert!(!reason_may_follow(
+            &s,
+            finished + Duration::from_millis(100)
+        ));
     }
 }
