@@ -61,6 +61,22 @@ impl Drop for ChildGuard {
     }
 }
 
+/// `reactor run` builds the (empty) QoS tree below its cgroup root in every v1 hierarchy and
+/// leaves it for the next start; the test removes it so its cgroup can go.
+fn remove_pod_tree(cgroup: &str) {
+    for c in reactor_tests::cgroup_root::V1_CONTROLLERS {
+        let root = std::path::Path::new(reactor_tests::cgroup_root::MOUNT_ROOT)
+            .join(c)
+            .join(cgroup.trim_start_matches('/'));
+        for sub in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+            let _ = std::fs::remove_dir(root.join(sub));
+        }
+        if c != "memory" {
+            let _ = std::fs::remove_dir(&root);
+        }
+    }
+}
+
 #[test]
 fn run_logs_events_with_lag_and_stops_on_sigterm() {
     if !require(is_root(), "root for cgroup v1 memory notifications") {
@@ -75,6 +91,7 @@ fn run_logs_events_with_lag_and_stops_on_sigterm() {
         format!(
             "cgroupRoot: {}\nnode:\n  memoryCapacity: 64Mi\nevictionHard:\n  memory.available: 16Mi\n\
              housekeepingInterval: 1s\nstateDir: {d}\napiSocket: {d}/api.sock\n\
+             devicePluginDir: {d}/device-plugins\n\
              sense:\n  ebpf: false\nlog:\n  format: json\n  level: debug\n",
             cg.cgroup,
             d = dir.path().display()
@@ -155,6 +172,7 @@ fn run_logs_events_with_lag_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
+    remove_pod_tree(&cg.cgroup);
     assert!(
         logs.iter()
             .any(|v| message(v) == "detection lag" && v["fields"]["source"] == "memcg-threshold"),

@@ -34,6 +34,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         let mut shutdown = Shutdown::install()
             .map_err(|e| anyhow::anyhow!("cannot install signal handlers: {e}"))?;
         let mut sense = Sense::start(&opts)?;
+        let node = super::node_run::start(&config, sense.report()).await?;
         tracing::info!(pid = std::process::id(), "reactor running");
         loop {
             let received = tokio::select! {
@@ -45,6 +46,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
                 tracing::warn!("every sense source stopped");
                 break;
             };
+            node.publish_pressure(&r);
             let e = &r.event;
             let cgroup = e.cgroup.as_deref().unwrap_or("-");
             // The tick carries no news; it is logged at debug so an idle node stays quiet.
@@ -54,6 +56,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
                 tracing::info!(source = %e.source, cgroup, kind = %e.kind, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
             }
         }
+        node.stop().await;
         let lag = sense.shutdown().await;
         for s in lag.snapshot() {
             tracing::info!(source = %s.source, count = s.count, p50_ns = s.p50_ns, p99_ns = s.p99_ns, max_ns = s.max_ns, "detection lag");

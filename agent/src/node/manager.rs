@@ -29,7 +29,7 @@ use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, MemoryUsage, Resources, DEFAULT_REMOVE_WAIT};
 use crate::act::pod_spec::pod_spec;
 use crate::act::runtime::{
-    ContainerState, ContainerStatus, PodPhase, PodSpec, RestartPolicy, Runtime, RuntimeError,
+    ContainerState, ContainerStatus, PodPhase, PodSpec, Runtime, RuntimeError,
 };
 use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
@@ -407,6 +407,8 @@ impl<R: Runtime + 'static> Actor<R> {
                 } => {
                     if !self.pods.contains_key(&uid) {
                         let _ = tx.send(Err(NodeError::NotFound(format!("with uid {uid}"))));
+                    } else if self.pods.get(&uid).is_some_and(|e| e.stopping) {
+                        let _ = tx.send(Err(NodeError::Stopping(format!("with uid {uid}"))));
                     } else {
                         self.begin_stop(
                             &uid,
@@ -1207,14 +1209,4 @@ pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
         ContainerState::Running { .. } => ("running", String::new()),
         ContainerState::Terminated(t) => ("terminated", t.reason.clone()),
     }
-}
-
-/// Whether `policy` (a pod's `spec.restartPolicy`) restarts after `exit_code`.
-pub fn restarts(policy: RestartPolicy, exit_code: i32) -> bool {
-    policy.restarts(exit_code)
-}
-
-/// Format of a document given by file name (for the CLI and static pods).
-pub fn format_of(path: &std::path::Path) -> Option<Format> {
-    Format::from_path(path)
 }
