@@ -126,7 +126,11 @@ impl TestAgent {
     /// `reactor pod ls --json`.
     pub fn pods(&self) -> Vec<serde_json::Value> {
         let out = self.cli(&["pod", "ls", "--json"]);
-        assert!(out.status.success(), "pod ls: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pod ls: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .expect("pod ls JSON")
             .as_array()
@@ -149,7 +153,13 @@ impl TestAgent {
     pub fn apply(&self, file: &str, doc: &str) -> Output {
         let path = self.dir.path().join(file);
         std::fs::write(&path, doc).expect("write pod");
-        self.cli(&["pod", "apply", "--json", "-f", path.to_str().expect("utf-8 path")])
+        self.cli(&[
+            "pod",
+            "apply",
+            "--json",
+            "-f",
+            path.to_str().expect("utf-8 path"),
+        ])
     }
 
     /// A v1 hierarchy's directory for a cgroup path below the root.
@@ -181,7 +191,11 @@ impl TestAgent {
     pub fn wait(&self, what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !cond() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

@@ -38,12 +38,8 @@ pub fn status(e: &NodeError) -> Status {
         NodeError::Stopping(_) => Status::failed_precondition(msg),
         NodeError::Runtime(r) => match r {
             crate::act::runtime::RuntimeError::NotFound { .. } => Status::not_found(msg),
-            crate::act::runtime::RuntimeError::AlreadyExists { .. } => {
-                Status::already_exists(msg)
-            }
-            crate::act::runtime::RuntimeError::InvalidPod { .. } => {
-                Status::invalid_argument(msg)
-            }
+            crate::act::runtime::RuntimeError::AlreadyExists { .. } => Status::already_exists(msg),
+            crate::act::runtime::RuntimeError::InvalidPod { .. } => Status::invalid_argument(msg),
             crate::act::runtime::RuntimeError::Unavailable { .. } => Status::unavailable(msg),
             _ => Status::internal(msg),
         },
@@ -142,9 +138,7 @@ pub fn summary(v: &PodView) -> pb::PodSummary {
                     restart_count: c.restart_count,
                     last_exit_code: c.last_termination.as_ref().map(|t| t.exit_code).or(
                         match &c.state {
-                            crate::act::runtime::ContainerState::Terminated(t) => {
-                                Some(t.exit_code)
-                            }
+                            crate::act::runtime::ContainerState::Terminated(t) => Some(t.exit_code),
                             _ => None,
                         },
                     ),
@@ -267,15 +261,27 @@ impl Agent for AgentService {
                 ))
             }
         };
-        let applied = self.pods.apply(&r.pod, format).await.map_err(|e| status(&e))?;
+        let applied = self
+            .pods
+            .apply(&r.pod, format)
+            .await
+            .map_err(|e| status(&e))?;
         let v = &applied.pod;
         Ok(Response::new(pb::ApplyPodResponse {
             uid: v.uid.clone(),
             pod: Some(pod_ref(&v.namespace, &v.name)),
             qos: qos(v.info.qos),
             admitted: applied.admitted,
-            reason: if applied.admitted { String::new() } else { v.reason.clone() },
-            message: if applied.admitted { String::new() } else { v.message.clone() },
+            reason: if applied.admitted {
+                String::new()
+            } else {
+                v.reason.clone()
+            },
+            message: if applied.admitted {
+                String::new()
+            } else {
+                v.message.clone()
+            },
             preempted: applied.preempted.clone(),
             cgroup: v.cgroup.as_ref().map(|c| c.to_string()).unwrap_or_default(),
         }))
@@ -298,7 +304,11 @@ impl Agent for AgentService {
                 }
             }
             Some(pb::remove_pod_request::Target::Uid(u)) if !u.is_empty() => RemoveTarget::Uid(u),
-            _ => return Err(Status::invalid_argument("target: a pod name or uid is required")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "target: a pod name or uid is required",
+                ))
+            }
         };
         let grace = match r.grace_period_seconds {
             None => None,
@@ -309,7 +319,11 @@ impl Agent for AgentService {
                 )))
             }
         };
-        let removed = self.pods.remove(target, grace).await.map_err(|e| status(&e))?;
+        let removed = self
+            .pods
+            .remove(target, grace)
+            .await
+            .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RemovePodResponse {
             pod: Some(summary(&removed.pod)),
         }))
@@ -349,7 +363,10 @@ impl Agent for AgentService {
             .collect();
         if let Some(d) = &self.devices {
             for (resource, (healthy, unhealthy)) in d.devices() {
-                capacity.insert(resource.clone(), (healthy.len() + unhealthy.len()).to_string());
+                capacity.insert(
+                    resource.clone(),
+                    (healthy.len() + unhealthy.len()).to_string(),
+                );
                 allocatable.insert(resource, healthy.len().to_string());
             }
         }
@@ -362,7 +379,8 @@ impl Agent for AgentService {
                 .memory_usage(&crate::act::cgroups::CgroupPath::kubepods()),
         ) {
             let alloc_bytes = crate::decide::pod::clamp_i64(alloc.value());
-            let available = alloc_bytes - i64::try_from(usage.working_set_bytes).unwrap_or(i64::MAX);
+            let available =
+                alloc_bytes - i64::try_from(usage.working_set_bytes).unwrap_or(i64::MAX);
             let thresholds = self
                 .facts
                 .eviction_hard

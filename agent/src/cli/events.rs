@@ -50,11 +50,20 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
             },
         ),
         Some(K::Preemption(p)) => {
-            let victims: Vec<String> = p.victims.iter().map(|v| format!("{}/{}", v.namespace, v.name)).collect();
+            let victims: Vec<String> = p
+                .victims
+                .iter()
+                .map(|v| format!("{}/{}", v.namespace, v.name))
+                .collect();
             (
                 "preemption",
                 json!({"preemptor": name(&p.preemptor), "victims": victims, "reasons": p.reasons}),
-                format!("{} preempts {} ({})", name(&p.preemptor), victims.join(", "), p.reasons.join(", ")),
+                format!(
+                    "{} preempts {} ({})",
+                    name(&p.preemptor),
+                    victims.join(", "),
+                    p.reasons.join(", ")
+                ),
             )
         }
         Some(K::Eviction(v)) => (

@@ -36,8 +36,8 @@ pub(crate) async fn start(config: &Config, report: &AttachReport) -> anyhow::Res
             .await
             .context("device manager")?,
     );
-    let cgroups = CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT))
-        .context("cgroupRoot")?;
+    let cgroups =
+        CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT)).context("cgroupRoot")?;
     let plan = NodePlan::from_config(config, cgroups.version()).map_err(anyhow::Error::msg)?;
     let events = EventHub::new();
     let mut tasks = Vec::new();

@@ -88,8 +88,8 @@ fn read_document(path: &PathBuf) -> Result<(Vec<u8>, pb::DocumentFormat), Failur
         }
         return Ok((buf, pb::DocumentFormat::Yaml));
     }
-    let meta = std::fs::metadata(path)
-        .map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
     if meta.len() > MAX_DOCUMENT_BYTES as u64 {
         return Err(too_big(meta.len()));
     }
@@ -205,7 +205,7 @@ fn pod_json(p: &pb::PodSummary) -> Value {
         .as_ref()
         .map(|r| (r.namespace.clone(), r.name.clone()))
         .unwrap_or_default();
-    let usage = p.usage.clone().unwrap_or_default();
+    let usage = p.usage.unwrap_or_default();
     json!({
         "namespace": ns, "name": name, "uid": p.uid, "qos": qos_name(p.qos),
         "phase": p.phase, "reason": p.reason, "message": p.message, "cgroup": p.cgroup,

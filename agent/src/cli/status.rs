@@ -19,7 +19,10 @@ pub(crate) struct StatusArgs {
 }
 
 fn to_map(pairs: Vec<(String, String)>) -> serde_json::Map<String, Value> {
-    pairs.into_iter().map(|(k, v)| (k, Value::String(v))).collect()
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k, Value::String(v)))
+        .collect()
 }
 
 pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {

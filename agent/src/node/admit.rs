@@ -48,7 +48,14 @@ pub fn allocatable(
                 left = left.saturating_sub(t);
             }
         }
-        out.set(name, if left.is_negative() { Quantity::ZERO } else { left });
+        out.set(
+            name,
+            if left.is_negative() {
+                Quantity::ZERO
+            } else {
+                left
+            },
+        );
     }
     out
 }
@@ -172,7 +179,11 @@ mod tests {
         let cap = list(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]);
         let sys = list(&[("cpu", "500m"), ("memory", "1Gi")]);
         let kube = list(&[("memory", "512Mi")]);
-        let a = allocatable(&cap, &[&sys, &kube], Some(Quantity::parse("100Mi").unwrap()));
+        let a = allocatable(
+            &cap,
+            &[&sys, &kube],
+            Some(Quantity::parse("100Mi").unwrap()),
+        );
         assert_eq!(a.get("cpu"), Some(Quantity::parse("3500m").unwrap()));
         assert_eq!(
             a.get("memory"),

@@ -60,9 +60,7 @@ pub fn parse(bytes: &[u8], format: Format) -> Result<Value, NodeError> {
     }
     if let Some(kind) = value.get("kind").and_then(Value::as_str) {
         if kind != "Pod" {
-            return Err(NodeError::Invalid(format!(
-                "kind: {kind:?} is not Pod"
-            )));
+            return Err(NodeError::Invalid(format!("kind: {kind:?} is not Pod")));
         }
     }
     Ok(value)
@@ -148,9 +146,9 @@ pub fn check(
         let ann = meta
             .entry("annotations")
             .or_insert_with(|| Value::Object(Default::default()));
-        let ann = ann.as_object_mut().ok_or_else(|| {
-            NodeError::Invalid("metadata.annotations: must be an object".into())
-        })?;
+        let ann = ann
+            .as_object_mut()
+            .ok_or_else(|| NodeError::Invalid("metadata.annotations: must be an object".into()))?;
         ann.insert(
             CONFIG_SOURCE_ANNOTATION.into(),
             Value::String("file".into()),
@@ -189,8 +187,7 @@ pub fn check(
 fn is_dns_label_like(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
 }
 
@@ -237,8 +234,10 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("resources.requests.memory"), "{e}");
-        let e = doc(json!({"metadata": {"name": "a"}, "spec": {"runtimeClassName": "gvisor",
-            "containers": []}}))
+        let e = doc(
+            json!({"metadata": {"name": "a"}, "spec": {"runtimeClassName": "gvisor",
+            "containers": []}}),
+        )
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("spec.runtimeClassName: \"gvisor\""), "{e}");

@@ -243,10 +243,7 @@ impl PodManager {
         })
     }
 
-    async fn ask<T>(
-        &self,
-        make: impl FnOnce(Reply<T>) -> Command,
-    ) -> Result<T, NodeError> {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, NodeError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(make(reply))
@@ -614,7 +611,9 @@ impl<R: Runtime + 'static> Actor<R> {
             let (reason, message) = match &decision.error {
                 Some(e) => (
                     "UnexpectedAdmissionError".to_string(),
-                    format!("Unexpected error while attempting to recover from admission failure: {e}"),
+                    format!(
+                        "Unexpected error while attempting to recover from admission failure: {e}"
+                    ),
                 ),
                 None => rejection(&failures[0]),
             };
@@ -727,7 +726,10 @@ impl<R: Runtime + 'static> Actor<R> {
                 if let Some(ca) = alloc.containers.get(&c.name) {
                     device_env.insert(
                         c.name.clone(),
-                        ca.envs.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                        ca.envs
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
                     );
                 }
             }
@@ -763,8 +765,10 @@ impl<R: Runtime + 'static> Actor<R> {
         );
         let started = async {
             self.update_tiers()?;
-            self.cgroups
-                .create_pod_cgroup(&cgroup, &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)))?;
+            self.cgroups.create_pod_cgroup(
+                &cgroup,
+                &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
+            )?;
             self.rt.run_pod(spec).await?;
             Ok::<(), NodeError>(())
         }
@@ -863,7 +867,12 @@ impl<R: Runtime + 'static> Actor<R> {
         match after {
             After::Remove { reply: tx, cause } => {
                 if let Some(err) = failed {
-                    reply(tx, Err(NodeError::Runtime(RuntimeError::Unavailable { reason: err })));
+                    reply(
+                        tx,
+                        Err(NodeError::Runtime(RuntimeError::Unavailable {
+                            reason: err,
+                        })),
+                    );
                     return;
                 }
                 let Some(entry) = self.pods.remove(&uid) else {
@@ -1039,12 +1048,13 @@ impl<R: Runtime + 'static> Actor<R> {
             );
         }
         for (path, hash, doc) in manifests {
-            let known = self.pods.values().any(|e| {
-                matches!(&e.record.source, PodSource::File { path: p, .. } if *p == path)
-            }) || self
-                .pending
-                .values()
-                .any(|p| matches!(&p.source, PodSource::File { path: q, .. } if *q == path));
+            let known =
+                self.pods.values().any(
+                    |e| matches!(&e.record.source, PodSource::File { path: p, .. } if *p == path),
+                ) || self
+                    .pending
+                    .values()
+                    .any(|p| matches!(&p.source, PodSource::File { path: q, .. } if *q == path));
             if known {
                 continue;
             }
@@ -1104,7 +1114,9 @@ impl<R: Runtime + 'static> Actor<R> {
             );
         }
         for uid in restart {
-            let Some(e) = self.pods.get(&uid) else { continue };
+            let Some(e) = self.pods.get(&uid) else {
+                continue;
+            };
             let policy = e
                 .record
                 .document
@@ -1143,13 +1155,16 @@ impl<R: Runtime + 'static> Actor<R> {
             }
             .await;
             match started {
-                Ok(()) => tracing::info!(pod = %checked.name, %uid, "pod missing from the runtime after restart: started again"),
+                Ok(()) => {
+                    tracing::info!(pod = %checked.name, %uid, "pod missing from the runtime after restart: started again")
+                }
                 Err(err) => {
                     tracing::error!(pod = %checked.name, %uid, "pod could not be restarted: {err}");
                     if let Some(e) = self.pods.get_mut(&uid) {
                         e.record.phase = PodPhase::Failed;
                         e.record.reason = "ContainerStatusUnknown".into();
-                        e.record.message = format!("could not be restarted after an agent restart: {err}");
+                        e.record.message =
+                            format!("could not be restarted after an agent restart: {err}");
                         e.record.ended_by_agent = true;
                     }
                 }

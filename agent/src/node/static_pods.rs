@@ -21,7 +21,10 @@ pub const RESCAN: Duration = Duration::from_secs(1);
 
 /// Reads every manifest in `dir`: (path, hash of path and content, document). Unreadable or
 /// malformed files are logged once per content and skipped.
-pub fn scan(dir: &Path, warned: &mut std::collections::BTreeSet<(PathBuf, u32)>) -> Vec<(PathBuf, u32, serde_json::Value)> {
+pub fn scan(
+    dir: &Path,
+    warned: &mut std::collections::BTreeSet<(PathBuf, u32)>,
+) -> Vec<(PathBuf, u32, serde_json::Value)> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return out;
@@ -100,19 +103,34 @@ mod tests {
     #[test]
     fn scan_reads_manifests_and_skips_the_rest() {
         let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("a.yaml"), "metadata: {name: a}\nspec: {containers: []}\n").unwrap();
-        std::fs::write(tmp.path().join("b.json"), "{\"metadata\":{\"name\":\"b\"},\"spec\":{}}").unwrap();
+        std::fs::write(
+            tmp.path().join("a.yaml"),
+            "metadata: {name: a}\nspec: {containers: []}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            tmp.path().join("b.json"),
+            "{\"metadata\":{\"name\":\"b\"},\"spec\":{}}",
+        )
+        .unwrap();
         std::fs::write(tmp.path().join("c.txt"), "ignored").unwrap();
         std::fs::write(tmp.path().join("d.yaml"), "- not a pod").unwrap();
         let mut warned = Default::default();
         let found = scan(tmp.path(), &mut warned);
-        let names: Vec<_> = found.iter().map(|(p, _, _)| p.file_name().unwrap().to_owned()).collect();
+        let names: Vec<_> = found
+            .iter()
+            .map(|(p, _, _)| p.file_name().unwrap().to_owned())
+            .collect();
         assert_eq!(names, ["a.yaml", "b.json"]);
         assert_eq!(warned.len(), 1);
         // Same content, same hash; edited content, new hash.
         let again = scan(tmp.path(), &mut warned);
         assert_eq!(again[0].1, found[0].1);
-        std::fs::write(tmp.path().join("a.yaml"), "metadata: {name: a2}\nspec: {containers: []}\n").unwrap();
+        std::fs::write(
+            tmp.path().join("a.yaml"),
+            "metadata: {name: a2}\nspec: {containers: []}\n",
+        )
+        .unwrap();
         assert_ne!(scan(tmp.path(), &mut warned)[0].1, found[0].1);
     }
 }
