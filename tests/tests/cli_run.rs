@@ -61,8 +61,27 @@ impl Drop for ChildGuard {
     }
 }
 
+/// `reactor run` works below its cgroup root in every v1 hierarchy: the test's memory cgroup
+/// gets siblings of the same name in the others (cpuset seeded from its parent).
+fn create_other_roots(cgroup: &str) {
+    for c in reactor_tests::cgroup_root::V1_CONTROLLERS {
+        let mount = std::path::Path::new(reactor_tests::cgroup_root::MOUNT_ROOT).join(c);
+        if c == "memory" || !mount.join("cgroup.procs").exists() {
+            continue;
+        }
+        let dir = mount.join(cgroup.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).unwrap();
+        if c == "cpuset" {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                std::fs::write(dir.join(f), std::fs::read_to_string(mount.join(f)).unwrap())
+                    .unwrap();
+            }
+        }
+    }
+}
+
 /// `reactor run` builds the (empty) QoS tree below its cgroup root in every v1 hierarchy and
-/// leaves it for the next start; the test removes it so its cgroup can go.
+/// leaves it for the next start; the test removes it and the other roots so its cgroup can go.
 fn remove_pod_tree(cgroup: &str) {
     for c in reactor_tests::cgroup_root::V1_CONTROLLERS {
         let root = std::path::Path::new(reactor_tests::cgroup_root::MOUNT_ROOT)
@@ -83,6 +102,7 @@ fn run_logs_events_with_lag_and_stops_on_sigterm() {
         return;
     }
     let mut cg = TestMemcg::new("run", 64 << 20).expect("create test memcg");
+    create_other_roots(&cg.cgroup);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("reactor.yaml");
     // A 64 MiB node rooted at the test cgroup: threshold = 64Mi - 16Mi = 48 MiB.
