@@ -519,3 +519,76 @@ fn node_static_pod_from_the_manifest_dir_is_critical_and_goes_with_its_file() {
     assert!(!alive(pid));
     assert!(!agent.cgroup_dir("memory", &cg).exists());
 }
+
+#[test]
+fn node_events_stream_and_status_report_what_exists() {
+    if !ready() {
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let agent = TestAgent::start("node-events", NODE);
+    let mut follow = Command::new(reactor_bin())
+        .args(["events", "--follow", "--json", "--socket"])
+        .arg(&agent.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let stdout = follow.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    // The stream is live from the call on: wait until it is attached by seeing an event.
+    let doc = pod_doc("ev", "v-1", json!({"memory": "8Mi"}), json!({}), json!({}));
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut applied = false;
+    while !seen.iter().any(|e: &Value| e["kind"] == "removed") {
+        if !applied {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            apply_ok(&agent, &doc);
+            let out = agent.cli(&["pod", "rm", "ev", "--grace", "0"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            applied = true;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(e) => seen.push(e),
+            Err(_) => panic!("events seen: {seen:?}"),
+        }
+    }
+    let admission = seen.iter().find(|e| e["kind"] == "admission").unwrap();
+    assert_eq!(admission["event"]["pod"], "default/ev");
+    assert_eq!(admission["event"]["admitted"], true);
+    let removed = seen.iter().find(|e| e["kind"] == "removed").unwrap();
+    assert!(removed["sequence"].as_u64() > admission["sequence"].as_u64());
+    let pid = rustix::process::Pid::from_child(&follow);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let _ = follow.wait();
+
+    let out = agent.cli(&["status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["cgroupVersion"], "v1");
+    assert_eq!(status["capacity"]["memory"], (1u64 << 30).to_string());
+    // Admission allocatable: capacity minus the hard memory.available threshold.
+    assert_eq!(status["allocatable"]["memory"], (924u64 << 20).to_string());
+    assert_eq!(status["allocatable"]["cpu"], "2");
+    assert!(status["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["attached"] == true));
+}
