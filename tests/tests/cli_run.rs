@@ -70,11 +70,11 @@ fn create_other_roots(cgroup: &str) {
             continue;
         }
         let dir = mount.join(cgroup.trim_start_matches('/'));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("create cgroup root");
         if c == "cpuset" {
             for f in ["cpuset.cpus", "cpuset.mems"] {
-                std::fs::write(dir.join(f), std::fs::read_to_string(mount.join(f)).unwrap())
-                    .unwrap();
+                let parent = std::fs::read_to_string(mount.join(f)).expect("read cpuset");
+                std::fs::write(dir.join(f), parent).expect("seed cpuset");
             }
         }
     }
