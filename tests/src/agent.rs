@@ -33,6 +33,13 @@ impl TestAgent {
         let d = dir.path();
         let static_dir = d.join("manifests");
         std::fs::create_dir(&static_dir).expect("manifest dir");
+        // The directories are open to everyone, so only the socket's own mode (0600, root)
+        // keeps other users out: that is what the non-root test checks.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::create_dir(d.join("run")).expect("socket dir");
+        std::fs::set_permissions(d.join("run"), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
         let socket = d.join("run/reactor.sock");
         let config = d.join("reactor.yaml");
         std::fs::write(

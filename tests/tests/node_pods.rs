@@ -472,8 +472,15 @@ fn node_bad_input_is_refused_in_one_line_and_the_node_is_unchanged() {
     assert_eq!(pods(), pods_before);
     assert_eq!(tree(), cgroups_before);
 
-    // A client that is not root cannot reach the socket.
+    // A client that is not root cannot reach the socket (its directory is open; the socket
+    // itself is 0600 root:root).
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
+    let meta = std::fs::metadata(&agent.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!((meta.uid(), meta.gid()), (0, 0));
+    let parent = std::fs::metadata(agent.socket.parent().unwrap()).unwrap();
+    assert_eq!(parent.permissions().mode() & 0o777, 0o755);
     let out = Command::new(reactor_bin())
         .args(["pod", "ls", "--socket"])
         .arg(&agent.socket)
@@ -484,6 +491,10 @@ fn node_bad_input_is_refused_in_one_line_and_the_node_is_unchanged() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach the agent"), "{err}");
+    assert!(
+        err.contains("Permission denied") || err.contains("permission denied"),
+        "{err}"
+    );
     assert_eq!(pods(), pods_before);
 }
 
