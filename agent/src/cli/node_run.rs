@@ -138,6 +138,13 @@ fn forward_exits(
 }
 
 impl NodeParts {
+    /// The pod manager, for the reactor loop (list pods with QoS/cgroup/requests/priority,
+    /// evict one with a status, publish eviction events).
+    #[expect(dead_code, reason = "the reactor loop (branch `loop`) is its caller")]
+    pub(crate) fn pods(&self) -> &PodManager {
+        &self.pods
+    }
+
     /// Puts a pressure event on the event stream.
     pub(crate) fn publish_pressure(&self, r: &Received) {
         let e = &r.event;
