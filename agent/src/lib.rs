@@ -12,6 +12,7 @@ pub mod config;
 pub mod decide;
 pub mod devices;
 pub mod images;
+pub mod node;
 pub mod observe;
 pub mod plan;
 pub mod reactor;

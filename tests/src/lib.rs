@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+pub mod agent;
 pub mod cgroup_root;
 pub mod containerd;
 pub mod oci;

@@ -7,12 +7,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod client;
 mod config;
+mod events;
 mod logging;
+mod node_run;
 mod plan;
+mod pod;
 mod run;
 mod sense_args;
 mod shutdown;
+mod status;
 mod watch;
 
 /// A node agent that handles memory, disk and pid pressure by the kubelet's rules,
@@ -38,6 +43,13 @@ enum Command {
     /// What the agent would decide for a JSON snapshot (no root, no kernel, no runtime).
     #[command(subcommand)]
     Plan(plan::PlanCommand),
+    /// Pods on a running agent: apply, rm, ls (over its API socket).
+    #[command(subcommand)]
+    Pod(pod::PodCommand),
+    /// The node as the running agent sees it: signals, sources, allocatable, next to evict.
+    Status(status::StatusArgs),
+    /// What happens on the node, as it happens (admissions, preemptions, removals, pressure).
+    Events(events::EventsArgs),
 }
 
 /// A failure with the exit code it maps to.
@@ -61,6 +73,9 @@ pub(crate) fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Plan(cmd) => plan::run(cmd),
+        Command::Pod(cmd) => pod::run(cmd),
+        Command::Status(args) => status::run(args),
+        Command::Events(args) => events::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

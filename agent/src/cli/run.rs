@@ -93,6 +93,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
             metrics.set_source_attached(source, sense.report().has(source));
         }
         let oom_source = oom_kill_source(sense.report());
+        let node = super::node_run::start(&config, sense.report()).await?;
         tracing::info!(pid = std::process::id(), "reactor running");
         loop {
             let received = tokio::select! {
@@ -105,6 +106,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
                 break;
             };
             metrics.record_event(&r);
+            node.publish_pressure(&r);
             let e = &r.event;
             if matches!(e.kind, Kind::OomKill { .. }) && Some(e.source) == oom_source {
                 metrics.record_oom_kill();
@@ -117,6 +119,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
                 tracing::info!(source = %e.source, cgroup, kind = %e.kind, at_ns = e.at_ns, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
             }
         }
+        node.stop().await;
         let lag = sense.shutdown().await;
         for s in lag.snapshot() {
             tracing::info!(source = %s.source, count = s.count, p50_ns = s.p50_ns, p99_ns = s.p99_ns, max_ns = s.max_ns, "detection lag");

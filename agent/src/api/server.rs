@@ -1,0 +1,509 @@
+//! The agent's gRPC API (`reactor.v1.Agent`) on the root-only unix socket.
+//!
+//! A thin front end: every request is converted to domain types here, handed to the pod
+//! manager (or the plan engine), and the answer converted back. Domain errors become gRPC
+//! statuses in one place, [`status`], so a client can tell its own mistake
+//! (`InvalidArgument`, `NotFound`, `AlreadyExists`) from the node's state
+//! (`FailedPrecondition`, `ResourceExhausted`) and from trouble (`Unavailable`, `Internal`).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use reactor_proto::reactor_v1 as pb;
+use reactor_proto::reactor_v1::agent_server::{Agent, AgentServer};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::socket::ApiSocket;
+use crate::decide::qos::QosClass;
+use crate::devices::DeviceManager;
+use crate::node::document::Format;
+use crate::node::manager::{container_state, phase_name};
+use crate::node::{NodeError, NodeEventKind, PodManager, PodView, RemoveTarget};
+
+/// Requests larger than this are refused by the transport; it is above the document limit
+/// so an oversize pod document reaches the agent's own check and its one-line reason.
+pub const MAX_MESSAGE_BYTES: usize = crate::node::document::MAX_DOCUMENT_BYTES + (1 << 20);
+
+/// The one place domain errors become gRPC statuses.
+pub fn status(e: &NodeError) -> Status {
+    let msg = e.to_string();
+    match e {
+        NodeError::Invalid(_) => Status::invalid_argument(msg),
+        NodeError::TooLarge { .. } => Status::resource_exhausted(msg),
+        NodeError::AlreadyExists(_) => Status::already_exists(msg),
+        NodeError::NotFound(_) => Status::not_found(msg),
+        NodeError::Stopping(_) => Status::failed_precondition(msg),
+        NodeError::Runtime(r) => match r {
+            crate::act::runtime::RuntimeError::NotFound { .. } => Status::not_found(msg),
+            crate::act::runtime::RuntimeError::AlreadyExists { .. } => Status::already_exists(msg),
+            crate::act::runtime::RuntimeError::InvalidPod { .. } => Status::invalid_argument(msg),
+            crate::act::runtime::RuntimeError::Unavailable { .. } => Status::unavailable(msg),
+            _ => Status::internal(msg),
+        },
+        NodeError::Cgroup(_) | NodeError::Checkpoint(_) => Status::internal(msg),
+        NodeError::Stopped => Status::unavailable(msg),
+    }
+}
+
+/// What `NodeStatus` reports besides the pods: filled at start by `reactor run`.
+#[derive(Clone, Default)]
+pub struct NodeFacts {
+    /// Sense sources: (name, attached, reason).
+    pub sources: Vec<(String, bool, String)>,
+    /// `evictionHard` as configured (signal → value).
+    pub eviction_hard: Vec<(String, String)>,
+    /// The agent's cgroup root.
+    pub cgroup_root: String,
+}
+
+/// The service.
+#[derive(Clone)]
+pub struct AgentService {
+    pods: PodManager,
+    devices: Option<Arc<DeviceManager>>,
+    facts: Arc<NodeFacts>,
+}
+
+impl AgentService {
+    /// A service over `pods`.
+    pub fn new(pods: PodManager, devices: Option<Arc<DeviceManager>>, facts: NodeFacts) -> Self {
+        AgentService {
+            pods,
+            devices,
+            facts: Arc::new(facts),
+        }
+    }
+}
+
+fn qos(q: QosClass) -> i32 {
+    match q {
+        QosClass::Guaranteed => pb::QosClass::Guaranteed as i32,
+        QosClass::Burstable => pb::QosClass::Burstable as i32,
+        QosClass::BestEffort => pb::QosClass::BestEffort as i32,
+    }
+}
+
+fn pod_ref(namespace: &str, name: &str) -> pb::PodRef {
+    pb::PodRef {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    }
+}
+
+fn split(full: &str) -> pb::PodRef {
+    match full.split_once('/') {
+        Some((ns, n)) => pod_ref(ns, n),
+        None => pod_ref("default", full),
+    }
+}
+
+/// A pod view in the API's terms.
+pub fn summary(v: &PodView) -> pb::PodSummary {
+    pb::PodSummary {
+        uid: v.uid.clone(),
+        pod: Some(pod_ref(&v.namespace, &v.name)),
+        qos: qos(v.info.qos),
+        phase: phase_name(v.phase).to_string(),
+        reason: v.reason.clone(),
+        message: v.message.clone(),
+        cgroup: v.cgroup.as_ref().map(|c| c.to_string()).unwrap_or_default(),
+        usage: Some(pb::PodUsage {
+            memory_working_set_bytes: v.memory.map_or(0, |m| m.working_set_bytes),
+            ephemeral_storage_bytes: 0,
+            process_count: 0,
+            oom_kills: v.oom_kills.unwrap_or(0),
+        }),
+        eviction_rank: v
+            .memory_rank
+            .map(|rank| pb::EvictionRank {
+                signal: "memory.available".into(),
+                rank,
+                exempt: v.info.is_critical(),
+            })
+            .into_iter()
+            .collect(),
+        priority: v.info.priority_or_zero(),
+        containers: v
+            .containers
+            .iter()
+            .map(|c| {
+                let (state, reason) = container_state(c);
+                pb::ContainerSummary {
+                    name: c.name.clone(),
+                    state: state.to_string(),
+                    reason,
+                    restart_count: c.restart_count,
+                    last_exit_code: c.last_termination.as_ref().map(|t| t.exit_code).or(
+                        match &c.state {
+                            crate::act::runtime::ContainerState::Terminated(t) => Some(t.exit_code),
+                            _ => None,
+                        },
+                    ),
+                    oom_score_adj: v.oom_score_adj.get(&c.name).copied().unwrap_or(0),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn event(e: &crate::node::NodeEvent) -> pb::Event {
+    use pb::event::Kind as K;
+    let kind = match &e.kind {
+        NodeEventKind::Pressure {
+            source,
+            cgroup,
+            kind,
+            at_monotonic_ns,
+            lag_ns,
+        } => K::Pressure(pb::PressureEvent {
+            source: source.clone(),
+            cgroup: cgroup.clone(),
+            kind: kind.clone(),
+            at_monotonic_nanos: i64::try_from(*at_monotonic_ns).unwrap_or(i64::MAX),
+            lag_nanos: i64::try_from(*lag_ns).unwrap_or(i64::MAX),
+        }),
+        NodeEventKind::Admission {
+            namespace,
+            name,
+            uid,
+            admitted,
+            reason,
+            message,
+        } => K::Admission(pb::AdmissionEvent {
+            pod: Some(pod_ref(namespace, name)),
+            uid: uid.clone(),
+            admitted: *admitted,
+            reason: reason.clone(),
+            message: message.clone(),
+        }),
+        NodeEventKind::Preemption {
+            preemptor,
+            victims,
+            reasons,
+        } => K::Preemption(pb::PreemptionEvent {
+            preemptor: Some(split(preemptor)),
+            victims: victims.iter().map(|v| split(v)).collect(),
+            reasons: reasons.clone(),
+        }),
+        NodeEventKind::Eviction {
+            pod,
+            uid,
+            signal,
+            message,
+            grace_period_seconds,
+            reaction_ns,
+        } => K::Eviction(pb::EvictionEvent {
+            pod: Some(split(pod)),
+            uid: uid.clone(),
+            signal: signal.clone(),
+            message: message.clone(),
+            grace_period_seconds: *grace_period_seconds,
+            reaction_nanos: *reaction_ns,
+        }),
+        NodeEventKind::OomKill {
+            pod,
+            container,
+            cgroup,
+        } => K::OomKill(pb::OomKillEvent {
+            pod: Some(split(pod)),
+            container: container.clone(),
+            cgroup: cgroup.clone(),
+            pid: 0,
+        }),
+        NodeEventKind::Removed { pod, uid, cause } => K::Removed(pb::PodRemovedEvent {
+            pod: Some(split(pod)),
+            uid: uid.clone(),
+            cause: cause.clone(),
+        }),
+    };
+    pb::Event {
+        at_unix_nanos: e
+            .at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+        sequence: e.sequence,
+        kind: Some(kind),
+    }
+}
+
+fn kind_name(k: &pb::event::Kind) -> &'static str {
+    use pb::event::Kind as K;
+    match k {
+        K::Pressure(_) => "pressure",
+        K::Admission(_) => "admission",
+        K::Preemption(_) => "preemption",
+        K::Eviction(_) => "eviction",
+        K::OomKill(_) => "oom_kill",
+        K::ImageGc(_) => "image_gc",
+        K::Device(_) => "device",
+        K::Removed(_) => "removed",
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn apply_pod(
+        &self,
+        request: Request<pb::ApplyPodRequest>,
+    ) -> Result<Response<pb::ApplyPodResponse>, Status> {
+        let r = request.into_inner();
+        let format = match pb::DocumentFormat::try_from(r.format) {
+            Ok(pb::DocumentFormat::Json) => Format::Json,
+            Ok(pb::DocumentFormat::Yaml) => Format::Yaml,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "format: must be DOCUMENT_FORMAT_JSON or DOCUMENT_FORMAT_YAML",
+                ))
+            }
+        };
+        let applied = self
+            .pods
+            .apply(&r.pod, format)
+            .await
+            .map_err(|e| status(&e))?;
+        let v = &applied.pod;
+        Ok(Response::new(pb::ApplyPodResponse {
+            uid: v.uid.clone(),
+            pod: Some(pod_ref(&v.namespace, &v.name)),
+            qos: qos(v.info.qos),
+            admitted: applied.admitted,
+            reason: if applied.admitted {
+                String::new()
+            } else {
+                v.reason.clone()
+            },
+            message: if applied.admitted {
+                String::new()
+            } else {
+                v.message.clone()
+            },
+            preempted: applied.preempted.clone(),
+            cgroup: v.cgroup.as_ref().map(|c| c.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn remove_pod(
+        &self,
+        request: Request<pb::RemovePodRequest>,
+    ) -> Result<Response<pb::RemovePodResponse>, Status> {
+        let r = request.into_inner();
+        let target = match r.target {
+            Some(pb::remove_pod_request::Target::Pod(p)) if !p.name.is_empty() => {
+                RemoveTarget::Name {
+                    namespace: if p.namespace.is_empty() {
+                        "default".into()
+                    } else {
+                        p.namespace
+                    },
+                    name: p.name,
+                }
+            }
+            Some(pb::remove_pod_request::Target::Uid(u)) if !u.is_empty() => RemoveTarget::Uid(u),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "target: a pod name or uid is required",
+                ))
+            }
+        };
+        let grace = match r.grace_period_seconds {
+            None => None,
+            Some(g) if g >= 0 => Some(Duration::from_secs(g as u64)),
+            Some(g) => {
+                return Err(Status::invalid_argument(format!(
+                    "grace_period_seconds: {g} is negative"
+                )))
+            }
+        };
+        let removed = self
+            .pods
+            .remove(target, grace)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::RemovePodResponse {
+            pod: Some(summary(&removed.pod)),
+        }))
+    }
+
+    async fn list_pods(
+        &self,
+        request: Request<pb::ListPodsRequest>,
+    ) -> Result<Response<pb::ListPodsResponse>, Status> {
+        let ns = request.into_inner().namespace;
+        let pods = self.pods.pods().await.map_err(|e| status(&e))?;
+        Ok(Response::new(pb::ListPodsResponse {
+            pods: pods
+                .iter()
+                .filter(|p| ns.is_empty() || p.namespace == ns)
+                .map(summary)
+                .collect(),
+        }))
+    }
+
+    async fn node_status(
+        &self,
+        _request: Request<pb::NodeStatusRequest>,
+    ) -> Result<Response<pb::NodeStatusResponse>, Status> {
+        let plan = self.pods.plan();
+        let mut capacity: HashMap<String, String> = plan
+            .resources
+            .capacity
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut allocatable: HashMap<String, String> = plan
+            .resources
+            .allocatable
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if let Some(d) = &self.devices {
+            for (resource, (healthy, unhealthy)) in d.devices() {
+                capacity.insert(
+                    resource.clone(),
+                    (healthy.len() + unhealthy.len()).to_string(),
+                );
+                allocatable.insert(resource, healthy.len().to_string());
+            }
+        }
+        let mut signals = Vec::new();
+        // allocatableMemory.available: allocatable minus the pods' working set, read now.
+        if let (Some(alloc), Ok(usage)) = (
+            plan.cgroups.allocatable_memory,
+            self.pods
+                .cgroups()
+                .memory_usage(&crate::act::cgroups::CgroupPath::kubepods()),
+        ) {
+            let alloc_bytes = crate::decide::pod::clamp_i64(alloc.value());
+            let available =
+                alloc_bytes - i64::try_from(usage.working_set_bytes).unwrap_or(i64::MAX);
+            let thresholds = self
+                .facts
+                .eviction_hard
+                .iter()
+                .filter(|(s, _)| s == "memory.available")
+                .map(|(_, v)| pb::Threshold {
+                    kind: "hard".into(),
+                    value: v.clone(),
+                    resolved: String::new(),
+                    grace_period: String::new(),
+                    minimum_reclaim: String::new(),
+                    met: false,
+                    met_since_unix_nanos: 0,
+                })
+                .collect();
+            signals.push(pb::Signal {
+                name: "allocatableMemory.available".into(),
+                available: available.to_string(),
+                capacity: alloc_bytes.to_string(),
+                thresholds,
+                observed_unix_nanos: std::time::SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(0)),
+            });
+        }
+        Ok(Response::new(pb::NodeStatusResponse {
+            signals,
+            conditions: Vec::new(),
+            sources: self
+                .facts
+                .sources
+                .iter()
+                .map(|(name, attached, reason)| pb::SenseSource {
+                    name: name.clone(),
+                    attached: *attached,
+                    reason: reason.clone(),
+                    events: 0,
+                })
+                .collect(),
+            resources: Some(pb::NodeResources {
+                capacity,
+                allocatable,
+            }),
+            cgroup_version: match self.pods.cgroups().version() {
+                crate::decide::cgroups::CgroupVersion::V1 => "v1".into(),
+                crate::decide::cgroups::CgroupVersion::V2 => "v2".into(),
+            },
+            cgroup_root: self.facts.cgroup_root.clone(),
+        }))
+    }
+
+    type EventsStream = EventStream;
+
+    async fn events(
+        &self,
+        request: Request<pb::EventsRequest>,
+    ) -> Result<Response<Self::EventsStream>, Status> {
+        let kinds = request.into_inner().kinds;
+        let rx = self.pods.events().subscribe();
+        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
+            let e = item.ok()?;
+            let pe = event(&e);
+            let k = pe.kind.as_ref()?;
+            (kinds.is_empty() || kinds.iter().any(|w| w == kind_name(k))).then_some(Ok(pe))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn plan(
+        &self,
+        request: Request<pb::PlanRequest>,
+    ) -> Result<Response<pb::PlanResponse>, Status> {
+        let r = request.into_inner();
+        let bytes = &r.input_json;
+        let bad = |e: crate::plan::input::InputError| Status::invalid_argument(e.to_string());
+        let value = match r.what.as_str() {
+            "evict" => crate::plan::evict::run(bytes).map_err(bad)?,
+            "preempt" => serde_json::to_value(crate::plan::preempt::run(bytes).map_err(bad)?)
+                .map_err(|e| Status::internal(e.to_string()))?,
+            "image-gc" => crate::plan::image_gc::run(bytes).map_err(bad)?,
+            "cgroups" => crate::plan::cgroups::run(bytes).map_err(bad)?,
+            "pressure" => crate::plan::pressure::run(bytes).map_err(bad)?,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "what: {other:?} is not evict, preempt, image-gc, cgroups or pressure"
+                )))
+            }
+        };
+        let out = serde_json::to_vec_pretty(&value).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(pb::PlanResponse { output_json: out }))
+    }
+}
+
+/// Serves `service` on `socket` until `shutdown` resolves.
+pub async fn serve(
+    socket: ApiSocket,
+    service: AgentService,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<tokio::net::UnixStream>>(16);
+    let socket = Arc::new(socket);
+    let accept = {
+        let socket = Arc::clone(&socket);
+        tokio::spawn(async move {
+            loop {
+                let r = socket.listener().accept().await.map(|(s, _)| s);
+                if tx.send(r).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let result = tonic::transport::Server::builder()
+        .add_service(
+            AgentServer::new(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    accept.abort();
+    let _ = accept.await;
+    drop(socket);
+    result
+}

@@ -1,0 +1,124 @@
+//! `reactor events --follow`: what happens on the node, as it happens. The agent keeps no
+//! history; the stream starts at the moment of the call and runs until interrupted.
+
+use clap::Args;
+use reactor_proto::reactor_v1 as pb;
+use serde_json::json;
+
+use super::client::{failure, SocketArgs};
+use super::watch::runtime;
+use super::Failure;
+
+/// `events`.
+#[derive(Args, Debug)]
+pub(crate) struct EventsArgs {
+    /// Keep streaming (the only mode: the agent keeps no history; accepted for kubectl habit).
+    #[arg(long, short = 'f')]
+    follow: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Only these kinds (`pressure`, `admission`, `preemption`, `eviction`, `oom_kill`,
+    /// `removed`, ...).
+    #[arg(long = "kind", value_name = "KIND")]
+    kinds: Vec<String>,
+    #[command(flatten)]
+    socket: SocketArgs,
+}
+
+fn name(p: &Option<pb::PodRef>) -> String {
+    p.as_ref()
+        .map(|r| format!("{}/{}", r.namespace, r.name))
+        .unwrap_or_default()
+}
+
+fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
+    use pb::event::Kind as K;
+    match &e.kind {
+        Some(K::Pressure(p)) => (
+            "pressure",
+            json!({"source": p.source, "cgroup": p.cgroup, "kind": p.kind, "lagNanos": p.lag_nanos}),
+            format!("{} {} {} lag {}ns", p.source, p.kind, p.cgroup, p.lag_nanos),
+        ),
+        Some(K::Admission(a)) => (
+            "admission",
+            json!({"pod": name(&a.pod), "uid": a.uid, "admitted": a.admitted, "reason": a.reason, "message": a.message}),
+            if a.admitted {
+                format!("{} admitted", name(&a.pod))
+            } else {
+                format!("{} rejected: {}: {}", name(&a.pod), a.reason, a.message)
+            },
+        ),
+        Some(K::Preemption(p)) => {
+            let victims: Vec<String> = p
+                .victims
+                .iter()
+                .map(|v| format!("{}/{}", v.namespace, v.name))
+                .collect();
+            (
+                "preemption",
+                json!({"preemptor": name(&p.preemptor), "victims": victims, "reasons": p.reasons}),
+                format!(
+                    "{} preempts {} ({})",
+                    name(&p.preemptor),
+                    victims.join(", "),
+                    p.reasons.join(", ")
+                ),
+            )
+        }
+        Some(K::Eviction(v)) => (
+            "eviction",
+            json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message}),
+            format!("{} evicted ({}): {}", name(&v.pod), v.signal, v.message),
+        ),
+        Some(K::OomKill(o)) => (
+            "oom_kill",
+            json!({"pod": name(&o.pod), "container": o.container, "cgroup": o.cgroup}),
+            format!("{} container {} OOM-killed", name(&o.pod), o.container),
+        ),
+        Some(K::Removed(r)) => (
+            "removed",
+            json!({"pod": name(&r.pod), "uid": r.uid, "cause": r.cause}),
+            format!("{} removed ({})", name(&r.pod), r.cause),
+        ),
+        Some(K::ImageGc(g)) => (
+            "image_gc",
+            json!({"trigger": g.trigger, "removed": g.removed, "freedBytes": g.freed_bytes}),
+            format!("image GC ({}): {} removed", g.trigger, g.removed.len()),
+        ),
+        Some(K::Device(d)) => (
+            "device",
+            json!({"resource": d.resource, "change": d.change, "devices": d.devices}),
+            format!("{} {}", d.resource, d.change),
+        ),
+        None => ("unknown", json!({}), String::new()),
+    }
+}
+
+pub(crate) fn run(a: EventsArgs) -> Result<(), Failure> {
+    let _ = a.follow;
+    runtime()?.block_on(async {
+        let mut client = a.socket.connect().await?;
+        let mut stream = client
+            .events(pb::EventsRequest {
+                kinds: a.kinds.clone(),
+            })
+            .await
+            .map_err(failure)?
+            .into_inner();
+        use std::io::Write as _;
+        let mut out = std::io::stdout();
+        while let Some(e) = stream.message().await.map_err(failure)? {
+            let (kind, body, text) = describe(&e);
+            let line = if a.json {
+                json!({"sequence": e.sequence, "atUnixNanos": e.at_unix_nanos, "kind": kind, "event": body}).to_string()
+            } else {
+                format!("#{} {kind}: {text}", e.sequence)
+            };
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,163 @@
+//! What happens on the node, fanned out to every `reactor events` client.
+//!
+//! A broadcast channel, because slow clients must never hold up the pod manager or the
+//! reactor loop: a client that falls behind is told how many events it missed (the sequence
+//! numbers jump) instead of slowing the sender down.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::broadcast;
+
+/// How many events a slow client may fall behind by.
+const CAPACITY: usize = 4096;
+
+/// One event, stamped and numbered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeEvent {
+    /// When it was recorded (wall clock).
+    pub at: SystemTime,
+    /// Increases by one per event from 1, so a client sees what it missed.
+    pub sequence: u64,
+    /// What happened.
+    pub kind: NodeEventKind,
+}
+
+/// What happened; mirrors the API's `Event.kind` but in domain terms.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeEventKind {
+    /// The kernel reported pressure (from `sense`).
+    Pressure {
+        /// `ebpf`, `psi`, `memcg`, `poll`.
+        source: String,
+        /// The cgroup concerned, empty for the node.
+        cgroup: String,
+        /// What kind of event.
+        kind: String,
+        /// Kernel timestamp, CLOCK_MONOTONIC ns.
+        at_monotonic_ns: u64,
+        /// Detection lag, ns.
+        lag_ns: u64,
+    },
+    /// A pod was admitted or refused.
+    Admission {
+        /// `namespace`.
+        namespace: String,
+        /// `name`.
+        name: String,
+        /// uid.
+        uid: String,
+        /// Whether it was admitted.
+        admitted: bool,
+        /// The kubelet's reason when refused.
+        reason: String,
+        /// The kubelet's message when refused.
+        message: String,
+    },
+    /// A critical pod preempted others.
+    Preemption {
+        /// The critical pod, `namespace/name`.
+        preemptor: String,
+        /// Victims, `namespace/name`, in eviction order.
+        victims: Vec<String>,
+        /// What it needed (`Insufficient memory`).
+        reasons: Vec<String>,
+    },
+    /// The eviction manager evicted a pod (published by the reactor loop).
+    Eviction {
+        /// `namespace/name`.
+        pod: String,
+        /// uid.
+        uid: String,
+        /// The signal.
+        signal: String,
+        /// The kubelet's message.
+        message: String,
+        /// Grace given, seconds.
+        grace_period_seconds: i64,
+        /// From the kernel's report to the kill, ns.
+        reaction_ns: i64,
+    },
+    /// A container was OOM-killed by the kernel.
+    OomKill {
+        /// `namespace/name`.
+        pod: String,
+        /// The container.
+        container: String,
+        /// The cgroup the kill was counted in.
+        cgroup: String,
+    },
+    /// A pod was removed from the node (stopped, its cgroup gone).
+    Removed {
+        /// `namespace/name`.
+        pod: String,
+        /// uid.
+        uid: String,
+        /// Why: `api`, `static-manifest-removed`, ...
+        cause: String,
+    },
+}
+
+/// The sender side, shared by everything that publishes.
+#[derive(Clone, Debug)]
+pub struct EventHub {
+    tx: broadcast::Sender<NodeEvent>,
+    sequence: Arc<AtomicU64>,
+}
+
+impl Default for EventHub {
+    fn default() -> Self {
+        EventHub::new()
+    }
+}
+
+impl EventHub {
+    /// A hub with no subscribers yet.
+    pub fn new() -> EventHub {
+        let (tx, _) = broadcast::channel(CAPACITY);
+        EventHub {
+            tx,
+            sequence: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Stamps, numbers and sends `kind` to every subscriber (none listening is fine).
+    pub fn publish(&self, kind: NodeEventKind) {
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        let _ = self.tx.send(NodeEvent {
+            at: SystemTime::now(),
+            sequence,
+            kind,
+        });
+    }
+
+    /// A new subscriber, seeing events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<NodeEvent> {
+        self.tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn subscribers_see_numbered_events() {
+        let hub = EventHub::new();
+        hub.publish(NodeEventKind::Removed {
+            pod: "a/b".into(),
+            uid: "u".into(),
+            cause: "api".into(),
+        });
+        let mut rx = hub.subscribe();
+        hub.publish(NodeEventKind::Removed {
+            pod: "a/c".into(),
+            uid: "v".into(),
+            cause: "api".into(),
+        });
+        let e = rx.recv().await.unwrap();
+        assert_eq!(e.sequence, 2);
+        assert!(matches!(e.kind, NodeEventKind::Removed { ref pod, .. } if pod == "a/c"));
+    }
+}

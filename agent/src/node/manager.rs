@@ -1,0 +1,1227 @@
+//! The pod manager: one task owns the pods (see the module doc of [`super`]).
+//!
+//! # The API for the reactor loop
+//!
+//! - [`PodManager::pods`] lists every pod with what eviction needs: the decision rules' view
+//!   ([`PodInfo`]: QoS, requests, priority, criticality), the pod cgroup, phase, container
+//!   states, grace period and the current memory working set.
+//! - [`PodManager::evict`] kills one pod with a status (`Failed`, the given reason and
+//!   message — `Evicted` and the kubelet's eviction message for the loop) after the given
+//!   grace, removes its pod cgroup and recomputes the QoS tiers; the pod stays listed as
+//!   Failed (as the kubelet leaves an evicted pod object) until it is removed.
+//! - [`PodManager::events`] is the hub the loop publishes its own events on (evictions with
+//!   their reaction time).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as k8s;
+use tokio::sync::{mpsc, oneshot};
+
+use super::admit::{fit, is_extended, rejection};
+use super::document::{self, Checked, Format};
+use super::events::{EventHub, NodeEventKind};
+use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::settings::NodePlan;
+use super::NodeError;
+use crate::act::cgroups::{CgroupManager, CgroupPath, MemoryUsage, Resources, DEFAULT_REMOVE_WAIT};
+use crate::act::pod_spec::pod_spec;
+use crate::act::runtime::{
+    ContainerState, ContainerStatus, PodPhase, PodSpec, Runtime, RuntimeError,
+};
+use crate::decide::cgroups::{pod_config, qos_tiers};
+use crate::decide::pod::PodInfo;
+use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
+use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
+use crate::record::checkpoint::Checkpoint;
+
+/// The kubelet's status message for a pod preempted by a critical pod.
+pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
+/// The kubelet's status reason for it (`events.PreemptContainer`).
+pub const PREEMPTION_REASON: &str = "Preempting";
+
+/// Commands queued to the owner task.
+const QUEUE: usize = 256;
+
+/// A pod as the API and the reactor loop see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodView {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// The decision rules' view: QoS, requests, priority, criticality.
+    pub info: PodInfo,
+    /// The pod cgroup below the agent's cgroup root (none for a pod never admitted).
+    pub cgroup: Option<CgroupPath>,
+    /// `status.phase`.
+    pub phase: PodPhase,
+    /// `status.reason`.
+    pub reason: String,
+    /// `status.message`.
+    pub message: String,
+    /// Container states, in spec order.
+    pub containers: Vec<ContainerStatus>,
+    /// `oom_score_adj` per container.
+    pub oom_score_adj: BTreeMap<String, i32>,
+    /// `spec.terminationGracePeriodSeconds`.
+    pub grace_period_seconds: i64,
+    /// Memory use of the pod cgroup now (running pods only).
+    pub memory: Option<MemoryUsage>,
+    /// OOM kills counted in the pod cgroup.
+    pub oom_kills: Option<u64>,
+    /// Rank for `memory.available` among the running pods (1 = evicted first), by
+    /// `decide::rank` over the working sets read now.
+    pub memory_rank: Option<u32>,
+    /// Whether the pod came from a static manifest.
+    pub is_static: bool,
+    /// Whether the pod is being stopped right now.
+    pub stopping: bool,
+}
+
+impl PodView {
+    /// `namespace/name`.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The answer to an apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// The pod (admitted or refused).
+    pub pod: PodView,
+    /// Whether it was admitted and started.
+    pub admitted: bool,
+    /// `namespace/name` of pods preempted for it.
+    pub preempted: Vec<String>,
+}
+
+/// The answer to a removal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Removed {
+    /// The pod as it was when it stopped.
+    pub pod: PodView,
+}
+
+/// Which pod to remove.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoveTarget {
+    /// By `namespace/name`.
+    Name {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// By uid.
+    Uid(String),
+}
+
+impl std::fmt::Display for RemoveTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoveTarget::Name { namespace, name } => write!(f, "{namespace}/{name}"),
+            RemoveTarget::Uid(uid) => write!(f, "with uid {uid}"),
+        }
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, NodeError>>;
+
+enum After {
+    Remove {
+        reply: Option<Reply<Removed>>,
+        cause: String,
+    },
+    Evict {
+        reason: String,
+        message: String,
+        reply: Reply<PodView>,
+    },
+    Preempted {
+        preemptor: String,
+    },
+}
+
+enum Command {
+    Apply {
+        checked: Box<Checked>,
+        source: PodSource,
+        reply: Option<Reply<Applied>>,
+    },
+    Remove {
+        target: RemoveTarget,
+        grace: Option<Duration>,
+        reply: Reply<Removed>,
+    },
+    Evict {
+        uid: String,
+        grace: Duration,
+        reason: String,
+        message: String,
+        reply: Reply<PodView>,
+    },
+    List {
+        reply: oneshot::Sender<Vec<PodView>>,
+    },
+    StaticSync {
+        manifests: Vec<(PathBuf, u32, serde_json::Value)>,
+    },
+    Stopped {
+        uid: String,
+        status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
+        after: After,
+    },
+}
+
+/// The handle everything else uses; cheap to clone.
+#[derive(Clone)]
+pub struct PodManager {
+    tx: mpsc::Sender<Command>,
+    events: EventHub,
+    plan: Arc<NodePlan>,
+    cgroups: CgroupManager,
+}
+
+/// What [`PodManager::start`] needs.
+pub struct PodManagerConfig<R> {
+    /// The runtime pods run in.
+    pub runtime: Arc<R>,
+    /// The cgroup writer at the agent's `cgroupRoot`.
+    pub cgroups: CgroupManager,
+    /// The node model.
+    pub plan: NodePlan,
+    /// Where the pod checkpoint lives (`<stateDir>/pods.json`).
+    pub state_dir: PathBuf,
+    /// The device manager, for extended resources.
+    pub devices: Option<Arc<DeviceManager>>,
+    /// Where events go.
+    pub events: EventHub,
+}
+
+impl PodManager {
+    /// Loads the pod checkpoint, builds the QoS tree, re-adopts the pods the runtime still
+    /// runs (restarting by their restart policy the ones it lost; killing nothing), and
+    /// starts the owner task.
+    pub async fn start<R: Runtime + 'static>(
+        config: PodManagerConfig<R>,
+    ) -> Result<PodManager, NodeError> {
+        let checkpoint = Checkpoint::new(
+            config.state_dir.join("pods.json"),
+            CHECKPOINT_KIND,
+            CHECKPOINT_VERSION,
+        );
+        let records: Vec<PodRecord> = checkpoint.load()?.unwrap_or_default();
+        let plan = Arc::new(config.plan);
+        config
+            .cgroups
+            .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut actor = Actor {
+            rt: config.runtime,
+            cgroups: config.cgroups.clone(),
+            plan: Arc::clone(&plan),
+            checkpoint,
+            devices: config.devices,
+            events: config.events.clone(),
+            pods: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            tx: tx.downgrade(),
+        };
+        actor.reconcile(records).await?;
+        tokio::spawn(actor.run(rx));
+        Ok(PodManager {
+            tx,
+            events: config.events,
+            plan,
+            cgroups: config.cgroups,
+        })
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Parses, checks and admits a pod document (JSON or YAML); see the module doc of
+    /// [`super`] for the order of things. A refusal for resources is an `Ok` answer with
+    /// `admitted: false` and the kubelet's reason and message; bad input is an error.
+    pub async fn apply(&self, bytes: &[u8], format: Format) -> Result<Applied, NodeError> {
+        let value = document::parse(bytes, format)?;
+        let checked = document::check(value, &self.plan.runtime_kind, false, document::new_uid)?;
+        self.ask(|reply| Command::Apply {
+            checked: Box::new(checked),
+            source: PodSource::Api,
+            reply: Some(reply),
+        })
+        .await
+    }
+
+    /// Stops a pod (SIGTERM, SIGKILL after `grace` or its own grace period), removes its
+    /// cgroup, gives the QoS tiers its memory back, and forgets it.
+    pub async fn remove(
+        &self,
+        target: RemoveTarget,
+        grace: Option<Duration>,
+    ) -> Result<Removed, NodeError> {
+        self.ask(|reply| Command::Remove {
+            target,
+            grace,
+            reply,
+        })
+        .await
+    }
+
+    /// Every pod, sorted by namespace and name.
+    pub async fn pods(&self) -> Result<Vec<PodView>, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::List { reply })
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)
+    }
+
+    /// Kills pod `uid` after `grace` and marks it `Failed` with `reason` and `message` (the
+    /// reactor loop's eviction: `Evicted` and the kubelet's message). Its cgroup is removed
+    /// and the tiers recomputed; the pod stays listed, Failed.
+    pub async fn evict(
+        &self,
+        uid: &str,
+        grace: Duration,
+        reason: &str,
+        message: &str,
+    ) -> Result<PodView, NodeError> {
+        self.ask(|reply| Command::Evict {
+            uid: uid.to_string(),
+            grace,
+            reason: reason.to_string(),
+            message: message.to_string(),
+            reply,
+        })
+        .await
+    }
+
+    /// Replaces the set of static pods with the manifests read from `staticPodPath`
+    /// (path, content hash, document): new ones are admitted, missing or changed ones
+    /// removed (a changed one comes back on the next sync).
+    pub(crate) async fn sync_static(&self, manifests: Vec<(PathBuf, u32, serde_json::Value)>) {
+        let _ = self.tx.send(Command::StaticSync { manifests }).await;
+    }
+
+    /// The event hub: subscribe to what happens, or publish (the reactor loop's evictions).
+    pub fn events(&self) -> &EventHub {
+        &self.events
+    }
+
+    /// The node model (capacity, allocatable, cgroup settings).
+    pub fn plan(&self) -> &NodePlan {
+        &self.plan
+    }
+
+    /// The cgroup writer.
+    pub fn cgroups(&self) -> &CgroupManager {
+        &self.cgroups
+    }
+}
+
+struct Entry {
+    record: PodRecord,
+    info: PodInfo,
+    stopping: bool,
+}
+
+struct Pending {
+    checked: Box<Checked>,
+    source: PodSource,
+    victims: BTreeSet<String>,
+    preempted: Vec<String>,
+    reply: Option<Reply<Applied>>,
+}
+
+struct Actor<R> {
+    rt: Arc<R>,
+    cgroups: CgroupManager,
+    plan: Arc<NodePlan>,
+    checkpoint: Checkpoint,
+    devices: Option<Arc<DeviceManager>>,
+    events: EventHub,
+    pods: BTreeMap<String, Entry>,
+    pending: BTreeMap<String, Pending>,
+    tx: mpsc::WeakSender<Command>,
+}
+
+fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
+    if let Some(tx) = tx {
+        let _ = tx.send(value);
+    }
+}
+
+impl<R: Runtime + 'static> Actor<R> {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(cmd) = rx.recv().await {
+            match cmd {
+                Command::Apply {
+                    checked,
+                    source,
+                    reply: tx,
+                } => {
+                    let mut tx = tx;
+                    if let Some(result) = self.apply(checked, source, &mut tx).await {
+                        reply(tx, result);
+                    }
+                }
+                Command::Remove {
+                    target,
+                    grace,
+                    reply: tx,
+                } => match self.find(&target) {
+                    Err(e) => reply(Some(tx), Err(e)),
+                    Ok(uid) => self.begin_stop(
+                        &uid,
+                        grace,
+                        After::Remove {
+                            reply: Some(tx),
+                            cause: "api".into(),
+                        },
+                    ),
+                },
+                Command::Evict {
+                    uid,
+                    grace,
+                    reason,
+                    message,
+                    reply: tx,
+                } => {
+                    if !self.pods.contains_key(&uid) {
+                        let _ = tx.send(Err(NodeError::NotFound(format!("with uid {uid}"))));
+                    } else if self.pods.get(&uid).is_some_and(|e| e.stopping) {
+                        let _ = tx.send(Err(NodeError::Stopping(format!("with uid {uid}"))));
+                    } else {
+                        self.begin_stop(
+                            &uid,
+                            Some(grace),
+                            After::Evict {
+                                reason,
+                                message,
+                                reply: tx,
+                            },
+                        );
+                    }
+                }
+                Command::List { reply: tx } => {
+                    let views = self.list().await;
+                    let _ = tx.send(views);
+                }
+                Command::StaticSync { manifests } => self.sync_static(manifests).await,
+                Command::Stopped { uid, status, after } => self.stopped(uid, status, after).await,
+            }
+        }
+    }
+
+    fn find(&self, target: &RemoveTarget) -> Result<String, NodeError> {
+        let uid = match target {
+            RemoveTarget::Uid(uid) => self.pods.contains_key(uid).then(|| uid.clone()),
+            RemoveTarget::Name { namespace, name } => self
+                .pods
+                .values()
+                .find(|e| &e.record.namespace == namespace && &e.record.name == name)
+                .map(|e| e.record.uid.clone()),
+        }
+        .ok_or_else(|| NodeError::NotFound(target.to_string()))?;
+        if self.pods.get(&uid).is_some_and(|e| e.stopping) {
+            return Err(NodeError::Stopping(target.to_string()));
+        }
+        Ok(uid)
+    }
+
+    /// Pods holding resources: admitted, not terminal (pending critical pods included).
+    fn holding(&self) -> Vec<&PodInfo> {
+        self.pods
+            .values()
+            .filter(|e| !e.record.is_terminal() && e.record.cgroup.is_some())
+            .map(|e| &e.info)
+            .chain(self.pending.values().map(|p| &p.checked.info))
+            .collect()
+    }
+
+    fn save(&self) {
+        let records: Vec<&PodRecord> = self.pods.values().map(|e| &e.record).collect();
+        if let Err(e) = self.checkpoint.save(&records) {
+            tracing::error!("pod checkpoint: {e}");
+        }
+    }
+
+    fn update_tiers(&self) -> Result<(), NodeError> {
+        let infos: Vec<PodInfo> = self
+            .pods
+            .values()
+            .filter(|e| !e.record.is_terminal() && e.record.cgroup.is_some())
+            .map(|e| e.info.clone())
+            .collect();
+        let (burstable, besteffort) = qos_tiers(&self.plan.cgroups, &infos);
+        let clamped = self
+            .cgroups
+            .update_qos_tiers(&Resources::from(&burstable), &Resources::from(&besteffort))?;
+        for c in clamped {
+            tracing::warn!(cgroup = %c.cgroup, wanted = c.wanted, set = c.set, "QoS tier memory limit set to its usage (wanted limit below usage)");
+        }
+        Ok(())
+    }
+
+    fn spec_for(
+        &self,
+        checked: &Checked,
+        device_env: &BTreeMap<String, Vec<(String, String)>>,
+    ) -> Result<PodSpec, NodeError> {
+        let k8s_pod: k8s::Pod = serde_json::from_value(checked.document.clone())
+            .map_err(|e| NodeError::Invalid(format!("pod document: {e}")))?;
+        pod_spec(&k8s_pod, &checked.info, &self.plan.cgroups, device_env)
+            .map_err(|e| NodeError::Invalid(e.to_string()))
+    }
+
+    fn device_request(info: &PodInfo) -> Option<PodRequest> {
+        let req = |c: &crate::decide::pod::ContainerInfo| ContainerRequest {
+            name: c.name.clone(),
+            devices: c
+                .limits
+                .iter()
+                .chain(c.requests.iter())
+                .filter(|(n, _)| is_extended(n))
+                .map(|(n, q)| (n.to_string(), u64::try_from(q.value()).unwrap_or(0)))
+                .collect(),
+            restartable: c.sidecar,
+        };
+        let pod = PodRequest {
+            uid: info.uid.clone(),
+            init_containers: info.init_containers.iter().map(req).collect(),
+            containers: info.containers.iter().map(req).collect(),
+        };
+        let any = pod
+            .containers
+            .iter()
+            .chain(&pod.init_containers)
+            .any(|c| !c.devices.is_empty());
+        any.then_some(pod)
+    }
+
+    fn active_uids(&self) -> BTreeSet<String> {
+        self.pods
+            .values()
+            .filter(|e| !e.record.is_terminal())
+            .map(|e| e.record.uid.clone())
+            .collect()
+    }
+
+    /// Admission. `None`: waiting for preempted pods to stop; `reply` was moved into the
+    /// pending admission and is answered when they are gone.
+    async fn apply(
+        &mut self,
+        checked: Box<Checked>,
+        source: PodSource,
+        reply_to: &mut Option<Reply<Applied>>,
+    ) -> Option<Result<Applied, NodeError>> {
+        if let Some(e) = self.pods.get(&checked.uid) {
+            return Some(Err(NodeError::AlreadyExists(format!(
+                "a pod with uid {} is on this node already ({})",
+                checked.uid,
+                e.record.full_name()
+            ))));
+        }
+        if self.pending.contains_key(&checked.uid) {
+            return Some(Err(NodeError::AlreadyExists(format!(
+                "a pod with uid {} is being admitted already",
+                checked.uid
+            ))));
+        }
+        let name_taken = self
+            .pods
+            .values()
+            .map(|e| (&e.record.namespace, &e.record.name, &e.record.uid))
+            .chain(
+                self.pending
+                    .values()
+                    .map(|p| (&p.checked.namespace, &p.checked.name, &p.checked.uid)),
+            )
+            .find(|(ns, n, _)| **ns == checked.namespace && **n == checked.name)
+            .map(|(_, _, uid)| uid.clone());
+        if let Some(uid) = name_taken {
+            return Some(Err(NodeError::AlreadyExists(format!(
+                "pod {}/{} is on this node already (uid {uid})",
+                checked.namespace, checked.name
+            ))));
+        }
+        // Everything that can be wrong with the document is found before the node changes.
+        if let Err(e) = self.spec_for(&checked, &BTreeMap::new()) {
+            return Some(Err(e));
+        }
+        let mut failures = fit(
+            &checked.info,
+            &self.holding(),
+            &self.plan.resources.allocatable,
+        );
+        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
+            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
+                failures.push(AdmitFailure::InsufficientResource {
+                    resource: short.resource,
+                    requested: i64::try_from(short.requested).unwrap_or(i64::MAX),
+                    used: 0,
+                    capacity: i64::try_from(short.available).unwrap_or(i64::MAX),
+                });
+            }
+        } else if self.devices.is_none() {
+            if let Some(req) = Self::device_request(&checked.info) {
+                let (resource, n) = req
+                    .containers
+                    .iter()
+                    .chain(&req.init_containers)
+                    .flat_map(|c| c.devices.iter())
+                    .next()
+                    .map(|(r, n)| (r.clone(), *n))
+                    .unwrap_or_default();
+                failures.push(AdmitFailure::InsufficientResource {
+                    resource,
+                    requested: i64::try_from(n).unwrap_or(i64::MAX),
+                    used: 0,
+                    capacity: 0,
+                });
+            }
+        }
+        if failures.is_empty() {
+            return Some(self.admit(checked, source, Vec::new()).await);
+        }
+        let running: Vec<(String, PodInfo)> = self
+            .pods
+            .values()
+            .filter(|e| !e.record.is_terminal() && e.record.cgroup.is_some() && !e.stopping)
+            .map(|e| (e.record.uid.clone(), e.info.clone()))
+            .collect();
+        let infos: Vec<PodInfo> = running.iter().map(|(_, i)| i.clone()).collect();
+        let decision = handle_admission_failure(&checked.info, &infos, &failures);
+        if !decision.admit {
+            let (reason, message) = match &decision.error {
+                Some(e) => (
+                    "UnexpectedAdmissionError".to_string(),
+                    format!(
+                        "Unexpected error while attempting to recover from admission failure: {e}"
+                    ),
+                ),
+                None => rejection(&failures[0]),
+            };
+            return Some(Ok(self.reject(*checked, source, reason, message)));
+        }
+        if decision.preempt.is_empty() {
+            return Some(self.admit(checked, source, Vec::new()).await);
+        }
+        let victims: Vec<String> = decision
+            .preempt
+            .iter()
+            .map(|&i| running[i].0.clone())
+            .collect();
+        let preempted: Vec<String> = victims
+            .iter()
+            .filter_map(|uid| self.pods.get(uid).map(|e| e.record.full_name()))
+            .collect();
+        self.events.publish(NodeEventKind::Preemption {
+            preemptor: format!("{}/{}", checked.namespace, checked.name),
+            victims: preempted.clone(),
+            reasons: failures.iter().map(AdmitFailure::reason).collect(),
+        });
+        let uid = checked.uid.clone();
+        for v in &victims {
+            tracing::info!(victim = %v, preemptor = %uid, "preempting pod to admit critical pod");
+            // The kubelet kills preemption victims with their own grace period.
+            self.begin_stop(
+                v,
+                None,
+                After::Preempted {
+                    preemptor: uid.clone(),
+                },
+            );
+        }
+        self.pending.insert(
+            uid,
+            Pending {
+                checked,
+                source,
+                victims: victims.into_iter().collect(),
+                preempted,
+                reply: reply_to.take(),
+            },
+        );
+        None
+    }
+
+    fn reject(
+        &mut self,
+        checked: Checked,
+        source: PodSource,
+        reason: String,
+        message: String,
+    ) -> Applied {
+        tracing::info!(pod = %format!("{}/{}", checked.namespace, checked.name), %reason, %message, "pod rejected");
+        self.events.publish(NodeEventKind::Admission {
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            uid: checked.uid.clone(),
+            admitted: false,
+            reason: reason.clone(),
+            message: message.clone(),
+        });
+        let record = PodRecord {
+            uid: checked.uid.clone(),
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            document: checked.document,
+            source,
+            cgroup: None,
+            grace_period_seconds: checked.grace_period_seconds,
+            phase: PodPhase::Failed,
+            reason,
+            message,
+            ended_by_agent: true,
+            containers: Vec::new(),
+            oom_score_adj: BTreeMap::new(),
+        };
+        let entry = Entry {
+            record,
+            info: checked.info,
+            stopping: false,
+        };
+        let view = self.view(&entry, None, None);
+        self.pods.insert(entry.record.uid.clone(), entry);
+        self.save();
+        Applied {
+            pod: view,
+            admitted: false,
+            preempted: Vec::new(),
+        }
+    }
+
+    /// Tiers first, then the pod cgroup, device allocation, then the runtime; undone on a
+    /// failure so a pod that could not start leaves nothing behind.
+    async fn admit(
+        &mut self,
+        checked: Box<Checked>,
+        source: PodSource,
+        preempted: Vec<String>,
+    ) -> Result<Applied, NodeError> {
+        let cgroup = CgroupPath::for_pod(&checked.info)?;
+        let mut device_env = BTreeMap::new();
+        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
+            let alloc = devices
+                .allocate(&req, &self.active_uids())
+                .await
+                .map_err(|e| NodeError::Invalid(format!("device allocation: {e}")))?;
+            for c in &checked.info.containers {
+                if let Some(ca) = alloc.containers.get(&c.name) {
+                    device_env.insert(
+                        c.name.clone(),
+                        ca.envs
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        let spec = self.spec_for(&checked, &device_env)?;
+        let record = PodRecord {
+            uid: checked.uid.clone(),
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            document: checked.document.clone(),
+            source,
+            cgroup: Some(cgroup.clone()),
+            grace_period_seconds: checked.grace_period_seconds,
+            phase: PodPhase::Pending,
+            reason: String::new(),
+            message: String::new(),
+            ended_by_agent: false,
+            containers: Vec::new(),
+            oom_score_adj: spec
+                .containers
+                .iter()
+                .map(|c| (c.name.clone(), c.oom_score_adj))
+                .collect(),
+        };
+        let uid = record.uid.clone();
+        self.pods.insert(
+            uid.clone(),
+            Entry {
+                record,
+                info: checked.info.clone(),
+                stopping: false,
+            },
+        );
+        let started = async {
+            self.update_tiers()?;
+            self.cgroups.create_pod_cgroup(
+                &cgroup,
+                &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
+            )?;
+            self.rt.run_pod(spec).await?;
+            Ok::<(), NodeError>(())
+        }
+        .await;
+        if let Err(e) = started {
+            tracing::error!(pod = %uid, "pod could not be started: {e}");
+            let _ = self.rt.stop_pod(&uid, Duration::ZERO).await;
+            let _ = self.cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT);
+            self.pods.remove(&uid);
+            let _ = self.update_tiers();
+            return Err(e);
+        }
+        if let Ok(status) = self.rt.pod_status(&uid).await {
+            if let Some(e) = self.pods.get_mut(&uid) {
+                e.record.phase = status.phase;
+                e.record.containers = status.containers;
+            }
+        }
+        self.save();
+        self.events.publish(NodeEventKind::Admission {
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            uid: uid.clone(),
+            admitted: true,
+            reason: String::new(),
+            message: String::new(),
+        });
+        tracing::info!(pod = %format!("{}/{}", checked.namespace, checked.name), %uid, qos = %checked.info.qos, %cgroup, "pod admitted");
+        let entry = &self.pods[&uid];
+        Ok(Applied {
+            pod: self.view(entry, None, None),
+            admitted: true,
+            preempted,
+        })
+    }
+
+    fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
+        let Some(entry) = self.pods.get_mut(uid) else {
+            return;
+        };
+        entry.stopping = true;
+        let grace = grace.unwrap_or_else(|| {
+            Duration::from_secs(u64::try_from(entry.record.grace_period_seconds).unwrap_or(0))
+        });
+        let cgroup = entry.record.cgroup.clone();
+        let live = !entry.record.ended_by_agent;
+        let rt = Arc::clone(&self.rt);
+        let cgroups = self.cgroups.clone();
+        let tx = self.tx.clone();
+        let uid = uid.to_string();
+        tokio::spawn(async move {
+            let status = if live {
+                match rt.stop_pod(&uid, grace).await {
+                    Ok(s) => Ok(Some(s)),
+                    Err(RuntimeError::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            } else {
+                Ok(None)
+            };
+            let status = match (status, cgroup) {
+                (Ok(s), Some(cg)) if live => {
+                    let removed = tokio::task::spawn_blocking(move || {
+                        cgroups.remove_pod_cgroup(&cg, DEFAULT_REMOVE_WAIT)
+                    })
+                    .await;
+                    match removed {
+                        Ok(Ok(())) => Ok(s),
+                        Ok(Err(e)) => Err(RuntimeError::Cgroup(e)),
+                        Err(e) => Err(RuntimeError::Unavailable {
+                            reason: format!("cgroup removal task: {e}"),
+                        }),
+                    }
+                }
+                (s, _) => s,
+            };
+            if let Some(tx) = tx.upgrade() {
+                let _ = tx.send(Command::Stopped { uid, status, after }).await;
+            }
+        });
+    }
+
+    async fn stopped(
+        &mut self,
+        uid: String,
+        status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
+        after: After,
+    ) {
+        let failed = status.as_ref().err().map(ToString::to_string);
+        if let Some(e) = self.pods.get_mut(&uid) {
+            e.stopping = false;
+            if let Ok(Some(s)) = &status {
+                e.record.containers = s.containers.clone();
+            }
+        }
+        match after {
+            After::Remove { reply: tx, cause } => {
+                if let Some(err) = failed {
+                    reply(
+                        tx,
+                        Err(NodeError::Runtime(RuntimeError::Unavailable {
+                            reason: err,
+                        })),
+                    );
+                    return;
+                }
+                let Some(entry) = self.pods.remove(&uid) else {
+                    return;
+                };
+                if let Err(e) = self.update_tiers() {
+                    tracing::error!("QoS tiers after removing {uid}: {e}");
+                }
+                self.save();
+                tracing::info!(pod = %entry.record.full_name(), %uid, %cause, "pod removed");
+                self.events.publish(NodeEventKind::Removed {
+                    pod: entry.record.full_name(),
+                    uid: uid.clone(),
+                    cause,
+                });
+                let view = self.view(&entry, None, None);
+                reply(tx, Ok(Removed { pod: view }));
+            }
+            After::Evict {
+                reason,
+                message,
+                reply: tx,
+            } => {
+                if let Some(err) = failed {
+                    let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
+                        reason: err,
+                    })));
+                    return;
+                }
+                self.end(&uid, reason, message);
+                let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
+                let _ = tx.send(view.ok_or_else(|| NodeError::NotFound(uid.clone())));
+            }
+            After::Preempted { preemptor } => {
+                if let Some(err) = failed {
+                    if let Some(p) = self.pending.remove(&preemptor) {
+                        reply(
+                            p.reply,
+                            Err(NodeError::Runtime(RuntimeError::Unavailable {
+                                reason: format!("preempting {uid}: {err}"),
+                            })),
+                        );
+                    }
+                    return;
+                }
+                self.end(&uid, PREEMPTION_REASON.into(), PREEMPTION_MESSAGE.into());
+                let done = match self.pending.get_mut(&preemptor) {
+                    Some(p) => {
+                        p.victims.remove(&uid);
+                        p.victims.is_empty()
+                    }
+                    None => false,
+                };
+                if done {
+                    if let Some(p) = self.pending.remove(&preemptor) {
+                        let result = self.admit(p.checked, p.source, p.preempted).await;
+                        reply(p.reply, result);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks a stopped pod Failed with `reason`/`message` and gives its memory back to the
+    /// tiers.
+    fn end(&mut self, uid: &str, reason: String, message: String) {
+        if let Some(e) = self.pods.get_mut(uid) {
+            e.record.phase = PodPhase::Failed;
+            e.record.reason = reason;
+            e.record.message = message;
+            e.record.ended_by_agent = true;
+        }
+        if let Err(e) = self.update_tiers() {
+            tracing::error!("QoS tiers after ending {uid}: {e}");
+        }
+        self.save();
+    }
+
+    fn view(&self, e: &Entry, memory: Option<MemoryUsage>, rank: Option<u32>) -> PodView {
+        PodView {
+            uid: e.record.uid.clone(),
+            namespace: e.record.namespace.clone(),
+            name: e.record.name.clone(),
+            info: e.info.clone(),
+            cgroup: e.record.cgroup.clone(),
+            phase: e.record.phase,
+            reason: e.record.reason.clone(),
+            message: e.record.message.clone(),
+            containers: e.record.containers.clone(),
+            oom_score_adj: e.record.oom_score_adj.clone(),
+            grace_period_seconds: e.record.grace_period_seconds,
+            memory,
+            oom_kills: None,
+            memory_rank: rank,
+            is_static: matches!(e.record.source, PodSource::File { .. }),
+            stopping: e.stopping,
+        }
+    }
+
+    /// Refreshes every live pod's status from the runtime, reads memory use from the pod
+    /// cgroups, ranks the running pods for `memory.available`.
+    async fn list(&mut self) -> Vec<PodView> {
+        match self.rt.list_pods().await {
+            Ok(statuses) => {
+                for s in statuses {
+                    if let Some(e) = self.pods.get_mut(&s.uid) {
+                        if !e.record.ended_by_agent {
+                            e.record.phase = s.phase;
+                            e.record.containers = s.containers;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("runtime list_pods: {e}"),
+        }
+        let mut memory = BTreeMap::new();
+        let mut ooms = BTreeMap::new();
+        for e in self.pods.values() {
+            if let (false, Some(cg)) = (e.record.ended_by_agent, &e.record.cgroup) {
+                if let Ok(m) = self.cgroups.memory_usage(cg) {
+                    memory.insert(e.record.uid.clone(), m);
+                }
+                if let Ok(n) = self.cgroups.oom_kills(cg) {
+                    ooms.insert(e.record.uid.clone(), n);
+                }
+            }
+        }
+        let ranks = memory_ranks(
+            self.pods
+                .values()
+                .filter(|e| memory.contains_key(&e.record.uid) && !e.record.is_terminal())
+                .map(|e| &e.info),
+            &memory,
+        );
+        let mut views: Vec<PodView> = self
+            .pods
+            .values()
+            .map(|e| {
+                let mut v = self.view(
+                    e,
+                    memory.get(&e.record.uid).copied(),
+                    ranks.get(&e.record.uid).copied(),
+                );
+                v.oom_kills = ooms.get(&e.record.uid).copied();
+                v
+            })
+            .collect();
+        views.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        views
+    }
+
+    async fn sync_static(&mut self, manifests: Vec<(PathBuf, u32, serde_json::Value)>) {
+        let wanted: BTreeMap<&PathBuf, u32> = manifests.iter().map(|(p, h, _)| (p, *h)).collect();
+        let gone: Vec<String> = self
+            .pods
+            .values()
+            .filter(|e| !e.stopping)
+            .filter_map(|e| match &e.record.source {
+                PodSource::File { path, hash } if wanted.get(path) != Some(hash) => {
+                    Some(e.record.uid.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        for uid in gone {
+            self.begin_stop(
+                &uid,
+                None,
+                After::Remove {
+                    reply: None,
+                    cause: "static-manifest-removed".into(),
+                },
+            );
+        }
+        for (path, hash, doc) in manifests {
+            let known =
+                self.pods.values().any(
+                    |e| matches!(&e.record.source, PodSource::File { path: p, .. } if *p == path),
+                ) || self
+                    .pending
+                    .values()
+                    .any(|p| matches!(&p.source, PodSource::File { path: q, .. } if *q == path));
+            if known {
+                continue;
+            }
+            let uid = format!("static-{hash:08x}");
+            let checked = match document::check(doc, &self.plan.runtime_kind, true, || uid) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(manifest = %path.display(), "static pod refused: {e}");
+                    continue;
+                }
+            };
+            let source = PodSource::File {
+                path: path.clone(),
+                hash,
+            };
+            match self.apply(Box::new(checked), source, &mut None).await {
+                Some(Err(NodeError::AlreadyExists(_))) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(manifest = %path.display(), "static pod refused: {e}")
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// At start: pods in the checkpoint whose runtime pods exist are kept as they are; live
+    /// ones the runtime lost are started again by their restart policy (`Never`: marked
+    /// Failed). Nothing is killed.
+    async fn reconcile(&mut self, records: Vec<PodRecord>) -> Result<(), NodeError> {
+        let running: BTreeSet<String> = self
+            .rt
+            .list_pods()
+            .await?
+            .into_iter()
+            .map(|s| s.uid)
+            .collect();
+        let mut restart = Vec::new();
+        for record in records {
+            let info = match PodInfo::from_json(record.document.clone()) {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::error!(pod = %record.full_name(), "checkpointed pod unreadable, dropped: {e}");
+                    continue;
+                }
+            };
+            let live = !record.ended_by_agent && record.cgroup.is_some() && !record.is_terminal();
+            if live && !running.contains(&record.uid) {
+                restart.push(record.uid.clone());
+            }
+            self.pods.insert(
+                record.uid.clone(),
+                Entry {
+                    record,
+                    info,
+                    stopping: false,
+                },
+            );
+        }
+        for uid in restart {
+            let Some(e) = self.pods.get(&uid) else {
+                continue;
+            };
+            let policy = e
+                .record
+                .document
+                .pointer("/spec/restartPolicy")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("Always");
+            if policy == "Never" {
+                if let Some(e) = self.pods.get_mut(&uid) {
+                    e.record.phase = PodPhase::Failed;
+                    e.record.reason = "ContainerStatusUnknown".into();
+                    e.record.message =
+                        "The pod's containers were gone when the agent restarted".into();
+                    e.record.ended_by_agent = true;
+                }
+                continue;
+            }
+            let checked = Checked {
+                document: e.record.document.clone(),
+                namespace: e.record.namespace.clone(),
+                name: e.record.name.clone(),
+                uid: uid.clone(),
+                info: e.info.clone(),
+                grace_period_seconds: e.record.grace_period_seconds,
+            };
+            let cgroup = e.record.cgroup.clone();
+            let started = async {
+                let spec = self.spec_for(&checked, &BTreeMap::new())?;
+                if let Some(cg) = &cgroup {
+                    self.cgroups.create_pod_cgroup(
+                        cg,
+                        &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
+                    )?;
+                }
+                self.rt.run_pod(spec).await?;
+                Ok::<(), NodeError>(())
+            }
+            .await;
+            match started {
+                Ok(()) => {
+                    tracing::info!(pod = %checked.name, %uid, "pod missing from the runtime after restart: started again")
+                }
+                Err(err) => {
+                    tracing::error!(pod = %checked.name, %uid, "pod could not be restarted: {err}");
+                    if let Some(e) = self.pods.get_mut(&uid) {
+                        e.record.phase = PodPhase::Failed;
+                        e.record.reason = "ContainerStatusUnknown".into();
+                        e.record.message =
+                            format!("could not be restarted after an agent restart: {err}");
+                        e.record.ended_by_agent = true;
+                    }
+                }
+            }
+        }
+        self.update_tiers()?;
+        self.save();
+        Ok(())
+    }
+}
+
+/// Ranks `pods` for `memory.available` by their working sets (`decide::rank`), 1 = first.
+fn memory_ranks<'a>(
+    pods: impl Iterator<Item = &'a PodInfo>,
+    memory: &BTreeMap<String, MemoryUsage>,
+) -> BTreeMap<String, u32> {
+    use crate::decide::rank::rank;
+    use crate::decide::signal::{FsLayout, Signal};
+    use crate::decide::summary::{MemoryStats, PodStats, StatsIndex};
+    let pods: Vec<PodInfo> = pods.cloned().collect();
+    let stats: Vec<PodStats> = pods
+        .iter()
+        .map(|p| {
+            let mut s = PodStats::default();
+            s.pod_ref.uid = p.uid.clone();
+            s.memory = Some(MemoryStats {
+                working_set_bytes: memory.get(&p.uid).map(|m| m.working_set_bytes),
+            });
+            s
+        })
+        .collect();
+    let mut index = StatsIndex::default();
+    for s in &stats {
+        index.insert(s.pod_ref.uid.as_str(), s);
+    }
+    rank(Signal::MemoryAvailable, FsLayout::Shared, &pods, &index)
+        .into_iter()
+        .enumerate()
+        .map(|(place, i)| (pods[i].uid.clone(), place as u32 + 1))
+        .collect()
+}
+
+/// The pod's phase word as the API prints it.
+pub fn phase_name(phase: PodPhase) -> &'static str {
+    match phase {
+        PodPhase::Pending => "Pending",
+        PodPhase::Running => "Running",
+        PodPhase::Succeeded => "Succeeded",
+        PodPhase::Failed => "Failed",
+    }
+}
+
+/// A container state's word and reason as the API prints them.
+pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
+    match &c.state {
+        ContainerState::Waiting { reason, .. } => ("waiting", reason.clone()),
+        ContainerState::Running { .. } => ("running", String::new()),
+        ContainerState::Terminated(t) => ("terminated", t.reason.clone()),
+    }
+}

@@ -1,0 +1,164 @@
+//! The node as the pod manager models it, computed once from the config at start: capacity,
+//! allocatable for admission, and the cgroup settings `decide` computes values from.
+//!
+//! Two allocatables, as in the kubelet: the `kubepods` cgroup is limited to capacity minus
+//! `systemReserved` and `kubeReserved` (node-allocatable enforcement), while admission
+//! compares against the allocatable of the kubelet's node status, which for memory also
+//! subtracts the hard `memory.available` eviction threshold — a pod that would push the node
+//! straight into eviction is not admitted.
+
+use crate::config::Config;
+use crate::decide::cgroups::{CgroupVersion, NodeSettings};
+use crate::decide::pod::clamp_i64;
+use crate::decide::quantity::Quantity;
+use crate::decide::resources::{ResourceList, CPU, MEMORY, PODS};
+use crate::decide::thresholds::{effective_hard, EvictionSettings};
+use crate::plan::cgroups::{AllocatableInput, NodeInput};
+use crate::plan::input::JsonQuantity;
+
+use super::admit::{allocatable, DEFAULT_MAX_PODS};
+
+/// Everything about the node the pod manager needs; see the module doc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePlan {
+    /// Capacity and admission allocatable.
+    pub resources: super::admit::NodeResources,
+    /// The cgroup settings (allocatable here is capacity minus reserved).
+    pub cgroups: NodeSettings,
+    /// Whether `enforceNodeAllocatable` holds `pods` (the `kubepods` memory limit is set).
+    pub enforce_pods: bool,
+    /// `runtime.kind`, the only runtime class pods may name.
+    pub runtime_kind: String,
+}
+
+/// The machine's cpu count, when `node.cpuCapacity` is not set.
+fn machine_cpus() -> i64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as i64)
+}
+
+fn quantity(key: &str, text: &str) -> Result<Quantity, String> {
+    let q = Quantity::parse(text).map_err(|e| format!("{key}: {e}"))?;
+    if q.is_negative() {
+        return Err(format!("{key}: {text:?} must not be negative"));
+    }
+    Ok(q)
+}
+
+impl NodePlan {
+    /// Computes the plan for `config` on a node with cgroup `version`. Errors name the key.
+    pub fn from_config(config: &Config, version: CgroupVersion) -> Result<NodePlan, String> {
+        let memory = if config.node.memory_capacity.is_empty() {
+            let bytes = crate::sense::memcg::memory_capacity("")?;
+            Quantity::from_units(i64::try_from(bytes).unwrap_or(i64::MAX))
+        } else {
+            quantity("node.memoryCapacity", &config.node.memory_capacity)?
+        };
+        let cpu = if config.node.cpu_capacity.is_empty() {
+            Quantity::from_units(machine_cpus())
+        } else {
+            quantity("node.cpuCapacity", &config.node.cpu_capacity)?
+        };
+        let mut capacity = ResourceList::default();
+        capacity.set(CPU, cpu);
+        capacity.set(MEMORY, memory);
+        capacity.set(PODS, Quantity::from_units(DEFAULT_MAX_PODS));
+        let list = |m: &std::collections::BTreeMap<String, crate::config::ConfigQuantity>| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.0))
+                .collect::<ResourceList>()
+        };
+        let system = list(&config.system_reserved);
+        let kube = list(&config.kube_reserved);
+        let enforce_pods = config.enforce_node_allocatable.iter().any(|s| s == "pods");
+        let hard = effective_hard(&EvictionSettings {
+            hard: config.eviction_hard.clone(),
+            soft: Default::default(),
+            soft_grace_period: Default::default(),
+            minimum_reclaim: Default::default(),
+            merge_defaults: config.merge_default_eviction_settings,
+            enforce_allocatable_pods: enforce_pods,
+        });
+        let hard_memory = match hard.get("memory.available") {
+            None => None,
+            Some(text) => Some(match text.strip_suffix('%') {
+                Some(p) => {
+                    let percent: f64 = p.parse().map_err(|_| {
+                        format!("evictionHard.memory.available: {text:?} is not a percentage")
+                    })?;
+                    let bytes = (memory.value() as f64 * percent / 100.0) as i64;
+                    Quantity::from_units(bytes)
+                }
+                None => quantity("evictionHard.memory.available", text)?,
+            }),
+        };
+        let for_cgroups = allocatable(&capacity, &[&system, &kube], None);
+        let for_admission = allocatable(&capacity, &[&system, &kube], hard_memory);
+        let cgroups = NodeInput {
+            cgroup_version: Some(match version {
+                CgroupVersion::V1 => 1,
+                CgroupVersion::V2 => 2,
+            }),
+            allocatable: AllocatableInput {
+                cpu: for_cgroups.get(CPU).map(JsonQuantity),
+                memory: for_cgroups.get(MEMORY).map(JsonQuantity),
+            },
+            qos_reserved: config.qos_reserved.clone(),
+            enforce_cpu_limits: Some(config.cpu_cfs_quota),
+            cpu_cfs_quota_period: Some(crate::decide::duration::format_go_duration(
+                config.cpu_cfs_quota_period.0,
+            )),
+            memory_capacity: Some(JsonQuantity(memory)),
+        }
+        .settings()
+        .map_err(|e| e.to_string())?;
+        Ok(NodePlan {
+            resources: super::admit::NodeResources {
+                capacity,
+                allocatable: for_admission,
+            },
+            cgroups,
+            enforce_pods,
+            runtime_kind: config.runtime.kind.clone(),
+        })
+    }
+
+    /// The `kubepods` values: allocatable cpu shares always, the memory limit only when
+    /// `enforceNodeAllocatable` holds `pods`.
+    pub fn kubepods(&self) -> crate::decide::cgroups::ResourceConfig {
+        let mut top = crate::decide::cgroups::kubepods(&self.cgroups);
+        if !self.enforce_pods {
+            top.memory = None;
+        }
+        top
+    }
+
+    /// Memory capacity in bytes.
+    pub fn memory_capacity_bytes(&self) -> i64 {
+        clamp_i64(self.resources.capacity.get_or_zero(MEMORY).value())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_node_from_config() {
+        let config = Config::from_yaml(
+            "node: {memoryCapacity: 1Gi, cpuCapacity: '2'}\nsystemReserved: {memory: 100Mi}\nevictionHard: {memory.available: 100Mi}\nqosReserved: {memory: '100%'}\n",
+        )
+        .unwrap();
+        let plan = NodePlan::from_config(&config, CgroupVersion::V1).unwrap();
+        assert_eq!(
+            plan.resources.allocatable.get(MEMORY),
+            Some(Quantity::from_units((1 << 30) - (200 << 20)))
+        );
+        assert_eq!(
+            plan.cgroups.allocatable_memory,
+            Some(Quantity::from_units((1 << 30) - (100 << 20)))
+        );
+        assert_eq!(plan.kubepods().memory, Some((1 << 30) - (100 << 20)));
+        assert_eq!(plan.cgroups.qos_reserved_memory_percent, Some(100));
+        assert_eq!(plan.cgroups.memory_capacity, Some(1 << 30));
+    }
+}

@@ -1,0 +1,216 @@
+//! A real `reactor run` for a test: its own temp dir (stateDir, apiSocket, devicePluginDir,
+//! staticPodPath), its own cgroup root under the real v1 hierarchies, a small modelled node,
+//! and the CLI pointed at its socket. Killed (by pid) on drop if the test did not stop it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
+use crate::reactor_bin;
+
+/// A running agent and everything it was given.
+pub struct TestAgent {
+    /// The temp dir holding its state, socket, plugin dir and manifests.
+    pub dir: tempfile::TempDir,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its API socket.
+    pub socket: PathBuf,
+    /// Its static pod directory.
+    pub static_dir: PathBuf,
+    /// Its cgroup root (dropped after the agent and every pod process are gone).
+    pub root: TestCgroupRoot,
+    child: Option<Child>,
+}
+
+impl TestAgent {
+    /// Writes a config (`extra` YAML appended) and starts `reactor run`; returns once the API
+    /// socket answers.
+    pub fn start(name: &str, extra: &str) -> TestAgent {
+        let root = TestCgroupRoot::v1(name).expect("test cgroup root");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let static_dir = d.join("manifests");
+        std::fs::create_dir(&static_dir).expect("manifest dir");
+        // The directories are open to everyone, so only the socket's own mode (0600, root)
+        // keeps other users out: that is what the non-root test checks.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::create_dir(d.join("run")).expect("socket dir");
+        std::fs::set_permissions(d.join("run"), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let socket = d.join("run/reactor.sock");
+        let config = d.join("reactor.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
+                 devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
+                 sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n\
+                 log:\n  level: info\n{extra}",
+                root = root.name,
+                d = d.display(),
+                sock = socket.display(),
+                st = static_dir.display(),
+            ),
+        )
+        .expect("write config");
+        let mut agent = TestAgent {
+            dir,
+            config,
+            socket,
+            static_dir,
+            root,
+            child: None,
+        };
+        agent.restart();
+        agent
+    }
+
+    /// Starts `reactor run` (again) with the same config and waits for its socket.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "agent still running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("agent.log"))
+            .expect("agent log");
+        let child = Command::new(reactor_bin())
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start reactor run");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("reactor run exited {status}: {}", self.log());
+                }
+            }
+            assert!(Instant::now() < deadline, "no API socket: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Kills the agent with `signal` (by pid) and waits for it.
+    pub fn kill(&mut self, signal: rustix::process::Signal) {
+        if let Some(mut c) = self.child.take() {
+            let pid = rustix::process::Pid::from_child(&c);
+            let _ = rustix::process::kill_process(pid, signal);
+            let _ = c.wait();
+        }
+    }
+
+    /// What the agent logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Runs `reactor <args> --socket <socket>`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(reactor_bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run reactor CLI")
+    }
+
+    /// `reactor pod ls --json`.
+    pub fn pods(&self) -> Vec<serde_json::Value> {
+        let out = self.cli(&["pod", "ls", "--json"]);
+        assert!(
+            out.status.success(),
+            "pod ls: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .expect("pod ls JSON")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// One pod from `pod ls --json` by `namespace/name`.
+    pub fn pod(&self, full: &str) -> Option<serde_json::Value> {
+        self.pods().into_iter().find(|p| {
+            format!(
+                "{}/{}",
+                p["namespace"].as_str().unwrap_or(""),
+                p["name"].as_str().unwrap_or("")
+            ) == full
+        })
+    }
+
+    /// Writes `doc` to a file in the temp dir and runs `reactor pod apply -f` on it.
+    pub fn apply(&self, file: &str, doc: &str) -> Output {
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, doc).expect("write pod");
+        self.cli(&[
+            "pod",
+            "apply",
+            "--json",
+            "-f",
+            path.to_str().expect("utf-8 path"),
+        ])
+    }
+
+    /// A v1 hierarchy's directory for a cgroup path below the root.
+    pub fn cgroup_dir(&self, controller: &str, cgroup: &str) -> PathBuf {
+        Path::new(MOUNT_ROOT)
+            .join(controller)
+            .join(&self.root.name)
+            .join(cgroup.trim_start_matches('/'))
+    }
+
+    /// Reads a cgroup file.
+    pub fn read(&self, controller: &str, cgroup: &str, file: &str) -> String {
+        std::fs::read_to_string(self.cgroup_dir(controller, cgroup).join(file))
+            .unwrap_or_else(|e| panic!("{controller}/{cgroup}/{file}: {e}"))
+            .trim()
+            .to_string()
+    }
+
+    /// Pids in a container cgroup.
+    pub fn procs(&self, cgroup: &str) -> Vec<u32> {
+        std::fs::read_to_string(self.cgroup_dir("memory", cgroup).join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Waits until `cond` holds (polling every 50 ms) or panics with `what` after 20 s.
+    pub fn wait(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        self.kill(rustix::process::Signal::KILL);
+        // The cgroup root's drop kills what is left in it (only this test's pods) by pid.
+    }
+}
