@@ -47,6 +47,7 @@ impl TestAgent {
             format!(
                 "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
+                 metricsAddress: '127.0.0.1:0'\n\
                  sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n\
                  log:\n  level: info\n{extra}",
                 root = root.name,
