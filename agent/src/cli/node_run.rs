@@ -10,6 +10,7 @@ use reactor::act::cgroups::{CgroupManager, CgroupPath, DEFAULT_MOUNT_ROOT};
 use reactor::act::cri::{CriClient, Timeouts};
 use reactor::act::cri_runtime::{CriRuntime, CriRuntimeConfig};
 use reactor::act::process::{ProcessRuntime, ProcessRuntimeConfig};
+use reactor::act::runtime::Runtime;
 use reactor::api::server::{serve, AgentService, NodeFacts};
 use reactor::api::socket::ApiSocket;
 use reactor::config::Config;
@@ -53,16 +54,7 @@ pub(crate) async fn start(config: &Config, report: &AttachReport) -> anyhow::Res
             .await
             .context("process runtime")?;
             tasks.push(forward_exits(rt.subscribe_exits(), events.clone()));
-            PodManager::start(PodManagerConfig {
-                runtime: Arc::new(rt),
-                cgroups: cgroups.clone(),
-                plan,
-                state_dir: config.state_dir.clone(),
-                devices: Some(Arc::clone(&devices)),
-                events: events.clone(),
-            })
-            .await
-            .context("pod manager")?
+            start_pods(rt, cgroups.clone(), plan, config, &devices, &events).await?
         }
         "cri" => {
             let client = CriClient::connect(&config.runtime.endpoint, Timeouts::default())
@@ -77,16 +69,7 @@ pub(crate) async fn start(config: &Config, report: &AttachReport) -> anyhow::Res
             .await
             .context("CRI runtime")?;
             tasks.push(forward_exits(rt.subscribe_exits(), events.clone()));
-            PodManager::start(PodManagerConfig {
-                runtime: Arc::new(rt),
-                cgroups: cgroups.clone(),
-                plan,
-                state_dir: config.state_dir.clone(),
-                devices: Some(Arc::clone(&devices)),
-                events: events.clone(),
-            })
-            .await
-            .context("pod manager")?
+            start_pods(rt, cgroups.clone(), plan, config, &devices, &events).await?
         }
         other => anyhow::bail!("runtime.kind {other:?} is not a runtime (process | cri)"),
     };
@@ -136,6 +119,27 @@ pub(crate) async fn start(config: &Config, report: &AttachReport) -> anyhow::Res
         server,
         tasks,
     })
+}
+
+/// The pod manager over whichever runtime `runtime.kind` chose.
+async fn start_pods<R: Runtime + 'static>(
+    runtime: R,
+    cgroups: CgroupManager,
+    plan: NodePlan,
+    config: &Config,
+    devices: &Arc<DeviceManager>,
+    events: &EventHub,
+) -> anyhow::Result<PodManager> {
+    PodManager::start(PodManagerConfig {
+        runtime: Arc::new(runtime),
+        cgroups,
+        plan,
+        state_dir: config.state_dir.clone(),
+        devices: Some(Arc::clone(devices)),
+        events: events.clone(),
+    })
+    .await
+    .context("pod manager")
 }
 
 /// Containers that ended on their own: OOM kills become events.
