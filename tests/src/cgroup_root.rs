@@ -108,3 +108,49 @@ impl Drop for TestCgroupRoot {
         }
     }
 }
+
+/// `reactor run` works below its cgroup root in every v1 hierarchy: the test's memory cgroup
+/// gets siblings of the same name in the others (cpuset seeded from its parent).
+pub fn create_other_v1_roots(cgroup: &str) -> AgentTreeGuard {
+    for c in V1_CONTROLLERS {
+        let mount = std::path::Path::new(MOUNT_ROOT).join(c);
+        if c == "memory" || !mount.join("cgroup.procs").exists() {
+            continue;
+        }
+        let dir = mount.join(cgroup.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).expect("create cgroup root");
+        if c == "cpuset" {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                let parent = std::fs::read_to_string(mount.join(f)).expect("read cpuset");
+                std::fs::write(dir.join(f), parent).expect("seed cpuset");
+            }
+        }
+    }
+    AgentTreeGuard(cgroup.to_string())
+}
+
+/// `reactor run` builds the (empty) QoS tree below its cgroup root in every v1 hierarchy and
+/// leaves it for the next start; the test removes it and the other roots so its cgroup can go.
+pub fn remove_agent_tree(cgroup: &str) {
+    for c in V1_CONTROLLERS {
+        let root = std::path::Path::new(MOUNT_ROOT)
+            .join(c)
+            .join(cgroup.trim_start_matches('/'));
+        for sub in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+            let _ = std::fs::remove_dir(root.join(sub));
+        }
+        if c != "memory" {
+            let _ = std::fs::remove_dir(&root);
+        }
+    }
+}
+
+/// Removes what [`create_other_v1_roots`] made and the agent's empty QoS tree when dropped,
+/// even when the test panics; drop it before the memory cgroup itself.
+pub struct AgentTreeGuard(String);
+
+impl Drop for AgentTreeGuard {
+    fn drop(&mut self) {
+        remove_agent_tree(&self.0);
+    }
+}

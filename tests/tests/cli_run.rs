@@ -61,48 +61,13 @@ impl Drop for ChildGuard {
     }
 }
 
-/// `reactor run` works below its cgroup root in every v1 hierarchy: the test's memory cgroup
-/// gets siblings of the same name in the others (cpuset seeded from its parent).
-fn create_other_roots(cgroup: &str) {
-    for c in reactor_tests::cgroup_root::V1_CONTROLLERS {
-        let mount = std::path::Path::new(reactor_tests::cgroup_root::MOUNT_ROOT).join(c);
-        if c == "memory" || !mount.join("cgroup.procs").exists() {
-            continue;
-        }
-        let dir = mount.join(cgroup.trim_start_matches('/'));
-        std::fs::create_dir_all(&dir).expect("create cgroup root");
-        if c == "cpuset" {
-            for f in ["cpuset.cpus", "cpuset.mems"] {
-                let parent = std::fs::read_to_string(mount.join(f)).expect("read cpuset");
-                std::fs::write(dir.join(f), parent).expect("seed cpuset");
-            }
-        }
-    }
-}
-
-/// `reactor run` builds the (empty) QoS tree below its cgroup root in every v1 hierarchy and
-/// leaves it for the next start; the test removes it and the other roots so its cgroup can go.
-fn remove_pod_tree(cgroup: &str) {
-    for c in reactor_tests::cgroup_root::V1_CONTROLLERS {
-        let root = std::path::Path::new(reactor_tests::cgroup_root::MOUNT_ROOT)
-            .join(c)
-            .join(cgroup.trim_start_matches('/'));
-        for sub in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
-            let _ = std::fs::remove_dir(root.join(sub));
-        }
-        if c != "memory" {
-            let _ = std::fs::remove_dir(&root);
-        }
-    }
-}
-
 #[test]
 fn run_logs_events_with_lag_and_stops_on_sigterm() {
     if !require(is_root(), "root for cgroup v1 memory notifications") {
         return;
     }
     let mut cg = TestMemcg::new("run", 64 << 20).expect("create test memcg");
-    create_other_roots(&cg.cgroup);
+    let _roots = reactor_tests::cgroup_root::create_other_v1_roots(&cg.cgroup);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("reactor.yaml");
     // A 64 MiB node rooted at the test cgroup: threshold = 64Mi - 16Mi = 48 MiB.
@@ -192,7 +157,7 @@ fn run_logs_events_with_lag_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
-    remove_pod_tree(&cg.cgroup);
+    reactor_tests::cgroup_root::remove_agent_tree(&cg.cgroup);
     assert!(
         logs.iter()
             .any(|v| message(v) == "detection lag" && v["fields"]["source"] == "memcg-threshold"),

@@ -97,6 +97,8 @@ fn run_serves_metrics_that_count_an_oom_and_stops_on_sigterm() {
         return;
     }
     let mut cg = TestMemcg::new("metrics", 64 << 20).expect("create test memcg");
+    // The agent builds its pod tree below cgroupRoot in every v1 hierarchy.
+    let _roots = reactor_tests::cgroup_root::create_other_v1_roots(&cg.cgroup);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("reactor.yaml");
     // Port 0: the kernel picks a free port and the agent logs the address it bound.
