@@ -151,3 +151,37 @@ impl Drop for TestMemcg {
         );
     }
 }
+
+/// A process a test started, killed (by its pid) on drop if the test did not see it exit.
+pub struct ChildGuard(pub std::process::Child);
+
+impl ChildGuard {
+    /// Waits up to `within` for the process to exit on its own and returns how it ended;
+    /// panics naming `what` if it is still running then.
+    pub fn wait_exit(
+        &mut self,
+        what: &str,
+        within: std::time::Duration,
+    ) -> std::process::ExitStatus {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{what} did not exit within {within:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use reactor_tests::{is_root, memhog_bin, reactor_bin, require, TestMemcg};
+use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard, TestMemcg};
 
 #[test]
 fn bad_config_or_flags_exit_2_with_one_line() {
@@ -45,18 +45,6 @@ fn bad_config_or_flags_exit_2_with_one_line() {
             );
             assert_eq!(err.trim_end().lines().count(), 1, "{err}");
             assert!(err.contains(needle), "{needle}: {err}");
-        }
-    }
-}
-
-/// Kills the agent on drop if the test fails before it stops it.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
         }
     }
 }
@@ -145,17 +133,7 @@ fn run_logs_events_with_lag_and_stops_on_sigterm() {
     let pid = rustix::process::Pid::from_child(&child.0);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
     wait_for("the clean stop", &|v| message(v) == "stopped");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "reactor run did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = child.wait_exit("reactor run after SIGTERM", Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     reactor_tests::cgroup_root::remove_agent_tree(&cg.cgroup);
     assert!(

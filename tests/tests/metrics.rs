@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use reactor::record::metrics::{FAMILIES, FAMILIES_AFTER_FIRST_USE};
 use reactor::sense::ebpf::tracefs;
-use reactor_tests::{is_root, memhog_bin, reactor_bin, require, TestMemcg};
+use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard, TestMemcg};
 use serde_json::Value;
 
 fn can_run() -> bool {
@@ -30,18 +30,6 @@ fn can_run() -> bool {
             memhog_bin().exists() && reactor_bin().exists(),
             "the reactor and memhog binaries (cargo build --workspace --bins)",
         )
-}
-
-/// Kills the agent on drop if the test fails before it stops it.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// One HTTP/1.1 GET over a plain TCP connection: (status line, body).
@@ -276,17 +264,7 @@ fn run_serves_metrics_that_count_an_oom_and_stops_on_sigterm() {
     let pid = rustix::process::Pid::from_child(&child.0);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
     wait_for("the clean stop", &|v| message(v) == "stopped");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "reactor run did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = child.wait_exit("reactor run after SIGTERM", Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     assert!(
         TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
