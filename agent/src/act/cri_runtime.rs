@@ -204,37 +204,24 @@ fn terminated(s: &cri::ContainerStatus) -> Terminated {
 }
 
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
-    let invalid = |reason: String| RuntimeError::InvalidPod {
+    let invalid = |reason: &str| RuntimeError::InvalidPod {
         pod: pod.full_name(),
-        reason,
+        reason: reason.into(),
     };
-    if pod.uid.is_empty() || pod.name.is_empty() || pod.namespace.is_empty() {
+    if pod.name.is_empty() || pod.namespace.is_empty() {
         return Err(invalid(
-            "a pod needs metadata.uid, metadata.name and metadata.namespace".into(),
+            "a pod needs metadata.uid, metadata.name and metadata.namespace",
         ));
     }
     if pod.containers.is_empty() {
-        return Err(invalid("no containers".into()));
+        return Err(invalid("no containers"));
     }
-    let mut names = std::collections::BTreeSet::new();
-    for c in &pod.containers {
-        if c.name.is_empty() || !names.insert(&c.name) {
-            return Err(invalid(format!(
-                "container name {:?} is empty or used twice",
-                c.name
-            )));
-        }
+    pod.validate(|c| {
         if c.image.is_empty() {
-            return Err(invalid(format!("container {:?} has no image", c.name)));
+            return Err(format!("container {:?} has no image", c.name));
         }
-        if !(-1000..=1000).contains(&c.oom_score_adj) {
-            return Err(invalid(format!(
-                "container {:?}: oom_score_adj {} is outside -1000..=1000",
-                c.name, c.oom_score_adj
-            )));
-        }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 impl Inner {

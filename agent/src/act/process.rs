@@ -585,41 +585,18 @@ async fn supervise(
 }
 
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
-    let invalid = |reason: String| RuntimeError::InvalidPod {
-        pod: pod.full_name(),
-        reason,
-    };
-    if pod.uid.is_empty() {
-        return Err(invalid("metadata.uid is empty".into()));
-    }
-    let mut names = std::collections::BTreeSet::new();
-    for c in &pod.containers {
+    pod.validate(|c| {
         if pod.cgroup.join(&c.name).is_err() {
-            return Err(invalid(format!(
-                "container name {:?} cannot name a cgroup",
-                c.name
-            )));
-        }
-        if !names.insert(&c.name) {
-            return Err(invalid(format!(
-                "container name {:?} is used twice",
-                c.name
-            )));
+            return Err(format!("container name {:?} cannot name a cgroup", c.name));
         }
         if c.command.is_empty() {
-            return Err(invalid(format!(
+            return Err(format!(
                 "container {:?}: the process runtime has no images, so it needs a command",
                 c.name
-            )));
+            ));
         }
-        if !(-1000..=1000).contains(&c.oom_score_adj) {
-            return Err(invalid(format!(
-                "container {:?}: oom_score_adj {} is outside -1000..=1000",
-                c.name, c.oom_score_adj
-            )));
-        }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 impl ProcessRuntime {

@@ -123,6 +123,40 @@ pub struct PodSpec {
 }
 
 impl PodSpec {
+    /// The checks every runtime makes before it touches the node — a uid, container names
+    /// that are set and unique, `oom_score_adj` in the kernel's range — plus `container`, the
+    /// runtime's own rule for each container (an image for CRI, a command for processes).
+    /// The error is the runtime's `InvalidPod` with one line naming what is wrong.
+    pub fn validate(
+        &self,
+        container: impl Fn(&ContainerSpec) -> Result<(), String>,
+    ) -> Result<(), RuntimeError> {
+        let invalid = |reason: String| RuntimeError::InvalidPod {
+            pod: self.full_name(),
+            reason,
+        };
+        if self.uid.is_empty() {
+            return Err(invalid("metadata.uid is empty".into()));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for c in &self.containers {
+            if c.name.is_empty() || !names.insert(&c.name) {
+                return Err(invalid(format!(
+                    "container name {:?} is empty or used twice",
+                    c.name
+                )));
+            }
+            container(c).map_err(invalid)?;
+            if !(-1000..=1000).contains(&c.oom_score_adj) {
+                return Err(invalid(format!(
+                    "container {:?}: oom_score_adj {} is outside -1000..=1000",
+                    c.name, c.oom_score_adj
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// `namespace/name`, as pods are named in output.
     pub fn full_name(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
