@@ -98,6 +98,25 @@ impl Setup {
         CriRuntime::open(config).await.unwrap()
     }
 
+    /// What the pod lifecycle does for a kubectl-shaped pod: decide's pod values in the pod
+    /// cgroup (the same path as pod_on_node.rs), then the runtime spec.
+    fn pod_from_yaml(&self, node: &NodeSettings, yaml: &str) -> (PodInfo, CgroupPath, PodSpec) {
+        let doc: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let info = PodInfo::from_json(doc.clone()).unwrap();
+        let pod_cg = CgroupPath::for_pod(&info).unwrap();
+        self.cgroups
+            .create_pod_cgroup(&pod_cg, &Resources::from(&pod_config(node, &info)))
+            .unwrap();
+        let spec = pod_spec(
+            &serde_json::from_value(doc).unwrap(),
+            &info,
+            node,
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        (info, pod_cg, spec)
+    }
+
     /// What the pod lifecycle does before calling the runtime: the pod cgroup.
     fn pod(&self, uid: &str, policy: RestartPolicy, containers: Vec<ContainerSpec>) -> PodSpec {
         let cgroup = CgroupPath::pod(Some("burstable"), uid).unwrap();
@@ -254,20 +273,7 @@ async fn burstable_pod_runs_in_its_pod_cgroup_with_decides_values_and_stops_with
     let s = setup("crirt-life");
     let rt = s.runtime().await;
     let node = node();
-    let doc: serde_json::Value = serde_saphyr::from_str(PODS).unwrap();
-    let info = PodInfo::from_json(doc.clone()).unwrap();
-    // The same path as pod_on_node.rs: decide's pod values in the pod cgroup, then the spec.
-    let pod_cg = CgroupPath::for_pod(&info).unwrap();
-    s.cgroups
-        .create_pod_cgroup(&pod_cg, &Resources::from(&pod_config(&node, &info)))
-        .unwrap();
-    let spec = pod_spec(
-        &serde_json::from_value(doc).unwrap(),
-        &info,
-        &node,
-        &BTreeMap::new(),
-    )
-    .unwrap();
+    let (info, pod_cg, spec) = s.pod_from_yaml(&node, PODS);
     assert_eq!(spec.cgroup, pod_cg);
     let started = Instant::now();
     rt.run_pod(spec.clone())
@@ -602,19 +608,7 @@ async fn guaranteed_pod_runs_with_the_score_containerd_restricts_it_to() {
     let s = setup("crirt-guar");
     let rt = s.runtime().await;
     let node = node();
-    let doc: serde_json::Value = serde_saphyr::from_str(GUARANTEED).unwrap();
-    let info = PodInfo::from_json(doc.clone()).unwrap();
-    let pod_cg = CgroupPath::for_pod(&info).unwrap();
-    s.cgroups
-        .create_pod_cgroup(&pod_cg, &Resources::from(&pod_config(&node, &info)))
-        .unwrap();
-    let spec = pod_spec(
-        &serde_json::from_value(doc).unwrap(),
-        &info,
-        &node,
-        &BTreeMap::new(),
-    )
-    .unwrap();
+    let (info, pod_cg, spec) = s.pod_from_yaml(&node, GUARANTEED);
     assert_eq!(spec.containers[0].oom_score_adj, -997);
     rt.run_pod(spec.clone())
         .await
