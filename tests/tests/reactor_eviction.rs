@@ -59,7 +59,7 @@ struct Loop {
     handle: ReactorHandle,
     decisions: broadcast::Receiver<Decision>,
     shutdown: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<reactor::sense::Sense>,
 }
 
 struct NodeSpec {

@@ -213,6 +213,19 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             cgroup: cgroup.clone(),
             pid: 0,
         }),
+        NodeEventKind::ImageGc {
+            trigger,
+            removed,
+            freed_bytes,
+            reason,
+            message,
+        } => K::ImageGc(pb::ImageGcEvent {
+            trigger: trigger.clone(),
+            removed: removed.clone(),
+            freed_bytes: *freed_bytes,
+            reason: reason.clone(),
+            message: message.clone(),
+        }),
         NodeEventKind::Removed { pod, uid, cause } => K::Removed(pb::PodRemovedEvent {
             pod: Some(split(pod)),
             uid: uid.clone(),

@@ -19,7 +19,11 @@
 //! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
 //!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
 //!
-//! The loop owns its state (one task); pods are reached through [`PodControl`].
+//! The loop owns its state (one task); pods are reached through [`PodControl`]. It owns the
+//! [`Sense`] too while it runs — every event passes through it first — so whoever else wants
+//! the raw events (metrics, the API's event stream, the per-event log line) registers a tap
+//! ([`Reactor::with_tap`]) instead of reading the sense layer beside it; [`Reactor::run`]
+//! hands the sense layer back when it ends, for its lag statistics.
 
 pub mod oom;
 pub mod pods;
@@ -39,6 +43,7 @@ use crate::config::Config;
 use crate::decide::pod::PodInfo;
 use crate::decide::pressure::{pass, threshold_met_text, thresholds_met, EvictionState, Reclaim};
 use crate::decide::rank::{eviction_message, rank};
+use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
 use crate::decide::thresholds::{
@@ -46,6 +51,7 @@ use crate::decide::thresholds::{
     EvictionSettings, Threshold, ThresholdError,
 };
 use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
+use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
 pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
@@ -184,7 +190,12 @@ pub struct Reactor<P> {
     /// that found nothing met and nothing close): what a timer-woken decision answers to.
     episode: Option<PressureEvent>,
     close: bool,
+    tap: Option<EventTap>,
+    metrics: Option<Arc<Metrics>>,
 }
+
+/// What [`Reactor::with_tap`] takes: called with every event the loop receives.
+pub type EventTap = Box<dyn Fn(&Received) + Send + Sync>;
 
 /// Polls a future once; `None` when it is not ready (it is dropped).
 async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
@@ -225,7 +236,24 @@ impl<P: PodControl + 'static> Reactor<P> {
             oom_counts: BTreeMap::new(),
             episode: None,
             close: false,
+            tap: None,
+            metrics: None,
         }
+    }
+
+    /// Calls `tap` with every event the loop receives (ticks and other nodes' cgroups
+    /// included), before the loop folds them: the agent's event counters, event stream and
+    /// per-event log line hang here. It runs on the loop's task, so it must be quick.
+    pub fn with_tap(mut self, tap: impl Fn(&Received) + Send + Sync + 'static) -> Reactor<P> {
+        self.tap = Some(Box::new(tap));
+        self
+    }
+
+    /// Keeps `metrics` up to date: signal values and thresholds on every pass, node
+    /// conditions, evictions by signal and QoS, reaction lag by the waking event's source.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Reactor<P> {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The outputs, to subscribe before running.
@@ -236,21 +264,22 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
     }
 
-    /// Runs until `sense` stops or `shutdown` turns `true`.
-    pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until every sense source stops or `shutdown` turns `true`; hands the sense layer
+    /// back (to be shut down and asked for its lag statistics).
+    pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
         loop {
             if *shutdown.borrow() {
-                return;
+                return sense;
             }
             let sleep = self.next_recheck();
             let first = tokio::select! {
                 r = sense.next() => match r {
                     Some(r) => Some(r),
-                    None => return,
+                    None => return sense,
                 },
                 () = tokio::time::sleep(sleep) => None,
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => return sense,
             };
             let mut received: Vec<Received> = first.into_iter().collect();
             self.drain(&mut sense, &mut received).await;
@@ -282,6 +311,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         let mut wake: Option<(PressureEvent, u64)> = None;
         let mut coalesced = 0;
         for r in received {
+            if let Some(tap) = &self.tap {
+                tap(&r);
+            }
             if !self.is_ours(&r.event) {
                 continue;
             }
@@ -370,6 +402,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             self.state = next;
             self.close = self.is_close(&signals);
+            self.record_metrics(&observations, &result.conditions);
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
             if self.state.first_observed_at.is_empty() && !self.close {
@@ -536,7 +569,14 @@ impl<P: PodControl + 'static> Reactor<P> {
             Err(e) => (None, Some(e.to_string())),
         };
         if let (Some(k), Some(ev)) = (killed_at, decision.wake.event.as_ref()) {
-            decision.reaction_lag_ns = Some(k.saturating_sub(ev.at_ns));
+            let lag = k.saturating_sub(ev.at_ns);
+            decision.reaction_lag_ns = Some(lag);
+            if let Some(m) = &self.metrics {
+                m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
+            }
+        }
+        if let (Some(m), true) = (&self.metrics, result.is_ok()) {
+            m.record_eviction(reclaim.signal, info.qos);
         }
         let released = self.wait_released(&pod.cgroup).await;
         if let (Some(k), true) = (killed_at, released) {
@@ -545,6 +585,8 @@ impl<P: PodControl + 'static> Reactor<P> {
         decision.action = Action::Evicted {
             uid,
             pod: info.name.clone(),
+            signal: reclaim.signal.name().to_string(),
+            qos: info.qos.as_str().to_string(),
             grace_seconds: grace,
             message: message.message,
             annotations: message.annotations,
@@ -690,6 +732,47 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
     }
 
+    /// Puts this pass's signal values, thresholds and node conditions on the metrics.
+    fn record_metrics(
+        &self,
+        observations: &crate::decide::pressure::Observations,
+        on: &[NodeCondition],
+    ) {
+        let Some(m) = &self.metrics else {
+            return;
+        };
+        for &signal in &Signal::ALL {
+            let Some(o) = observations.get(signal) else {
+                continue;
+            };
+            let capacity = o
+                .capacity
+                .unwrap_or(crate::decide::quantity::Quantity::ZERO);
+            let level = |hard: bool| {
+                self.settings
+                    .thresholds
+                    .iter()
+                    .find(|t| t.signal == signal && (t.grace_period_nanos == 0) == hard)
+                    .map(|t| t.level(capacity, false).value() as f64)
+            };
+            m.set_signal(
+                signal,
+                o.available.value() as f64,
+                SignalThresholds {
+                    hard: level(true),
+                    soft: level(false),
+                },
+            );
+        }
+        for c in [
+            NodeCondition::MemoryPressure,
+            NodeCondition::DiskPressure,
+            NodeCondition::PidPressure,
+        ] {
+            m.set_condition(c, on.contains(&c));
+        }
+    }
+
     fn emit(&mut self, mut d: Decision) {
         self.seq += 1;
         d.seq = self.seq;
@@ -734,12 +817,13 @@ fn signal_values(signals: &Signals) -> Vec<SignalValue> {
         .collect()
 }
 
-/// Starts the loop on its own task: the agent's one call to bring eviction up.
+/// Starts the loop on its own task: the agent's one call to bring eviction up. The task
+/// gives the sense layer back when the loop ends.
 pub fn spawn<P: PodControl + 'static>(
     reactor: Reactor<P>,
     sense: Sense,
     shutdown: watch::Receiver<bool>,
-) -> (ReactorHandle, tokio::task::JoinHandle<()>) {
+) -> (ReactorHandle, tokio::task::JoinHandle<Sense>) {
     let handle = reactor.handle();
     let task = tokio::spawn(reactor.run(sense, shutdown));
     (handle, task)

@@ -144,23 +144,6 @@ impl<R: Runtime> RuntimePods<R> {
     pub fn evictions(&self) -> BTreeMap<String, EvictionStatus> {
         lock(&self.evicted).clone()
     }
-
-    fn kill_all(&self, cgroup: &CgroupPath) -> usize {
-        let pids = self.cgroups.procs_recursive(cgroup).unwrap_or_default();
-        let mut n = 0;
-        for pid in pids {
-            let Some(pid) = i32::try_from(pid)
-                .ok()
-                .and_then(rustix::process::Pid::from_raw)
-            else {
-                continue;
-            };
-            if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
-                n += 1;
-            }
-        }
-        n
-    }
 }
 
 impl<R: Runtime> PodControl for RuntimePods<R> {
@@ -187,7 +170,7 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
         let mut out = Evicted::default();
         if grace.is_zero() {
-            out.killed = self.kill_all(&pod.cgroup);
+            out.killed = kill_cgroup(&self.cgroups, &pod.cgroup);
             out.killed_at_ns = Some(monotonic_ns());
         }
         let result = match first {
@@ -207,4 +190,24 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         self.cgroups.remove(&pod.cgroup, Duration::from_secs(2))?;
         Ok(out)
     }
+}
+
+/// Sends SIGKILL to every process in `cgroup` and below; returns how many were signalled.
+/// The eviction's own kill for grace 0: the loop does not wait for a runtime's supervisor
+/// task to be scheduled before the memory starts coming back.
+pub fn kill_cgroup(cgroups: &CgroupManager, cgroup: &CgroupPath) -> usize {
+    let pids = cgroups.procs_recursive(cgroup).unwrap_or_default();
+    let mut n = 0;
+    for pid in pids {
+        let Some(pid) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
+            n += 1;
+        }
+    }
+    n
 }

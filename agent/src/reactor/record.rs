@@ -77,6 +77,10 @@ pub enum Action {
         uid: String,
         /// `namespace/name`.
         pod: String,
+        /// The signal whose threshold was met (`allocatableMemory.available`).
+        signal: String,
+        /// The pod's QoS class.
+        qos: String,
         /// Grace period given, seconds.
         grace_seconds: i64,
         /// The kubelet's eviction message, the pod's status message.
