@@ -45,7 +45,7 @@ use std::time::Duration;
 use clap::Args;
 use reactor::node::{EventHub, NodeEventKind};
 use reactor::observe::{ObserveSettings, Observer};
-use reactor::reactor::{memcg_targets, Action, Decision, Reactor, ReactorSettings};
+use reactor::reactor::{concerns_node, memcg_targets, Action, Decision, Reactor, ReactorSettings};
 use reactor::record::metrics::serve::{parse_address, MetricsServer};
 use reactor::record::metrics::Metrics;
 use reactor::sense::lag::format_ns;
@@ -130,6 +130,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
             Arc::clone(&metrics),
             events.clone(),
             oom_kill_source(sense.report()),
+            settings.cgroup_root.clone(),
         ));
         let reactor = Reactor::new(
             settings,
@@ -179,17 +180,28 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
 }
 
 /// The recorder: every sense event the loop received is counted (by source and kind, with
-/// its detection lag), put on the event stream and logged; kernel OOM kills are counted once
-/// each (see [`oom_kill_source`]). Ends when the loop drops its tap.
+/// its detection lag); the events that concern this node (below `cgroup_root`, or
+/// node-wide) are put on the event stream and logged, their kernel OOM kills counted once
+/// each (see [`oom_kill_source`]), and the rest of the machine's logged only at debug. Ends when the loop
+/// drops its tap.
 async fn record_events(
     mut rx: mpsc::Receiver<Received>,
     metrics: Arc<Metrics>,
     events: EventHub,
     oom_source: Option<Source>,
+    cgroup_root: String,
 ) {
     while let Some(r) = rx.recv().await {
         metrics.record_event(&r);
         let e = &r.event;
+        let cgroup = e.cgroup.as_deref().unwrap_or("-");
+        if !concerns_node(&cgroup_root, e) {
+            tracing::debug!(source = %e.source, cgroup, kind = %e.kind, lag_ns = r.lag_ns, "pressure event outside cgroupRoot");
+            continue;
+        }
+        if matches!(e.kind, Kind::OomKill { .. }) && Some(e.source) == oom_source {
+            metrics.record_oom_kill();
+        }
         events.publish(NodeEventKind::Pressure {
             source: e.source.to_string(),
             cgroup: e.cgroup.clone().unwrap_or_default(),
@@ -197,10 +209,6 @@ async fn record_events(
             at_monotonic_ns: e.at_ns,
             lag_ns: r.lag_ns,
         });
-        if matches!(e.kind, Kind::OomKill { .. }) && Some(e.source) == oom_source {
-            metrics.record_oom_kill();
-        }
-        let cgroup = e.cgroup.as_deref().unwrap_or("-");
         // The tick carries no news; it is logged at debug so an idle node stays quiet.
         if e.kind == Kind::Tick {
             tracing::debug!(source = %e.source, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "tick");

@@ -348,15 +348,8 @@ impl<P: PodControl + 'static> Reactor<P> {
         })
     }
 
-    /// Whether an event concerns this node: unattributed ones (PSI, ticks, drops) do, and so
-    /// does anything in a cgroup below `cgroupRoot`.
     fn is_ours(&self, event: &PressureEvent) -> bool {
-        let root = self.settings.cgroup_root.trim_end_matches('/');
-        match &event.cgroup {
-            None => true,
-            Some(_) if root.is_empty() => true,
-            Some(c) => c == root || c.starts_with(&format!("{root}/")),
-        }
+        concerns_node(&self.settings.cgroup_root, event)
     }
 
     /// The longest the loop may sleep: the housekeeping interval, cut short by a grace period
@@ -778,6 +771,19 @@ impl<P: PodControl + 'static> Reactor<P> {
         d.seq = self.seq;
         d.log();
         let _ = self.decisions.send(d);
+    }
+}
+
+/// Whether an event concerns the node whose pods live below `cgroup_root`: unattributed
+/// ones (PSI, ticks, drops) do, and so does anything in a cgroup at or below the root. The
+/// eBPF programs see the whole machine; what happens in other cgroups is not this node's
+/// pressure.
+pub fn concerns_node(cgroup_root: &str, event: &PressureEvent) -> bool {
+    let root = cgroup_root.trim_end_matches('/');
+    match &event.cgroup {
+        None => true,
+        Some(_) if root.is_empty() => true,
+        Some(c) => c == root || c.starts_with(&format!("{root}/")),
     }
 }
 
