@@ -273,3 +273,182 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
         "{text}"
     );
 }
+
+/// `reactor status --json` says what the API says: the same conditions, signals with their
+/// thresholds, sources, capacity and eviction order as `NodeStatus` and `ListPods` return to
+/// a gRPC client of the agent's socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_matches_the_api() {
+    if !ready() {
+        return;
+    }
+    // One pass at start and the next a minute later: the status holds still while compared.
+    let agent = TestAgent::start(
+        "agent-status",
+        "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 128Mi, pid.available: '100'}\n\
+         evictionSoft: {memory.available: 10%}\n\
+         evictionSoftGracePeriod: {memory.available: 1m30s}\n\
+         evictionMinimumReclaim: {allocatableMemory.available: 32Mi}\n\
+         housekeepingInterval: 60s\n",
+    );
+    apply(
+        &agent,
+        &pod(
+            "small",
+            json!({"requests": {"memory": "16Mi"}, "limits": {"memory": "64Mi"}}),
+            &["8", "0"],
+        ),
+    );
+    apply(&agent, &pod("tiny", json!({}), &["4", "0"]));
+    agent.wait("both pods to hold memory", || {
+        agent.pods().iter().all(|p| {
+            p["memoryWorkingSetBytes"]
+                .as_u64()
+                .is_some_and(|ws| ws >= 2 << 20)
+        })
+    });
+
+    let channel = reactor::devices::dial_unix(&agent.socket).await.unwrap();
+    let mut api = reactor_proto::reactor_v1::agent_client::AgentClient::new(channel);
+    let status = api
+        .node_status(reactor_proto::reactor_v1::NodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let pods = api
+        .list_pods(reactor_proto::reactor_v1::ListPodsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .pods;
+    let out = agent.cli(&["status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // The loop has run its first pass: all three conditions, all false.
+    let conditions: Vec<Value> = status
+        .conditions
+        .iter()
+        .map(|c| {
+            json!({"type": c.r#type, "status": c.status, "reason": c.reason,
+                   "message": c.message, "lastTransitionUnixNanos": c.last_transition_unix_nanos})
+        })
+        .collect();
+    assert_eq!(cli["conditions"], json!(conditions));
+    assert_eq!(
+        status
+            .conditions
+            .iter()
+            .map(|c| (c.r#type.as_str(), c.status.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("MemoryPressure", "False"),
+            ("DiskPressure", "False"),
+            ("PIDPressure", "False")
+        ]
+    );
+    let signals: Vec<Value> = status
+        .signals
+        .iter()
+        .map(|s| {
+            json!({"name": s.name, "available": s.available, "capacity": s.capacity,
+                   "observedUnixNanos": s.observed_unix_nanos,
+                   "thresholds": s.thresholds.iter().map(|t| json!({
+                       "kind": t.kind, "value": t.value, "resolved": t.resolved,
+                       "gracePeriod": t.grace_period, "minimumReclaim": t.minimum_reclaim,
+                       "met": t.met, "metSinceUnixNanos": t.met_since_unix_nanos,
+                   })).collect::<Vec<_>>()})
+        })
+        .collect();
+    assert_eq!(cli["signals"], json!(signals));
+    // Each configured threshold is there, resolved against the signal's capacity.
+    let threshold = |signal: &str| -> Value {
+        cli["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == signal)
+            .unwrap_or_else(|| panic!("{signal} in {cli}"))["thresholds"][0]
+            .clone()
+    };
+    let alloc = threshold("allocatableMemory.available");
+    assert_eq!(
+        (
+            &alloc["kind"],
+            &alloc["value"],
+            &alloc["minimumReclaim"],
+            &alloc["met"]
+        ),
+        (
+            &json!("hard"),
+            &json!("128Mi"),
+            &json!("32Mi"),
+            &json!(false)
+        ),
+        "{alloc}"
+    );
+    let soft = threshold("memory.available");
+    assert_eq!(
+        (&soft["kind"], &soft["value"], &soft["gracePeriod"]),
+        (&json!("soft"), &json!("10%"), &json!("1m30s")),
+        "{soft}"
+    );
+    assert_eq!(threshold("pid.available")["value"], "100");
+
+    let sources: Vec<Value> = status
+        .sources
+        .iter()
+        .map(|x| json!({"name": x.name, "attached": x.attached, "reason": x.reason}))
+        .collect();
+    assert_eq!(cli["sources"], json!(sources));
+    let resources = status.resources.unwrap_or_default();
+    for (key, map) in [
+        ("capacity", &resources.capacity),
+        ("allocatable", &resources.allocatable),
+    ] {
+        let want: serde_json::Map<String, Value> = map
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        assert_eq!(cli[key], Value::Object(want), "{key}");
+    }
+    assert_eq!(cli["cgroupVersion"], status.cgroup_version);
+    assert_eq!(cli["cgroupRoot"], status.cgroup_root);
+
+    // The eviction order is ListPods' memory ranking: the BestEffort pod first.
+    let mut ranked: Vec<(u32, String)> = pods
+        .iter()
+        .filter_map(|p| {
+            let r = p
+                .eviction_rank
+                .iter()
+                .find(|r| r.signal == "memory.available")?;
+            let name = p.pod.as_ref()?;
+            Some((r.rank, format!("{}/{}", name.namespace, name.name)))
+        })
+        .collect();
+    ranked.sort();
+    let next: Vec<(u32, String)> = cli["nextToEvict"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                u32::try_from(n["rank"].as_u64().unwrap()).unwrap(),
+                n["pod"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(next, ranked);
+    assert_eq!(
+        next.first().map(|(_, n)| n.as_str()),
+        Some("default/tiny"),
+        "{cli}"
+    );
+    assert_eq!(cli["nextToEvict"][0]["qos"], "BestEffort", "{cli}");
+}

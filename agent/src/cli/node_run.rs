@@ -156,14 +156,9 @@ impl NodeParts {
         );
         let facts = NodeFacts {
             sources,
-            eviction_hard: config
-                .eviction_hard
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
             cgroup_root: config.cgroup_root.clone(),
+            pressure: Some(reactor.pressure()),
         };
-        let _ = reactor;
         let service = AgentService::new(self.pods.clone(), Some(Arc::clone(&self.devices)), facts);
         let (stop_server, stopped) = oneshot::channel();
         let server = tokio::spawn(async move {

@@ -29,6 +29,7 @@ pub mod oom;
 pub mod pods;
 pub mod reclaim;
 pub mod record;
+pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -57,6 +58,7 @@ use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sen
 pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
 pub use reclaim::{NodeReclaim, NodeReclaimed};
 pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
+pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 
 /// The kubelet's default `evictionPressureTransitionPeriod`, which also replaces a zero.
 const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
@@ -158,6 +160,7 @@ pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<Mem
 pub struct ReactorHandle {
     decisions: broadcast::Sender<Decision>,
     conditions: watch::Receiver<Vec<String>>,
+    pressure: watch::Receiver<Option<NodePressure>>,
 }
 
 impl ReactorHandle {
@@ -169,6 +172,12 @@ impl ReactorHandle {
     /// The node conditions the loop reports now (`MemoryPressure`, `DiskPressure`, ...).
     pub fn conditions(&self) -> watch::Receiver<Vec<String>> {
         self.conditions.clone()
+    }
+
+    /// The signals, thresholds and conditions as the loop's last pass saw them (`None`
+    /// before the first pass): what `reactor status` shows.
+    pub fn pressure(&self) -> watch::Receiver<Option<NodePressure>> {
+        self.pressure.clone()
     }
 }
 
@@ -183,6 +192,8 @@ pub struct Reactor<P> {
     summary: Summary,
     decisions: broadcast::Sender<Decision>,
     conditions: watch::Sender<Vec<String>>,
+    pressure: watch::Sender<Option<NodePressure>>,
+    transitions: status::Transitions,
     seq: u64,
     unprevented_ooms: u64,
     oom_counts: BTreeMap<(String, String), u64>,
@@ -231,6 +242,8 @@ impl<P: PodControl + 'static> Reactor<P> {
             summary: Summary::default(),
             decisions: broadcast::channel(1024).0,
             conditions: watch::channel(Vec::new()).0,
+            pressure: watch::channel(None).0,
+            transitions: status::Transitions::default(),
             seq: 0,
             unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
@@ -261,6 +274,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         ReactorHandle {
             decisions: self.decisions.clone(),
             conditions: self.conditions.subscribe(),
+            pressure: self.pressure.subscribe(),
         }
     }
 
@@ -396,6 +410,14 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.state = next;
             self.close = self.is_close(&signals);
             self.record_metrics(&observations, &result.conditions);
+            self.pressure.send_replace(Some(status::snapshot(
+                &self.settings.thresholds,
+                &self.state,
+                &observations,
+                &result.conditions,
+                &mut self.transitions,
+                &signals,
+            )));
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
             if self.state.first_observed_at.is_empty() && !self.close {
