@@ -55,7 +55,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::logging::LogFormat;
 use super::sense_args::SenseArgs;
 use super::shutdown::Shutdown;
-use super::watch::{load_config, runtime};
+use super::watch::{load_config_reporting, runtime};
 use super::Failure;
 
 /// How long the metrics endpoint may take to finish its connections at shutdown.
@@ -83,12 +83,15 @@ pub(crate) struct RunArgs {
 /// naming the reason.
 pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     // Everything that can be wrong with the input is found before anything attaches.
-    let config = load_config(args.config.as_ref())?;
+    let (config, ignored) = load_config_reporting(args.config.as_ref())?;
     let mut log = config.log.clone();
     if let Some(format) = args.log_format {
         log.format = format.as_str().to_string();
     }
     super::logging::init(&log)?;
+    if !ignored.is_empty() {
+        tracing::info!(keys = %ignored.join(","), "KubeletConfiguration fields not used by the agent, ignored");
+    }
     let mut opts = args.sense.options(&config)?;
     let settings = ReactorSettings::from_config(&config)
         .map_err(|e| Failure::Input(format!("eviction thresholds: {e}")))?;
