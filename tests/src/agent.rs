@@ -28,8 +28,9 @@ impl TestAgent {
     /// Writes a config (`extra` YAML appended) and starts `reactor run`; returns once the API
     /// socket answers. Unless `extra` has its own `sense:` block, only the housekeeping tick
     /// runs; unless it has its own `evictionHard`, the only threshold is
-    /// `memory.available<100Mi`, so the kubelet's default disk thresholds never evict a
-    /// test's pods because the machine's disk happens to be full.
+    /// `memory.available<100Mi`, and unless it sets `imageGCHighThresholdPercent`, periodic
+    /// image GC is off (100): the kubelet's default disk thresholds must never evict a test's
+    /// pods or delete its images because the machine's disk happens to be full.
     pub fn start(name: &str, extra: &str) -> TestAgent {
         let root = TestCgroupRoot::v1(name).expect("test cgroup root");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -50,7 +51,7 @@ impl TestAgent {
             format!(
                 "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
-                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}\
+                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}\
                  log:\n  level: info\n{extra}",
                 root = root.name,
                 d = d.display(),
@@ -65,6 +66,11 @@ impl TestAgent {
                     ""
                 } else {
                     "evictionHard: {memory.available: 100Mi}\n"
+                },
+                gc = if has_key(extra, "imageGCHighThresholdPercent") {
+                    ""
+                } else {
+                    "imageGCHighThresholdPercent: 100\n"
                 },
             ),
         )
