@@ -447,6 +447,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 ranking: Vec::new(),
                 action: Action::None,
                 reaction_lag_ns: None,
+                decide_to_kill_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
@@ -583,7 +584,13 @@ impl<P: PodControl + 'static> Reactor<P> {
             Ok(e) => (e.killed_at_ns, None),
             Err(e) => (None, Some(e.to_string())),
         };
-        if let (Some(k), Some(ev)) = (killed_at, decision.wake.event.as_ref()) {
+        decision.decide_to_kill_ns = killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
+        let waking = decision
+            .wake
+            .event
+            .as_ref()
+            .filter(|_| !decision.wake.timer);
+        if let (Some(k), Some(ev)) = (killed_at, waking) {
             let lag = k.saturating_sub(ev.at_ns);
             decision.reaction_lag_ns = Some(lag);
             if let Some(m) = &self.metrics {
@@ -740,6 +747,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     reason: "OOMKilled".to_string(),
                 },
                 reaction_lag_ns: None,
+                decide_to_kill_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
