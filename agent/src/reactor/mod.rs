@@ -58,8 +58,14 @@ const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
 /// How the loop behaves; built from the config once.
 #[derive(Clone, Debug)]
 pub struct ReactorSettings {
-    /// The eviction thresholds, hard first.
+    /// The eviction thresholds, hard first, with the `containerfs` ones derived for `layout`.
     pub thresholds: Vec<Threshold>,
+    /// The thresholds as configured, which `thresholds` is derived from: `containerfs`
+    /// thresholds cannot be configured (seed 003) but follow the filesystem layout, which is
+    /// only known once the filesystems are observed.
+    pub configured: Vec<Threshold>,
+    /// The filesystem layout the `containerfs` thresholds were derived for.
+    pub layout: FsLayout,
     /// `evictionPressureTransitionPeriod`.
     pub transition_period: Duration,
     /// `evictionMaxPodGracePeriod`, seconds.
@@ -93,6 +99,8 @@ impl ReactorSettings {
         let transition = config.eviction_pressure_transition_period.0;
         Ok(ReactorSettings {
             thresholds,
+            configured: parsed,
+            layout: FsLayout::Shared,
             transition_period: if transition.is_zero() {
                 DEFAULT_TRANSITION
             } else {
@@ -109,6 +117,24 @@ impl ReactorSettings {
                 config.cgroup_root.clone()
             },
         })
+    }
+}
+
+impl ReactorSettings {
+    /// Derives the `containerfs` thresholds for `layout` as seed 003 says: those of `nodefs`
+    /// when one filesystem holds everything or the image filesystem is split, those of
+    /// `imagefs` when a separate image filesystem also holds the writable layers. The other
+    /// thresholds keep their place (the derived ones come last). Returns whether anything
+    /// changed.
+    pub fn set_layout(&mut self, layout: FsLayout) -> bool {
+        if layout == self.layout {
+            return false;
+        }
+        let (thresholds, _) = with_containerfs_thresholds(&self.configured, layout);
+        self.layout = layout;
+        let changed = thresholds != self.thresholds;
+        self.thresholds = thresholds;
+        changed
     }
 }
 
@@ -357,6 +383,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
             let signals = self.observer.observe();
+            if let Some(layout) = signals.fs_layout() {
+                self.follow_layout(layout);
+            }
             let observations = signals.observations();
             let now = i128::from(signals.monotonic_ns);
             let transition =
@@ -446,6 +475,14 @@ impl<P: PodControl + 'static> Reactor<P> {
             if !evicted {
                 return;
             }
+            // A disk victim's space comes back only when the runtime drops its writable layer
+            // and logs, on its own time (containerd's garbage collector): observed at once,
+            // the pressure looks unchanged and the next pod would be evicted for nothing.
+            // As the kubelet acts only on disk statistics newer than its last decision, the
+            // next disk decision waits for the next wake-up (the housekeeping tick).
+            if reclaim::reclaims_node_level(reclaim.signal) {
+                return;
+            }
             // Events that came in while the victim was going are folded into the next pass,
             // which runs at once (OOM kills among them are still recorded).
             let mut received = Vec::new();
@@ -460,6 +497,30 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             };
         }
+    }
+
+    /// Re-derives the `containerfs` thresholds when the observed filesystem layout is not
+    /// the one they were derived for (at the first observation, or when an image
+    /// filesystem is mounted or unmounted). The state of the derived thresholds starts over;
+    /// the configured ones keep theirs.
+    fn follow_layout(&mut self, layout: FsLayout) {
+        let kept = self
+            .settings
+            .thresholds
+            .iter()
+            .filter(|t| {
+                !matches!(
+                    t.signal,
+                    Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+                )
+            })
+            .count();
+        if !self.settings.set_layout(layout) {
+            return;
+        }
+        tracing::info!(?layout, thresholds = ?self.settings.thresholds.iter().map(ToString::to_string).collect::<Vec<_>>(), "containerfs thresholds follow the filesystem layout");
+        self.state.first_observed_at.retain(|&i, _| i < kept);
+        self.state.thresholds_met.retain(|&i| i < kept);
     }
 
     /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
@@ -743,4 +804,54 @@ pub fn spawn<P: PodControl + 'static>(
     let handle = reactor.handle();
     let task = tokio::spawn(reactor.run(sense, shutdown));
     (handle, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(hard: &[(&str, &str)]) -> ReactorSettings {
+        let mut config = Config::default();
+        config.eviction_hard = hard
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        ReactorSettings::from_config(&config).unwrap()
+    }
+
+    fn names(s: &ReactorSettings) -> Vec<String> {
+        s.thresholds.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn containerfs_thresholds_follow_the_observed_layout() {
+        let mut s = settings(&[("nodefs.available", "1Gi"), ("imagefs.available", "2Gi")]);
+        // Until the filesystems are observed: one shared filesystem, nodefs's thresholds.
+        assert_eq!(s.layout, FsLayout::Shared);
+        assert_eq!(
+            names(&s),
+            [
+                "nodefs.available<1Gi",
+                "imagefs.available<2Gi",
+                "containerfs.available<1Gi"
+            ]
+        );
+        // A separate image filesystem holding the writable layers: imagefs's.
+        assert!(s.set_layout(FsLayout::ImageFs));
+        assert_eq!(
+            names(&s)[..2],
+            ["nodefs.available<1Gi", "imagefs.available<2Gi"],
+            "configured thresholds keep their place"
+        );
+        assert_eq!(names(&s)[2], "containerfs.available<2Gi");
+        assert!(!s.set_layout(FsLayout::ImageFs), "no change");
+        // A split image filesystem: the writable layers are back with nodefs.
+        assert!(s.set_layout(FsLayout::ImageFsContainerFs));
+        assert_eq!(names(&s)[2], "containerfs.available<1Gi");
+        // Nothing on imagefs configured: a separate imagefs derives nothing for containerfs.
+        let mut s = settings(&[("memory.available", "100Mi")]);
+        assert!(!s.set_layout(FsLayout::ImageFs));
+        assert_eq!(names(&s), ["memory.available<100Mi"]);
+        assert_eq!(s.layout, FsLayout::ImageFs);
+    }
 }
