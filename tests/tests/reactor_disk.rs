@@ -491,36 +491,56 @@ async fn unused_images_are_deleted_and_no_pod_is_evicted() {
 }
 
 /// Deleting every unused image is not enough while a pod's writable layer holds the space:
-/// the loop reclaims first, then evicts exactly one pod — the first of the ranking, the
-/// BestEffort pod with no ephemeral-storage request — with the kubelet's message for
-/// `ephemeral-storage`; removing it frees its writable layer, so the other pod stays.
+/// the loop reclaims first, then evicts exactly one pod — the first of the ranking, which
+/// for `imagefs` on a separate image filesystem goes by the containers' writable layers
+/// (seed 003), as containerd measures them — with the kubelet's message for
+/// `ephemeral-storage`. Removing the victim frees its writable layer, so the other pod stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_follows_a_reclaim_that_was_not_enough() {
     if !ready() {
         return;
     }
     let mut node = DiskNode::start("disk-evict", 128 * MIB).await;
-    let unused = [node.import("idle1", 2 * MIB), node.import("idle2", 3 * MIB)];
-    let keep = node
-        .run(
-            "keep",
-            "exec sleep 3600",
-            "{requests: {memory: 16Mi, ephemeral-storage: 64Mi}}",
-        )
+    let unused = [
+        node.import("spare1", 2 * MIB),
+        node.import("spare2", 3 * MIB),
+    ];
+    // Neither pod requests ephemeral storage: without writable-layer figures the two would
+    // tie and keep their order (by uid, "idle" first); by writable layer, "writer" is first.
+    let idle = node
+        .run("idle", "exec sleep 3600", "{requests: {memory: 16Mi}}")
         .await;
     let start = available(&node.imagefs);
     // 40 MiB into the container's writable layer, which lives on the image filesystem.
-    let hog = node
+    let writer = node
         .run(
-            "hog",
+            "writer",
             "dd if=/dev/zero of=/scratch bs=1048576 count=40 && exec sleep 3600",
             "{}",
         )
         .await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while start - available(&node.imagefs) < 40 * MIB {
-        assert!(Instant::now() < deadline, "the hog never wrote its 40 MiB");
+        assert!(
+            Instant::now() < deadline,
+            "the writer never wrote its 40 MiB"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // containerd samples writable layers on its own period: wait for a sample with the 40 MiB.
+    loop {
+        let layers = node.runtime.writable_layers(&writer).await.unwrap();
+        if layers
+            .values()
+            .any(|l| l.used_bytes.unwrap_or(0) >= 40 * MIB)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "containerd never reported the writer's layer: {layers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let client = node.runtime.client().clone();
     let sizes = listed(&client).await;
@@ -528,7 +548,7 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
 
     // Deleting the unused images frees their blobs and snapshots: at most twice their
     // listed size. The threshold is above what that can reach, and below what removing
-    // the hog's 40 MiB layer gives back.
+    // the writer's 40 MiB layer gives back.
     let before = available(&node.imagefs);
     let threshold_mib = (before + 2 * unused_bytes).div_ceil(MIB) + 6;
     let threshold = threshold_mib * MIB;
@@ -591,12 +611,12 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
     let ranking: Vec<&str> = evicted.ranking.iter().map(|p| p.uid.as_str()).collect();
     assert_eq!(
         ranking,
-        [hog.as_str(), keep.as_str()],
-        "no writable-layer statistics for either pod: the one without an ephemeral-storage request first"
+        [writer.as_str(), idle.as_str()],
+        "ranked by writable layer"
     );
-    assert_eq!(uid, &hog, "the first of the ranking is evicted");
+    assert_eq!(uid, &writer, "the first of the ranking is evicted");
     assert_eq!(*grace_seconds, 0, "hard threshold");
-    assert!(*released, "the hog's cgroup emptied");
+    assert!(*released, "the writer's cgroup emptied");
     assert_eq!(error, &None);
     let prefix = format!(
         "The node was low on resource: ephemeral-storage. Threshold quantity: {threshold_mib}Mi, available: "
@@ -607,7 +627,10 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
         Some("ephemeral-storage"),
         "{annotations:?}"
     );
-    let status = node.pods.eviction_status(&hog).expect("the hog's status");
+    let status = node
+        .pods
+        .eviction_status(&writer)
+        .expect("the writer's status");
     assert_eq!(
         (
             status.phase.as_str(),
@@ -616,7 +639,7 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
         ),
         ("Failed", "Evicted", message.as_str())
     );
-    // Any reclaim after the eviction resolved the pressure: the hog's layer went with it.
+    // Any reclaim after the eviction resolved the pressure: the writer's layer went with it.
     for d in actions.iter().filter(|d| d.seq > evicted.seq) {
         assert!(
             matches!(d.action, Action::Reclaimed { resolved: true, .. }),
@@ -627,7 +650,7 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
         available(&node.imagefs) >= threshold,
         "removing the evicted pod freed its writable layer"
     );
-    assert!(node.is_running(&keep).await, "the other pod still runs");
+    assert!(node.is_running(&idle).await, "the other pod still runs");
     let left: BTreeSet<String> = listed(&client).await.into_keys().collect();
     assert_eq!(left, ids([&node.app, &node.ctd.sandbox_image]));
     node.finish().await;

@@ -38,7 +38,7 @@ use crate::act::cgroups::{CgroupManager, CgroupPath};
 use crate::config::Config;
 use crate::decide::pod::PodInfo;
 use crate::decide::pressure::{pass, threshold_met_text, thresholds_met, EvictionState, Reclaim};
-use crate::decide::rank::{eviction_message, rank};
+use crate::decide::rank::{charged, eviction_message, rank};
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
 use crate::decide::thresholds::{
@@ -540,6 +540,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         for p in problems {
             tracing::debug!(error = %p, "pod statistics left out of the ranking");
         }
+        if charged(reclaim.signal, layout).is_some_and(|c| c.rootfs) {
+            self.add_writable_layers().await;
+        }
         let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
         let index = self.summary.index();
         let order = rank(reclaim.signal, layout, &infos, &index);
@@ -613,6 +616,22 @@ impl<P: PodControl + 'static> Reactor<P> {
             error,
         };
         result.is_ok()
+    }
+
+    /// Puts the runtime's writable-layer figures into the pods' container statistics
+    /// (where the observer found none), for a disk signal that charges writable layers.
+    async fn add_writable_layers(&mut self) {
+        let layers = self.pods.writable_layers().await;
+        for pod in &mut self.summary.pods {
+            let Some(of_pod) = layers.get(&pod.pod_ref.uid) else {
+                continue;
+            };
+            for c in &mut pod.containers {
+                if c.rootfs.is_none() {
+                    c.rootfs = of_pod.get(&c.name).copied();
+                }
+            }
+        }
     }
 
     /// Waits, bounded by `release_wait`, for the pod cgroup to hold no process (a removed
