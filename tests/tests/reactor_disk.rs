@@ -267,15 +267,12 @@ impl DiskNode {
         }
     }
 
-    /// Starts the loop with a hard `imagefs.available<{threshold_mib}Mi`, woken by the
-    /// housekeeping tick every `housekeeping`.
-    fn start_loop(&mut self, threshold_mib: u64, housekeeping: Duration) {
+    /// Starts the loop with a hard `{signal}<{threshold_mib}Mi`, woken by the housekeeping
+    /// tick every `housekeeping`.
+    fn start_loop(&mut self, signal: &str, threshold_mib: u64, housekeeping: Duration) {
         let mut config = Config {
             cgroup_root: format!("/{}", self.root.name),
-            eviction_hard: BTreeMap::from([(
-                "imagefs.available".to_string(),
-                format!("{threshold_mib}Mi"),
-            )]),
+            eviction_hard: BTreeMap::from([(signal.to_string(), format!("{threshold_mib}Mi"))]),
             ..Config::default()
         };
         config.node.memory_capacity = "1Gi".into();
@@ -415,7 +412,11 @@ async fn unused_images_are_deleted_and_no_pod_is_evicted() {
         "imagefs {}: {before} bytes available, unused images {unused_bytes} bytes, threshold {threshold_mib}Mi",
         node.imagefs.display()
     );
-    node.start_loop(threshold_mib, Duration::from_millis(200));
+    node.start_loop(
+        "imagefs.available",
+        threshold_mib,
+        Duration::from_millis(200),
+    );
     let quiet = node.actions_until_quiet(Duration::from_secs(1)).await;
     assert!(quiet.is_empty(), "no pressure yet: {quiet:?}");
 
@@ -562,7 +563,7 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
     );
     // After an eviction the next disk decision waits for the next tick, by when containerd
     // has dropped the victim's writable layer.
-    node.start_loop(threshold_mib, Duration::from_secs(1));
+    node.start_loop("imagefs.available", threshold_mib, Duration::from_secs(1));
     let actions = node.actions_until_quiet(Duration::from_secs(3)).await;
     for d in &actions {
         eprintln!("#{} {:?} met={:?}", d.seq, d.action, d.met);
@@ -653,5 +654,72 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
     assert!(node.is_running(&idle).await, "the other pod still runs");
     let left: BTreeSet<String> = listed(&client).await.into_keys().collect();
     assert_eq!(left, ids([&node.app, &node.ctd.sandbox_image]));
+    node.finish().await;
+}
+
+/// Pressure on the node filesystem of a node with a separate image filesystem: seed 003
+/// reclaims dead containers there but no image (images do not live on nodefs, deleting them
+/// would relieve nothing), then evicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodefs_pressure_with_a_separate_imagefs_deletes_no_image() {
+    if !ready() {
+        return;
+    }
+    let mut node = DiskNode::start("disk-nodefs", 96 * MIB).await;
+    // The node filesystem: a second small tmpfs inside containerd's temp dir (unmounted with
+    // it).
+    let data = std::ffi::CString::new(format!("size={},mode=0700", 32 * MIB)).unwrap();
+    rustix::mount::mount(
+        "tmpfs",
+        &node.nodefs(),
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        data.as_c_str(),
+    )
+    .unwrap();
+    let unused = [node.import("kept1", 2 * MIB), node.import("kept2", 3 * MIB)];
+    let pod = node
+        .run("web", "exec sleep 3600", "{requests: {memory: 16Mi}}")
+        .await;
+    node.start_loop("nodefs.available", 16, Duration::from_millis(200));
+    let quiet = node.actions_until_quiet(Duration::from_secs(1)).await;
+    assert!(quiet.is_empty(), "no pressure yet: {quiet:?}");
+
+    std::fs::write(node.nodefs().join("filler"), vec![0u8; 24 << 20]).unwrap();
+    let reclaimed = node
+        .next_action(Duration::from_secs(15))
+        .await
+        .expect("a decision once the threshold is crossed");
+    assert_eq!(
+        reclaimed.action,
+        Action::Reclaimed {
+            freed_bytes: 0,
+            resolved: false,
+            error: None
+        },
+        "dead containers only: {reclaimed:?}"
+    );
+    assert_eq!(reclaimed.met, ["nodefs.available<16Mi"]);
+    let evicted = node
+        .next_action(Duration::from_secs(15))
+        .await
+        .expect("an eviction");
+    let Action::Evicted { uid, message, .. } = &evicted.action else {
+        panic!("{evicted:?}");
+    };
+    assert_eq!(uid, &pod);
+    assert!(
+        message.starts_with(
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 16Mi, available: "
+        ),
+        "{message}"
+    );
+    assert!(reclaimed.seq < evicted.seq);
+    let client = node.runtime.client().clone();
+    let left: BTreeSet<String> = listed(&client).await.into_keys().collect();
+    assert!(
+        ids(&unused).is_subset(&left),
+        "no image deleted for nodefs pressure: {left:?}"
+    );
     node.finish().await;
 }

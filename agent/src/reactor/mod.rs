@@ -49,7 +49,7 @@ use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
 pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
-pub use reclaim::{NodeReclaim, NodeReclaimed};
+pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
 pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
 
 /// The kubelet's default `evictionPressureTransitionPeriod`, which also replaces a zero.
@@ -437,9 +437,11 @@ impl<P: PodControl + 'static> Reactor<P> {
                 }
                 return;
             };
-            if reclaim::reclaims_node_level(reclaim.signal) {
+            let layout = signals.fs_layout().unwrap_or_default();
+            let steps = reclaim::reclaim_steps(reclaim.signal, layout);
+            if steps.any() {
                 if let Some(reclaimer) = self.reclaimer.clone() {
-                    let outcome = reclaimer.reclaim().await;
+                    let outcome = reclaimer.reclaim_steps(steps).await;
                     let again = self.observer.observe().observations();
                     let resolved = thresholds_met(
                         &self.settings.thresholds,
@@ -467,7 +469,6 @@ impl<P: PodControl + 'static> Reactor<P> {
                     }
                 }
             }
-            let layout = signals.fs_layout().unwrap_or_default();
             let evicted = self
                 .evict_one(&reclaim, &result.met, &signals, layout, &mut decision)
                 .await;
@@ -830,11 +831,13 @@ mod tests {
     use super::*;
 
     fn settings(hard: &[(&str, &str)]) -> ReactorSettings {
-        let mut config = Config::default();
-        config.eviction_hard = hard
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let config = Config {
+            eviction_hard: hard
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Config::default()
+        };
         ReactorSettings::from_config(&config).unwrap()
     }
 
