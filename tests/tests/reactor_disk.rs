@@ -671,7 +671,7 @@ async fn nodefs_pressure_with_a_separate_imagefs_deletes_no_image() {
     let data = std::ffi::CString::new(format!("size={},mode=0700", 32 * MIB)).unwrap();
     rustix::mount::mount(
         "tmpfs",
-        &node.nodefs(),
+        node.nodefs(),
         "tmpfs",
         rustix::mount::MountFlags::empty(),
         data.as_c_str(),
