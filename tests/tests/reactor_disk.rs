@@ -561,8 +561,8 @@ async fn eviction_follows_a_reclaim_that_was_not_enough() {
         "imagefs {}: {before} bytes available, unused images {unused_bytes} bytes, threshold {threshold_mib}Mi",
         node.imagefs.display()
     );
-    // After an eviction the next disk decision waits for the next tick, by when containerd
-    // has dropped the victim's writable layer.
+    // After a disk eviction the loop holds disk decisions for one housekeeping interval, by
+    // when containerd has dropped the victim's writable layer (whatever wakes the loop).
     node.start_loop("imagefs.available", threshold_mib, Duration::from_secs(1));
     let actions = node.actions_until_quiet(Duration::from_secs(3)).await;
     for d in &actions {

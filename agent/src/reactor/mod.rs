@@ -210,6 +210,9 @@ pub struct Reactor<P> {
     /// that found nothing met and nothing close): what a timer-woken decision answers to.
     episode: Option<PressureEvent>,
     close: bool,
+    /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
+    /// acted on (see [`Reactor::disk_held`]); 0 when none.
+    disk_hold_until_ns: u64,
 }
 
 /// Polls a future once; `None` when it is not ready (it is dropped).
@@ -251,6 +254,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             oom_counts: BTreeMap::new(),
             episode: None,
             close: false,
+            disk_hold_until_ns: 0,
         }
     }
 
@@ -361,6 +365,10 @@ impl<P: PodControl + 'static> Reactor<P> {
         if self.close {
             wait = wait.min(i128::try_from(self.settings.close_poll.as_nanos()).unwrap_or(0));
         }
+        let held = i128::from(self.disk_hold_until_ns) - now;
+        if held > 0 {
+            wait = wait.min(held + 1);
+        }
         for (&i, &at) in &self.state.first_observed_at {
             if let Some(t) = self.settings.thresholds.get(i) {
                 let due = at + i128::from(t.grace_period_nanos) - now;
@@ -431,7 +439,10 @@ impl<P: PodControl + 'static> Reactor<P> {
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
-            let Some(reclaim) = result.reclaim else {
+            let reclaim = result
+                .reclaim
+                .filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
+            let Some(reclaim) = reclaim else {
                 if !decision.met.is_empty() || conditions_changed {
                     self.emit(decision);
                 }
@@ -476,13 +487,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             if !evicted {
                 return;
             }
-            // A disk victim's space comes back only when the runtime drops its writable layer
-            // and logs, on its own time (containerd's garbage collector): observed at once,
-            // the pressure looks unchanged and the next pod would be evicted for nothing.
-            // As the kubelet acts only on disk statistics newer than its last decision, the
-            // next disk decision waits for the next wake-up (the housekeeping tick).
             if reclaim::reclaims_node_level(reclaim.signal) {
-                return;
+                self.disk_hold_until_ns = monotonic_ns().saturating_add(
+                    u64::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(u64::MAX),
+                );
             }
             // Events that came in while the victim was going are folded into the next pass,
             // which runs at once (OOM kills among them are still recorded).
@@ -498,6 +506,17 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             };
         }
+    }
+
+    /// Whether a threshold on `signal` must wait: for one housekeeping interval after a disk
+    /// eviction, disk thresholds are not acted on. The victim's space comes back only when
+    /// the runtime drops its writable layer and logs, on its own time (containerd's garbage
+    /// collector), so a disk signal observed at once — or on the next memory event — still
+    /// looks met and the next pod would be evicted for nothing. The kubelet gets the same
+    /// pause from acting only on disk statistics newer than its last decision, which it
+    /// refreshes at the housekeeping interval. Memory and pids are never held.
+    fn disk_held(&self, signal: Signal, now_ns: u64) -> bool {
+        reclaim::reclaims_node_level(signal) && now_ns < self.disk_hold_until_ns
     }
 
     /// Re-derives the `containerfs` thresholds when the observed filesystem layout is not
