@@ -9,13 +9,17 @@
 //! 2. Observe the signals ([`crate::observe`]) and run one eviction-manager pass with the same
 //!    function `reactor plan pressure` uses ([`crate::decide::pressure::pass`]), keeping its
 //!    state between passes.
-//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images),
-//!    re-observe, and stop there if that resolved the threshold with its minimum reclaim.
-//!    Memory has no node-level reclaim, as in the kubelet.
+//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images:
+//!    the steps seed 003 lists for the filesystem layout observed), re-observe, and stop
+//!    there if that resolved the threshold with its minimum reclaim. Memory has no
+//!    node-level reclaim, as in the kubelet. The `containerfs` thresholds follow the layout
+//!    too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
 //!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
-//!    empty — its memory is then given back — and evaluate again at once.
+//!    empty — its memory is then given back — and evaluate again at once; after a disk
+//!    eviction disk thresholds wait one housekeeping interval (the runtime frees the
+//!    victim's writable layer on its own time).
 //! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
 //!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
 //!
