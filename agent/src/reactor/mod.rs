@@ -9,13 +9,17 @@
 //! 2. Observe the signals ([`crate::observe`]) and run one eviction-manager pass with the same
 //!    function `reactor plan pressure` uses ([`crate::decide::pressure::pass`]), keeping its
 //!    state between passes.
-//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images),
-//!    re-observe, and stop there if that resolved the threshold with its minimum reclaim.
-//!    Memory has no node-level reclaim, as in the kubelet.
+//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images:
+//!    the steps seed 003 lists for the filesystem layout observed), re-observe, and stop
+//!    there if that resolved the threshold with its minimum reclaim. Memory has no
+//!    node-level reclaim, as in the kubelet. The `containerfs` thresholds follow the layout
+//!    too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
 //!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
-//!    empty — its memory is then given back — and evaluate again at once.
+//!    empty — its memory is then given back — and evaluate again at once; after a disk
+//!    eviction disk thresholds wait one housekeeping interval (the runtime frees the
+//!    victim's writable layer on its own time).
 //! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
 //!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
 //!
@@ -43,7 +47,7 @@ use crate::act::cgroups::{CgroupManager, CgroupPath};
 use crate::config::Config;
 use crate::decide::pod::PodInfo;
 use crate::decide::pressure::{pass, threshold_met_text, thresholds_met, EvictionState, Reclaim};
-use crate::decide::rank::{eviction_message, rank};
+use crate::decide::rank::{charged, eviction_message, rank};
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
@@ -56,7 +60,7 @@ use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
 pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
-pub use reclaim::{NodeReclaim, NodeReclaimed};
+pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
 pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 
@@ -66,8 +70,14 @@ const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
 /// How the loop behaves; built from the config once.
 #[derive(Clone, Debug)]
 pub struct ReactorSettings {
-    /// The eviction thresholds, hard first.
+    /// The eviction thresholds, hard first, with the `containerfs` ones derived for `layout`.
     pub thresholds: Vec<Threshold>,
+    /// The thresholds as configured, which `thresholds` is derived from: `containerfs`
+    /// thresholds cannot be configured (seed 003) but follow the filesystem layout, which is
+    /// only known once the filesystems are observed.
+    pub configured: Vec<Threshold>,
+    /// The filesystem layout the `containerfs` thresholds were derived for.
+    pub layout: FsLayout,
     /// `evictionPressureTransitionPeriod`.
     pub transition_period: Duration,
     /// `evictionMaxPodGracePeriod`, seconds.
@@ -101,6 +111,8 @@ impl ReactorSettings {
         let transition = config.eviction_pressure_transition_period.0;
         Ok(ReactorSettings {
             thresholds,
+            configured: parsed,
+            layout: FsLayout::Shared,
             transition_period: if transition.is_zero() {
                 DEFAULT_TRANSITION
             } else {
@@ -117,6 +129,24 @@ impl ReactorSettings {
                 config.cgroup_root.clone()
             },
         })
+    }
+}
+
+impl ReactorSettings {
+    /// Derives the `containerfs` thresholds for `layout` as seed 003 says: those of `nodefs`
+    /// when one filesystem holds everything or the image filesystem is split, those of
+    /// `imagefs` when a separate image filesystem also holds the writable layers. The other
+    /// thresholds keep their place (the derived ones come last). Returns whether anything
+    /// changed.
+    pub fn set_layout(&mut self, layout: FsLayout) -> bool {
+        if layout == self.layout {
+            return false;
+        }
+        let (thresholds, _) = with_containerfs_thresholds(&self.configured, layout);
+        self.layout = layout;
+        let changed = thresholds != self.thresholds;
+        self.thresholds = thresholds;
+        changed
     }
 }
 
@@ -203,6 +233,9 @@ pub struct Reactor<P> {
     close: bool,
     tap: Option<EventTap>,
     metrics: Option<Arc<Metrics>>,
+    /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
+    /// acted on (see [`Reactor::disk_held`]); 0 when none.
+    disk_hold_until_ns: u64,
 }
 
 /// What [`Reactor::with_tap`] takes: called with every event the loop receives.
@@ -251,6 +284,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             close: false,
             tap: None,
             metrics: None,
+            disk_hold_until_ns: 0,
         }
     }
 
@@ -374,6 +408,10 @@ impl<P: PodControl + 'static> Reactor<P> {
         if self.close {
             wait = wait.min(i128::try_from(self.settings.close_poll.as_nanos()).unwrap_or(0));
         }
+        let held = i128::from(self.disk_hold_until_ns) - now;
+        if held > 0 {
+            wait = wait.min(held + 1);
+        }
         for (&i, &at) in &self.state.first_observed_at {
             if let Some(t) = self.settings.thresholds.get(i) {
                 let due = at + i128::from(t.grace_period_nanos) - now;
@@ -396,6 +434,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
             let signals = self.observer.observe();
+            if let Some(layout) = signals.fs_layout() {
+                self.follow_layout(layout);
+            }
             let observations = signals.observations();
             let now = i128::from(signals.monotonic_ns);
             let transition =
@@ -451,15 +492,20 @@ impl<P: PodControl + 'static> Reactor<P> {
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
-            let Some(reclaim) = result.reclaim else {
+            let reclaim = result
+                .reclaim
+                .filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
+            let Some(reclaim) = reclaim else {
                 if !decision.met.is_empty() || conditions_changed {
                     self.emit(decision);
                 }
                 return;
             };
-            if reclaim::reclaims_node_level(reclaim.signal) {
+            let layout = signals.fs_layout().unwrap_or_default();
+            let steps = reclaim::reclaim_steps(reclaim.signal, layout);
+            if steps.any() {
                 if let Some(reclaimer) = self.reclaimer.clone() {
-                    let outcome = reclaimer.reclaim().await;
+                    let outcome = reclaimer.reclaim_steps(steps).await;
                     let again = self.observer.observe().observations();
                     let resolved = thresholds_met(
                         &self.settings.thresholds,
@@ -487,13 +533,17 @@ impl<P: PodControl + 'static> Reactor<P> {
                     }
                 }
             }
-            let layout = signals.fs_layout().unwrap_or_default();
             let evicted = self
                 .evict_one(&reclaim, &result.met, &signals, layout, &mut decision)
                 .await;
             self.emit(decision);
             if !evicted {
                 return;
+            }
+            if reclaim::reclaims_node_level(reclaim.signal) {
+                self.disk_hold_until_ns = monotonic_ns().saturating_add(
+                    u64::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(u64::MAX),
+                );
             }
             // Events that came in while the victim was going are folded into the next pass,
             // which runs at once (OOM kills among them are still recorded).
@@ -509,6 +559,41 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             };
         }
+    }
+
+    /// Whether a threshold on `signal` must wait: for one housekeeping interval after a disk
+    /// eviction, disk thresholds are not acted on. The victim's space comes back only when
+    /// the runtime drops its writable layer and logs, on its own time (containerd's garbage
+    /// collector), so a disk signal observed at once — or on the next memory event — still
+    /// looks met and the next pod would be evicted for nothing. The kubelet gets the same
+    /// pause from acting only on disk statistics newer than its last decision, which it
+    /// refreshes at the housekeeping interval. Memory and pids are never held.
+    fn disk_held(&self, signal: Signal, now_ns: u64) -> bool {
+        reclaim::reclaims_node_level(signal) && now_ns < self.disk_hold_until_ns
+    }
+
+    /// Re-derives the `containerfs` thresholds when the observed filesystem layout is not
+    /// the one they were derived for (at the first observation, or when an image
+    /// filesystem is mounted or unmounted). The state of the derived thresholds starts over;
+    /// the configured ones keep theirs.
+    fn follow_layout(&mut self, layout: FsLayout) {
+        let kept = self
+            .settings
+            .thresholds
+            .iter()
+            .filter(|t| {
+                !matches!(
+                    t.signal,
+                    Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+                )
+            })
+            .count();
+        if !self.settings.set_layout(layout) {
+            return;
+        }
+        tracing::info!(?layout, thresholds = ?self.settings.thresholds.iter().map(ToString::to_string).collect::<Vec<_>>(), "containerfs thresholds follow the filesystem layout");
+        self.state.first_observed_at.retain(|&i, _| i < kept);
+        self.state.thresholds_met.retain(|&i| i < kept);
     }
 
     /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
@@ -527,6 +612,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         let problems = self.observer.observe_pods(&cgroups, &mut self.summary);
         for p in problems {
             tracing::debug!(error = %p, "pod statistics left out of the ranking");
+        }
+        if charged(reclaim.signal, layout).is_some_and(|c| c.rootfs) {
+            self.add_writable_layers().await;
         }
         let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
         let index = self.summary.index();
@@ -616,6 +704,22 @@ impl<P: PodControl + 'static> Reactor<P> {
             error,
         };
         result.is_ok()
+    }
+
+    /// Puts the runtime's writable-layer figures into the pods' container statistics
+    /// (where the observer found none), for a disk signal that charges writable layers.
+    async fn add_writable_layers(&mut self) {
+        let layers = self.pods.writable_layers().await;
+        for pod in &mut self.summary.pods {
+            let Some(of_pod) = layers.get(&pod.pod_ref.uid) else {
+                continue;
+            };
+            for c in &mut pod.containers {
+                if c.rootfs.is_none() {
+                    c.rootfs = of_pod.get(&c.name).copied();
+                }
+            }
+        }
     }
 
     /// Waits, bounded by `release_wait`, for the pod cgroup to hold no process (a removed
@@ -863,4 +967,61 @@ pub fn spawn<P: PodControl + 'static>(
     let handle = reactor.handle();
     let task = tokio::spawn(reactor.run(sense, shutdown));
     (handle, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(hard: &[(&str, &str)]) -> ReactorSettings {
+        let config = Config {
+            eviction_hard: hard
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Config::default()
+        };
+        ReactorSettings::from_config(&config).unwrap()
+    }
+
+    fn names(s: &ReactorSettings) -> Vec<String> {
+        s.thresholds.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn containerfs_thresholds_follow_the_observed_layout() {
+        let mut s = settings(&[("nodefs.available", "1Gi"), ("imagefs.available", "2Gi")]);
+        // Until the filesystems are observed: one shared filesystem, nodefs's thresholds.
+        assert_eq!(s.layout, FsLayout::Shared);
+        assert_eq!(
+            names(&s),
+            [
+                "nodefs.available<1Gi",
+                "imagefs.available<2Gi",
+                "containerfs.available<1Gi"
+            ]
+        );
+        // A separate image filesystem holding the writable layers: imagefs's.
+        assert!(s.set_layout(FsLayout::ImageFs));
+        assert_eq!(
+            names(&s)[..2],
+            ["nodefs.available<1Gi", "imagefs.available<2Gi"],
+            "configured thresholds keep their place"
+        );
+        assert_eq!(names(&s)[2], "containerfs.available<2Gi");
+        assert!(!s.set_layout(FsLayout::ImageFs), "no change");
+        // A split image filesystem: the writable layers are back with nodefs.
+        assert!(s.set_layout(FsLayout::ImageFsContainerFs));
+        assert_eq!(names(&s)[2], "containerfs.available<1Gi");
+        // Nothing on imagefs configured: a separate imagefs derives nothing for containerfs.
+        let mut s = settings(&[("memory.available", "100Mi")]);
+        let before = names(&s);
+        assert!(!s.set_layout(FsLayout::ImageFs));
+        assert_eq!(names(&s), before);
+        assert!(
+            before.iter().all(|t| !t.starts_with("containerfs")),
+            "{before:?}"
+        );
+        assert_eq!(s.layout, FsLayout::ImageFs);
+    }
 }

@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
 use crate::act::runtime::{RestartPolicy, Runtime, RuntimeError};
 use crate::decide::pod::PodInfo;
+use crate::decide::summary::FsStats;
 use crate::sense::monotonic_ns;
 
 /// A pod that runs on the node now, as the loop ranks and evicts it.
@@ -98,6 +99,16 @@ pub trait PodControl: Send + Sync {
         grace: Duration,
         status: EvictionStatus,
     ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
+
+    /// What the pods' containers have written to their writable layers, by pod uid, then by
+    /// container cgroup name (as in [`ActivePod::containers`]), where the runtime measures
+    /// it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
+    /// pressure. Default: nothing known.
+    fn writable_layers(
+        &self,
+    ) -> impl Future<Output = BTreeMap<String, BTreeMap<String, FsStats>>> + Send {
+        std::future::ready(BTreeMap::new())
+    }
 }
 
 /// [`PodControl`] over a [`Runtime`] and the cgroup writer: the pods are registered by the
@@ -189,6 +200,22 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         }
         self.cgroups.remove(&pod.cgroup, Duration::from_secs(2))?;
         Ok(out)
+    }
+
+    async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
+        let uids: Vec<String> = lock(&self.pods).keys().cloned().collect();
+        let mut out = BTreeMap::new();
+        for uid in uids {
+            match self.runtime.writable_layers(&uid).await {
+                Ok(layers) if !layers.is_empty() => {
+                    out.insert(uid, layers);
+                }
+                Ok(_) => {}
+                // Left out of the ranking's disk figures, as a pod without statistics.
+                Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
+            }
+        }
+        out
     }
 }
 
