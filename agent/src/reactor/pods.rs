@@ -27,13 +27,33 @@ pub struct ActivePod {
     pub info: PodInfo,
     /// The pod cgroup, relative to `cgroupRoot` (`kubepods/besteffort/pod<uid>`).
     pub cgroup: CgroupPath,
-    /// The container cgroup names below the pod cgroup (the container names for the process
-    /// runtime), to read per-container stats and to map an OOM kill to a container.
-    pub containers: Vec<String>,
+    /// The containers and their cgroups below the pod cgroup, to read per-container stats
+    /// and to map an OOM kill to a container.
+    pub containers: Vec<PodContainer>,
     /// `spec.restartPolicy`, to record whether an OOM-killed container comes back.
     pub restart_policy: RestartPolicy,
     /// `spec.terminationGracePeriodSeconds`, which caps a soft eviction's grace period.
     pub termination_grace_period: Option<i64>,
+}
+
+/// A container of an active pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodContainer {
+    /// The container's name in the pod spec: what messages and records say.
+    pub name: String,
+    /// Its cgroup's directory name below the pod cgroup: the name itself for the process
+    /// runtime, the container id for a CRI runtime (which changes when it restarts).
+    pub cgroup: String,
+}
+
+impl PodContainer {
+    /// A container whose cgroup is named after it (the process runtime's layout).
+    pub fn named(name: &str) -> PodContainer {
+        PodContainer {
+            name: name.to_string(),
+            cgroup: name.to_string(),
+        }
+    }
 }
 
 /// The status an evicted pod ends in (the kubelet's `Failed` / `Evicted` with its message).
@@ -101,8 +121,7 @@ pub trait PodControl: Send + Sync {
     ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
 
     /// What the pods' containers have written to their writable layers, by pod uid, then by
-    /// container cgroup name (as in [`ActivePod::containers`]), where the runtime measures
-    /// it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
+    /// container name, where the runtime measures it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
     /// pressure. Default: nothing known.
     fn writable_layers(
         &self,
