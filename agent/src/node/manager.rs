@@ -41,7 +41,8 @@ use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
 use crate::decide::summary::FsStats;
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
 use crate::reactor::pods::{
-    kill_cgroup, ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl,
+    kill_cgroup, writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus, PodContainer,
+    PodControl,
 };
 use crate::record::checkpoint::Checkpoint;
 use crate::sense::monotonic_ns;
@@ -1414,19 +1415,16 @@ impl PodControl for PodManager {
     }
 
     async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
-        let mut out = BTreeMap::new();
-        let pods = self.active.borrow().clone();
-        for p in pods {
-            let uid = p.info.uid;
-            match self.runtime.writable_layers(&uid).await {
-                Ok(layers) if !layers.is_empty() => {
-                    out.insert(uid, layers);
-                }
-                Ok(_) => {}
-                Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
-            }
-        }
-        out
+        let uids: Vec<String> = self
+            .active
+            .borrow()
+            .iter()
+            .map(|p| p.info.uid.clone())
+            .collect();
+        writable_layers_of(uids, |uid| async move {
+            self.runtime.writable_layers(&uid).await
+        })
+        .await
     }
 }
 

@@ -223,19 +223,35 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
 
     async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
         let uids: Vec<String> = lock(&self.pods).keys().cloned().collect();
-        let mut out = BTreeMap::new();
-        for uid in uids {
-            match self.runtime.writable_layers(&uid).await {
-                Ok(layers) if !layers.is_empty() => {
-                    out.insert(uid, layers);
-                }
-                Ok(_) => {}
-                // Left out of the ranking's disk figures, as a pod without statistics.
-                Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
-            }
-        }
-        out
+        writable_layers_of(uids, |uid| async move {
+            self.runtime.writable_layers(&uid).await
+        })
+        .await
     }
+}
+
+/// Asks `fetch` for each pod's writable layers and keeps the pods it knows something about;
+/// a pod the runtime cannot measure is left out of the disk figures (ranked as a pod without
+/// statistics) and logged at debug.
+pub async fn writable_layers_of<F, Fut>(
+    uids: Vec<String>,
+    fetch: F,
+) -> BTreeMap<String, BTreeMap<String, FsStats>>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<BTreeMap<String, FsStats>, RuntimeError>>,
+{
+    let mut out = BTreeMap::new();
+    for uid in uids {
+        match fetch(uid.clone()).await {
+            Ok(layers) if !layers.is_empty() => {
+                out.insert(uid, layers);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
+        }
+    }
+    out
 }
 
 /// Sends SIGKILL to every process in `cgroup` and below; returns how many were signalled.
