@@ -183,8 +183,9 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
     // One log line explains the decision.
     let log = agent.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("eviction decision") && l.contains("Evicted")),
+        log.lines().any(|l| l.contains("eviction decision")
+            && l.contains(r#""type":"evicted""#)
+            && l.contains(r#""pod":"default/hog""#)),
         "{log}"
     );
 
