@@ -120,6 +120,44 @@ impl TestAgent {
         std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
     }
 
+    /// The address `/metrics` is served on (the config asks for port 0), from the agent's
+    /// own `metrics endpoint listening` log line; the last one after a restart.
+    pub fn metrics_address(&self) -> std::net::SocketAddr {
+        let log = self.log();
+        log.lines()
+            .rev()
+            .filter(|l| l.contains("metrics endpoint listening"))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("address="))
+                    .and_then(|a| a.parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no metrics address in the agent log: {log}"))
+    }
+
+    /// `GET /metrics`: the OpenMetrics text.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let addr = self.metrics_address();
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send GET /metrics");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read /metrics");
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .unwrap_or((response.as_str(), ""));
+        assert!(head.starts_with("HTTP/1.1 200"), "GET /metrics: {head}");
+        body.to_string()
+    }
+
     /// Runs `reactor <args> --socket <socket>`.
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(reactor_bin())

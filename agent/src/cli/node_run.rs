@@ -18,6 +18,7 @@ use reactor::decide::backoff::BackOffPolicy;
 use reactor::devices::{DeviceManager, DeviceManagerConfig};
 use reactor::node::manager::PodManagerConfig;
 use reactor::node::{static_pods, EventHub, NodeEventKind, NodePlan, PodManager};
+use reactor::record::metrics::Metrics;
 use reactor::sense::{AttachReport, Received};
 use tokio::sync::oneshot;
 
@@ -32,18 +33,23 @@ pub(crate) struct NodeParts {
 
 /// Starts the device manager, the runtime `runtime.kind` names, the pod manager (which
 /// re-adopts what its checkpoint and the runtime know), the static-pod watcher and the API
-/// server on `apiSocket`.
-pub(crate) async fn start(config: &Config, report: &AttachReport) -> anyhow::Result<NodeParts> {
+/// server on `apiSocket`. The device gauges in `metrics` follow the device manager.
+pub(crate) async fn start(
+    config: &Config,
+    report: &AttachReport,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<NodeParts> {
     let devices = Arc::new(
         DeviceManager::start(DeviceManagerConfig::from_config(config))
             .await
             .context("device manager")?,
     );
+    let device_metrics = super::device_metrics::spawn(&devices, metrics);
     let cgroups =
         CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT)).context("cgroupRoot")?;
     let plan = NodePlan::from_config(config, cgroups.version()).map_err(anyhow::Error::msg)?;
     let events = EventHub::new();
-    let mut tasks = Vec::new();
+    let mut tasks = vec![device_metrics];
     let pods = match config.runtime.kind.as_str() {
         "process" => {
             let rt = ProcessRuntime::open(ProcessRuntimeConfig {

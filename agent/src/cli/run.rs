@@ -93,7 +93,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
             metrics.set_source_attached(source, sense.report().has(source));
         }
         let oom_source = oom_kill_source(sense.report());
-        let node = super::node_run::start(&config, sense.report()).await?;
+        let node = super::node_run::start(&config, sense.report(), &metrics).await?;
         tracing::info!(pid = std::process::id(), "reactor running");
         loop {
             let received = tokio::select! {

@@ -564,21 +564,26 @@ impl<R: Runtime + 'static> Actor<R> {
         if let Err(e) = self.spec_for(&checked, &BTreeMap::new()) {
             return Some(Err(e));
         }
+        // Devices first, as in the kubelet, whose resource-allocation admit handler runs
+        // before the predicate handler: a pod the device manager cannot serve is refused with
+        // that handler's reason and message, and preemption (which frees cpu, memory and
+        // pods, never devices) is not tried for it.
+        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
+            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
+                return Some(Ok(self.reject(
+                    *checked,
+                    source,
+                    "UnexpectedAdmissionError".to_string(),
+                    format!("Allocate failed due to {short}, which is unexpected"),
+                )));
+            }
+        }
         let mut failures = fit(
             &checked.info,
             &self.holding(),
             &self.plan.resources.allocatable,
         );
-        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
-            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
-                failures.push(AdmitFailure::InsufficientResource {
-                    resource: short.resource,
-                    requested: i64::try_from(short.requested).unwrap_or(i64::MAX),
-                    used: 0,
-                    capacity: i64::try_from(short.available).unwrap_or(i64::MAX),
-                });
-            }
-        } else if self.devices.is_none() {
+        if self.devices.is_none() {
             if let Some(req) = Self::device_request(&checked.info) {
                 let (resource, n) = req
                     .containers
@@ -722,6 +727,14 @@ impl<R: Runtime + 'static> Actor<R> {
                 .allocate(&req, &self.active_uids())
                 .await
                 .map_err(|e| NodeError::Invalid(format!("device allocation: {e}")))?;
+            // The plugin's PreStartContainer (where it asked for one) before the containers
+            // start, as the kubelet does when it builds each container's run options.
+            for c in &checked.info.containers {
+                devices
+                    .prepare_container(&req.uid, &c.name)
+                    .await
+                    .map_err(|e| NodeError::Invalid(format!("device pre-start: {e}")))?;
+            }
             for c in &checked.info.containers {
                 if let Some(ca) = alloc.containers.get(&c.name) {
                     device_env.insert(
