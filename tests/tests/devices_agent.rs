@@ -344,8 +344,19 @@ fn a_restarted_agent_keeps_every_assignment_from_its_checkpoint() {
     let b = container_devices(&agent, "keep-b");
     assert_eq!(b.len(), 2);
     assert!(a.is_disjoint(&b), "{a:?} vs {b:?}");
-    assert_eq!(allocations(&plugin), vec![a, b]);
+    assert_eq!(allocations(&plugin), vec![a.clone(), b]);
     wait_gauges(&agent, 4, 0, 4);
     // And nothing is left for a third.
     assert_refused_for_devices(&agent, &device_pod(&agent, "keep-c", "uid-keep-c", 1), 1, 0);
+
+    // A removed pod's devices are free at once (the gauge drops) and go to the next pod.
+    let out = agent.cli(&["pod", "rm", "default/keep-a", "--grace", "0"]);
+    assert!(
+        out.status.success(),
+        "pod rm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_gauges(&agent, 4, 0, 2);
+    apply_admitted(&agent, &device_pod(&agent, "keep-d", "uid-keep-d", 2));
+    assert_eq!(container_devices(&agent, "keep-d"), a);
 }

@@ -895,6 +895,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     tracing::error!("QoS tiers after removing {uid}: {e}");
                 }
                 self.save();
+                self.release_devices().await;
                 tracing::info!(pod = %entry.record.full_name(), %uid, %cause, "pod removed");
                 self.events.publish(NodeEventKind::Removed {
                     pod: entry.record.full_name(),
@@ -916,6 +917,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     return;
                 }
                 self.end(&uid, reason, message);
+                self.release_devices().await;
                 let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
                 let _ = tx.send(view.ok_or_else(|| NodeError::NotFound(uid.clone())));
             }
@@ -932,6 +934,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     return;
                 }
                 self.end(&uid, PREEMPTION_REASON.into(), PREEMPTION_MESSAGE.into());
+                self.release_devices().await;
                 let done = match self.pending.get_mut(&preemptor) {
                     Some(p) => {
                         p.victims.remove(&uid);
@@ -945,6 +948,18 @@ impl<R: Runtime + 'static> Actor<R> {
                         reply(p.reply, result);
                     }
                 }
+            }
+        }
+    }
+
+    /// Frees the devices of pods that are no longer active (removed, evicted, preempted) as
+    /// soon as they stop, rather than at the next allocation as the kubelet does, so node
+    /// status and the device metrics do not count devices nobody holds. The next
+    /// allocation would free them anyway; a failure here is only logged.
+    async fn release_devices(&self) {
+        if let Some(devices) = &self.devices {
+            if let Err(e) = devices.remove_inactive_pods(&self.active_uids()).await {
+                tracing::error!("freeing the devices of stopped pods: {e}");
             }
         }
     }
