@@ -226,7 +226,7 @@ fn plugin_devices_reach_status_pods_metrics_and_go_away_with_the_plugin() {
     }
     let agent = TestAgent::start(
         "devagent-main",
-        &format!("{NODE}devicePluginGracePeriod: 4s\n"),
+        &format!("{NODE}devicePluginGracePeriod: 5s\n"),
     );
     // Before any plugin: no device resource, no device series.
     assert_eq!(counts(&agent), None);
