@@ -125,19 +125,24 @@ fn env_file(agent: &TestAgent, name: &str) -> PathBuf {
     agent.dir.path().join(format!("env-{name}"))
 }
 
-/// A pod whose container asks for `devices` of [`R`], writes its environment to
-/// [`env_file`] (atomically, so a reader never sees half of it) and sleeps.
-fn device_pod(agent: &TestAgent, name: &str, uid: &str, devices: u32) -> Value {
-    let out = env_file(agent, name);
+/// A container asking for `devices` of [`R`] that writes its environment to
+/// `env_file(agent, key)` (atomically, so a reader never sees half of it), then runs `then`.
+fn env_container(agent: &TestAgent, name: &str, key: &str, devices: u32, then: &str) -> Value {
     let script = format!(
-        "env > {o}.tmp && mv {o}.tmp {o} && exec sleep 600",
-        o = out.display()
+        "env > {o}.tmp && mv {o}.tmp {o} && {then}",
+        o = env_file(agent, key).display()
     );
+    json!({"name": name, "command": ["sh", "-c", script],
+           "resources": {"limits": {R: devices.to_string()}}})
+}
+
+/// A pod whose container asks for `devices` of [`R`], writes its environment to
+/// [`env_file`] and sleeps.
+fn device_pod(agent: &TestAgent, name: &str, uid: &str, devices: u32) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "default", "uid": uid},
-           "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
-               "name": "app", "command": ["sh", "-c", script],
-               "resources": {"limits": {R: devices.to_string()}}}]}})
+           "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+               env_container(agent, "app", name, devices, "exec sleep 600")]}})
 }
 
 /// `reactor pod apply --json` on `doc`: (exit success, the JSON answer, stderr).
@@ -265,18 +270,6 @@ fn plugin_devices_reach_status_pods_metrics_and_go_away_with_the_plugin() {
         "no Allocate for a refused pod"
     );
 
-    // Init containers are refused by the runtimes before any device is taken.
-    let mut init = device_pod(&agent, "dev-init", "uid-dev-init", 1);
-    init["spec"]["initContainers"] =
-        json!([{"name": "setup", "command": ["true"], "resources": {"limits": {R: "1"}}}]);
-    let (ok, _, stderr) = apply(&agent, &init);
-    assert!(
-        !ok && stderr.contains("spec.initContainers"),
-        "init-container pod: {stderr}"
-    );
-    assert_eq!(allocations(&plugin).len(), 2);
-    wait_gauges(&agent, 4, 0, 4);
-
     // A device turned unhealthy shrinks allocatable, not capacity; healthy again restores it.
     plugin.set_health("dev-3", false);
     wait_counts(&agent, 4, 3);
@@ -359,4 +352,54 @@ fn a_restarted_agent_keeps_every_assignment_from_its_checkpoint() {
     wait_gauges(&agent, 4, 0, 2);
     apply_admitted(&agent, &device_pod(&agent, "keep-d", "uid-keep-d", 2));
     assert_eq!(container_devices(&agent, "keep-d"), a);
+}
+
+#[test]
+fn an_init_containers_devices_are_reused_by_the_app_container() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start("devagent-init", NODE);
+    let plugin = start_plugin(&agent, 4, &[]);
+    wait_counts(&agent, 4, 4);
+
+    // The seed's walk-through: the init container gets two devices and exits; the app
+    // container, asking for one, is given one of those instead of a new one.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "init-reuse", "namespace": "default", "uid": "uid-init-reuse"},
+        "spec": {"terminationGracePeriodSeconds": 1,
+            "initContainers": [env_container(&agent, "setup", "init-reuse-setup", 2, "true")],
+            "containers": [env_container(&agent, "app", "init-reuse", 1, "exec sleep 600")]}});
+    apply_admitted(&agent, &pod);
+    let init = container_devices(&agent, "init-reuse-setup");
+    let app = container_devices(&agent, "init-reuse");
+    assert_eq!((init.len(), app.len()), (2, 1), "{init:?} {app:?}");
+    assert!(app.is_subset(&init), "app {app:?} not from init {init:?}");
+    assert_eq!(allocations(&plugin), vec![init.clone(), app.clone()]);
+    agent.wait("init-reuse running once its init container is done", || {
+        agent
+            .pod("default/init-reuse")
+            .is_some_and(|p| p["phase"] == "Running")
+    });
+    // The init container's surplus device stays with the pod until it ends (the
+    // kubelet's behaviour, kept): two devices held, two left for others.
+    wait_gauges(&agent, 4, 0, 2);
+    apply_admitted(&agent, &device_pod(&agent, "init-next", "uid-init-next", 2));
+    let next = container_devices(&agent, "init-next");
+    assert!(next.is_disjoint(&init), "{next:?} vs {init:?}");
+    assert_refused_for_devices(
+        &agent,
+        &device_pod(&agent, "init-more", "uid-init-more", 1),
+        1,
+        0,
+    );
+
+    // The pod ends: all of its devices, the surplus included, are free again.
+    let out = agent.cli(&["pod", "rm", "default/init-reuse", "--grace", "0"]);
+    assert!(
+        out.status.success(),
+        "pod rm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_gauges(&agent, 4, 0, 2);
 }

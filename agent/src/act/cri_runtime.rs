@@ -217,6 +217,12 @@ fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
         return Err(invalid("no containers"));
     }
     pod.validate(|c| {
+        if c.init {
+            return Err(format!(
+                "init container {:?}: the CRI runtime does not run init containers yet",
+                c.name
+            ));
+        }
         if c.image.is_empty() {
             return Err(format!("container {:?} has no image", c.name));
         }

@@ -729,13 +729,20 @@ impl<R: Runtime + 'static> Actor<R> {
                 .map_err(|e| NodeError::Invalid(format!("device allocation: {e}")))?;
             // The plugin's PreStartContainer (where it asked for one) before the containers
             // start, as the kubelet does when it builds each container's run options.
-            for c in &checked.info.containers {
+            let all = || {
+                checked
+                    .info
+                    .init_containers
+                    .iter()
+                    .chain(&checked.info.containers)
+            };
+            for c in all() {
                 devices
                     .prepare_container(&req.uid, &c.name)
                     .await
                     .map_err(|e| NodeError::Invalid(format!("device pre-start: {e}")))?;
             }
-            for c in &checked.info.containers {
+            for c in all() {
                 if let Some(ca) = alloc.containers.get(&c.name) {
                     device_env.insert(
                         c.name.clone(),
