@@ -1023,6 +1023,14 @@ mod tests {
         assert!(e.contains("used twice"), "{e}");
         let e = validate(&pod(vec![])).unwrap_err().to_string();
         assert!(e.contains("no containers"), "{e}");
+        let init = ContainerSpec {
+            init: true,
+            ..c("setup", "i")
+        };
+        let e = validate(&pod(vec![init, c("a", "i")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("init container \"setup\""), "{e}");
         let mut bad = c("a", "i");
         bad.oom_score_adj = -1001;
         assert!(validate(&pod(vec![bad]))

@@ -307,6 +307,35 @@ mod tests {
     }
 
     #[test]
+    fn init_containers_come_first_flagged_and_sidecars_are_refused() {
+        let pod = |init_policy: serde_json::Value| {
+            json!({
+                "metadata": {"name": "web", "uid": "u-3"},
+                "spec": {
+                    "initContainers": [
+                        {"name": "one", "command": ["true"]},
+                        {"name": "app-init", "command": ["true"], "restartPolicy": init_policy}
+                    ],
+                    "containers": [{"name": "app", "command": ["sleep", "1"]}]
+                }
+            })
+        };
+        let spec = build(pod(serde_json::Value::Null)).unwrap();
+        let order: Vec<(&str, bool)> = spec
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.init))
+            .collect();
+        assert_eq!(order, [("one", true), ("app-init", true), ("app", false)]);
+        assert_eq!(spec.init_count(), 2);
+        let err = build(pod(json!("Always"))).unwrap_err().to_string();
+        assert!(
+            err.starts_with("pod default/web: spec.initContainers[1].restartPolicy: sidecar"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn what_needs_an_api_server_is_refused_with_the_field() {
         let err = build(json!({
             "metadata": {"name": "web", "uid": "u-1"},

@@ -1047,11 +1047,30 @@ mod tests {
         let bad = ContainerSpec {
             oom_score_adj: 1001,
             command: vec!["x".into()],
-            ..c
+            ..c.clone()
         };
         assert!(validate(&pod(bad))
             .unwrap_err()
             .to_string()
             .contains("outside"));
+        // Init containers lead the list and need an app container after them.
+        let init = ContainerSpec {
+            name: "setup".into(),
+            command: vec!["x".into()],
+            init: true,
+            ..c.clone()
+        };
+        let app = ContainerSpec {
+            command: vec!["x".into()],
+            ..c
+        };
+        let mut p = pod(init.clone());
+        let err = validate(&p).unwrap_err().to_string();
+        assert!(err.contains("no app containers"), "{err}");
+        p.containers = vec![app.clone(), init.clone()];
+        let err = validate(&p).unwrap_err().to_string();
+        assert!(err.contains("must come before"), "{err}");
+        p.containers = vec![init, app];
+        validate(&p).unwrap();
     }
 }
