@@ -3,7 +3,9 @@
 //! Settings the kubelet also has use the KubeletConfiguration's key names, value formats and
 //! defaults, so an operator can paste their kubelet's values. Everything is parsed and
 //! validated before the agent binds a socket or attaches a program, and a bad file is refused
-//! with the key path and the reason in one line.
+//! with the key path and the reason in one line. A kubelet's own config file
+//! (`kind: KubeletConfiguration`) is accepted unchanged: see [`kubelet`] for what happens to
+//! the fields the agent does not use.
 //!
 //! Keys of the agent's own (the kubelet hard-codes these): `imageGC.period` and
 //! `imageGC.listRefresh` (image GC timing), `devicePluginDir` (where device plugins register,
@@ -20,6 +22,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::decide::duration::{format_go_duration, parse_go_duration};
 use crate::decide::quantity::Quantity;
+
+pub mod kubelet;
 
 /// A non-negative Go duration (`"10s"`, `"1m30s"`) that prints back in Go's form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -338,24 +342,40 @@ impl ConfigError {
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_reporting(path).map(|(c, _)| c)
+    }
+
+    /// Reads and validates a config file; also returns the KubeletConfiguration fields it
+    /// set aside as not used by the agent, for the caller to report.
+    pub fn load_reporting(path: &Path) -> Result<(Config, Vec<String>), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Config::from_yaml(&text)
+        Config::from_yaml_reporting(&text)
     }
 
     /// Parses and validates a config document (YAML, or JSON, which is YAML too).
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml_reporting(text).map(|(c, _)| c)
+    }
+
+    /// [`Config::from_yaml`], also returning the KubeletConfiguration fields set aside.
+    pub fn from_yaml_reporting(text: &str) -> Result<(Config, Vec<String>), ConfigError> {
         // An empty document is the all-defaults config.
         if text.trim().is_empty() {
-            return Ok(Config::default());
+            return Ok((Config::default(), Vec::new()));
         }
-        let value: serde_json::Value = serde_saphyr::from_str(text)
+        let mut value: serde_json::Value = serde_saphyr::from_str(text)
             .map_err(|e| ConfigError::Syntax(one_line(&e.to_string())))?;
         if value.is_null() {
-            return Ok(Config::default());
+            return Ok((Config::default(), Vec::new()));
         }
+        let own: Vec<String> = match serde_json::to_value(Config::default()) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        let ignored = kubelet::set_aside(&mut value, &own)?;
         let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::invalid(
@@ -368,7 +388,7 @@ impl Config {
             )
         })?;
         config.validate()?;
-        Ok(config)
+        Ok((config, ignored))
     }
 
     /// Checks value ranges and combinations that the types alone do not capture.

@@ -26,7 +26,11 @@ pub struct TestAgent {
 
 impl TestAgent {
     /// Writes a config (`extra` YAML appended) and starts `reactor run`; returns once the API
-    /// socket answers.
+    /// socket answers. Unless `extra` has its own `sense:` block, only the housekeeping tick
+    /// runs; unless it has its own `evictionHard`, the only threshold is
+    /// `memory.available<100Mi`, and unless it sets `imageGCHighThresholdPercent`, periodic
+    /// image GC is off (100): the kubelet's default disk thresholds must never evict a test's
+    /// pods or delete its images because the machine's disk happens to be full.
     pub fn start(name: &str, extra: &str) -> TestAgent {
         let root = TestCgroupRoot::v1(name).expect("test cgroup root");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -47,13 +51,27 @@ impl TestAgent {
             format!(
                 "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
-                 metricsAddress: '127.0.0.1:0'\n\
-                 sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n\
+                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}\
                  log:\n  level: info\n{extra}",
                 root = root.name,
                 d = d.display(),
                 sock = socket.display(),
                 st = static_dir.display(),
+                sense = if has_key(extra, "sense") {
+                    ""
+                } else {
+                    "sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n"
+                },
+                hard = if has_key(extra, "evictionHard") {
+                    ""
+                } else {
+                    "evictionHard: {memory.available: 100Mi}\n"
+                },
+                gc = if has_key(extra, "imageGCHighThresholdPercent") {
+                    ""
+                } else {
+                    "imageGCHighThresholdPercent: 100\n"
+                },
             ),
         )
         .expect("write config");
@@ -118,44 +136,6 @@ impl TestAgent {
     /// What the agent logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
-    }
-
-    /// The address `/metrics` is served on (the config asks for port 0), from the agent's
-    /// own `metrics endpoint listening` log line; the last one after a restart.
-    pub fn metrics_address(&self) -> std::net::SocketAddr {
-        let log = self.log();
-        log.lines()
-            .rev()
-            .filter(|l| l.contains("metrics endpoint listening"))
-            .find_map(|l| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix("address="))
-                    .and_then(|a| a.parse().ok())
-            })
-            .unwrap_or_else(|| panic!("no metrics address in the agent log: {log}"))
-    }
-
-    /// `GET /metrics`: the OpenMetrics text.
-    pub fn metrics(&self) -> String {
-        use std::io::{Read as _, Write as _};
-        let addr = self.metrics_address();
-        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("read timeout");
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("send GET /metrics");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("read /metrics");
-        let (head, body) = response
-            .split_once("\r\n\r\n")
-            .unwrap_or((response.as_str(), ""));
-        assert!(head.starts_with("HTTP/1.1 200"), "GET /metrics: {head}");
-        body.to_string()
     }
 
     /// Runs `reactor <args> --socket <socket>`.
@@ -233,6 +213,44 @@ impl TestAgent {
             .collect()
     }
 
+    /// The metrics endpoint's address, from the agent's `metrics endpoint listening` log line
+    /// (the last one: after a restart the port is a new one).
+    pub fn metrics_address(&self) -> std::net::SocketAddr {
+        let log = self.log();
+        log.lines()
+            .rev()
+            .filter(|l| l.contains("metrics endpoint listening"))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("address="))
+                    .and_then(|a| a.trim_matches('"').parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no metrics address in the log: {log}"))
+    }
+
+    /// `GET /metrics`: the exposition text.
+    pub fn scrape(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let addr = self.metrics_address();
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .expect("connect to the metrics endpoint");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send GET");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read response");
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("not HTTP: {response}"));
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_string()
+    }
+
     /// Waits until `cond` holds (polling every 50 ms) or panics with `what` after 20 s.
     pub fn wait(&self, what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -252,4 +270,12 @@ impl Drop for TestAgent {
         self.kill(rustix::process::Signal::KILL);
         // The cgroup root's drop kills what is left in it (only this test's pods) by pid.
     }
+}
+
+/// Whether a YAML fragment sets `key` at the top level.
+fn has_key(yaml: &str, key: &str) -> bool {
+    yaml.lines().any(|l| {
+        l.strip_prefix(key)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })
 }

@@ -91,7 +91,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// [`R`]'s device gauges from `/metrics`: (healthy, unhealthy, allocated).
 fn device_gauges(agent: &TestAgent) -> Option<(f64, f64, f64)> {
-    let text = agent.metrics();
+    let text = agent.scrape();
     Some((
         sample(
             &text,
@@ -292,7 +292,7 @@ fn plugin_devices_reach_status_pods_metrics_and_go_away_with_the_plugin() {
         s["capacity"].get(R).is_none() && s["allocatable"].get(R).is_none()
     });
     agent.wait("the device series to leave /metrics", || {
-        !agent.metrics().contains(R)
+        !agent.scrape().contains(R)
     });
     assert!(agent.log().contains("resource deleted"), "{}", agent.log());
     // The pods that held devices keep running.

@@ -124,3 +124,95 @@ fn node_pod_lifecycle_through_cri_in_the_agents_pod_cgroup() {
         "the container process is gone"
     );
 }
+
+/// Image GC in the running agent: with the CRI runtime, `reactor run` starts the image GC
+/// manager against the runtime's image service; a periodic round over a small image
+/// filesystem deletes the unused images, and the round reaches the event stream and the
+/// metrics.
+#[test]
+fn the_agents_image_gc_rounds_reach_the_event_stream_and_metrics() {
+    if !require(
+        containerd_available(),
+        "root, containerd, runc and busybox-static for the CRI tests",
+    ) {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let ctd = Containerd::start_on_tmpfs("node-gc", 96 * MIB).expect("start containerd");
+    let unused = ["localhost/reactor/gc-a:1", "localhost/reactor/gc-b:1"];
+    for (i, name) in unused.iter().enumerate() {
+        ctd.build_and_import(&TestImage::busybox(name, (8 + 4 * i as u64) * MIB))
+            .expect("import an image");
+    }
+    assert!(ctd.cri_images().unwrap().len() >= unused.len());
+    let agent = TestAgent::start(
+        "node-gc",
+        &format!(
+            "runtime: {{kind: cri, endpoint: '{}'}}\n\
+             imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\n\
+             imageMinimumGCAge: 0s\nimageGC: {{period: 1s, listRefresh: 1s}}\n",
+            ctd.endpoint()
+        ),
+    );
+    let mut events = std::process::Command::new(reactor_tests::reactor_bin())
+        .args(["events", "--json", "--kind", "image_gc", "--socket"])
+        .arg(&agent.socket)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("reactor events");
+    let stdout = events.stdout.take().expect("stdout");
+    let guard = reactor_tests::ChildGuard(events);
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(v) = serde_json::from_str(&line.unwrap_or_default()) else {
+                break;
+            };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    // A round that deleted the unused images (the first may have run before we listened).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut removed = std::collections::BTreeSet::new();
+    let mut freed = 0;
+    while ctd
+        .cri_images()
+        .unwrap()
+        .iter()
+        .any(|i| i.repo_tags.iter().any(|t| unused.contains(&t.as_str())))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(e) = rx.recv_timeout(left.min(std::time::Duration::from_secs(2))) else {
+            assert!(
+                !left.is_zero(),
+                "the unused images are still there: {}",
+                agent.log()
+            );
+            continue;
+        };
+        assert_eq!(e["kind"], "image_gc", "{e}");
+        assert_eq!(e["event"]["trigger"], "periodic", "{e}");
+        for id in e["event"]["removed"].as_array().unwrap() {
+            removed.insert(id.as_str().unwrap().to_string());
+        }
+        freed += e["event"]["freedBytes"].as_u64().unwrap();
+    }
+    drop(guard);
+    let text = agent.scrape();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} in\n{text}"))
+    };
+    assert!(value("reactor_image_gc_runs_total ") >= 1.0, "{text}");
+    assert!(
+        value("reactor_image_gc_freed_bytes_total ") >= freed as f64,
+        "{text}"
+    );
+    assert!(value("reactor_image_gc_freed_bytes_total ") > 0.0, "{text}");
+    eprintln!("rounds seen removed {removed:?}, {freed} bytes");
+}

@@ -59,7 +59,7 @@ struct Loop {
     handle: ReactorHandle,
     decisions: broadcast::Receiver<Decision>,
     shutdown: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<reactor::sense::Sense>,
 }
 
 struct NodeSpec {
@@ -381,13 +381,14 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                         Some(uid.as_str())
                     );
                     eprintln!(
-                        "rep {rep}: timer={} coalesced={} detection={:?} event={:?} observed-after-event={:?} reaction={:?} release={:?}",
+                        "rep {rep}: timer={} coalesced={} detection={:?} event={:?} observed-after-event={:?} reaction={:?} decide-to-kill={:?} release={:?}",
                         d.wake.timer,
                         d.wake.coalesced,
                         d.wake.detection_lag_ns,
                         d.wake.event.as_ref().map(|e| e.kind.to_string()),
                         d.wake.event.as_ref().map(|e| d.observed_at_ns.saturating_sub(e.at_ns)),
                         d.reaction_lag_ns,
+                        d.decide_to_kill_ns,
                         d.release_ns
                     );
                     if let Some(l) = d.reaction_lag_ns {

@@ -981,6 +981,39 @@ impl Runtime for CriRuntime {
             })
     }
 
+    async fn writable_layers(
+        &self,
+        uid: &str,
+    ) -> Result<BTreeMap<String, crate::decide::summary::FsStats>, RuntimeError> {
+        let Some((sandbox, ids)) = self.container_ids(uid) else {
+            return Err(RuntimeError::NotFound {
+                uid: uid.to_string(),
+            });
+        };
+        let stats = self
+            .inner
+            .client
+            .list_container_stats(&cri::StatsFilter {
+                pod_sandbox_id: Some(sandbox),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| self.inner.err(e))?;
+        // Container cgroups are named by container id (`<pod cgroup>/<id>`).
+        Ok(stats
+            .into_iter()
+            .filter(|s| ids.values().any(|id| *id == s.id))
+            .filter(|s| s.writable_layer_bytes.is_some() || s.writable_layer_inodes.is_some())
+            .map(|s| {
+                let fs = crate::decide::summary::FsStats {
+                    used_bytes: s.writable_layer_bytes,
+                    inodes_used: s.writable_layer_inodes,
+                };
+                (s.id, fs)
+            })
+            .collect())
+    }
+
     async fn list_pods(&self) -> Result<Vec<PodStatus>, RuntimeError> {
         self.inner.refresh().await?;
         Ok(lock(&self.inner.pods)

@@ -401,6 +401,24 @@ pub trait Runtime: Send + Sync {
 
     /// Every pod the runtime runs, including those re-adopted after an agent restart.
     fn list_pods(&self) -> impl Future<Output = Result<Vec<PodStatus>, RuntimeError>> + Send;
+
+    /// What each running container of pod `uid` has written to its writable layer, keyed
+    /// by the container's cgroup name below the pod cgroup, where the runtime measures it
+    /// (CRI `ContainerStats.writable_layer`). Eviction ranks pods by it under disk pressure
+    /// on the filesystem holding the writable layers (seed 003). A runtime that does not
+    /// measure it reports nothing, and its pods are ranked on their requests alone.
+    fn writable_layers(
+        &self,
+        uid: &str,
+    ) -> impl Future<
+        Output = Result<
+            std::collections::BTreeMap<String, crate::decide::summary::FsStats>,
+            RuntimeError,
+        >,
+    > + Send {
+        let _ = uid;
+        std::future::ready(Ok(std::collections::BTreeMap::new()))
+    }
 }
 
 #[cfg(test)]

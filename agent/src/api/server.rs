@@ -53,10 +53,11 @@ pub fn status(e: &NodeError) -> Status {
 pub struct NodeFacts {
     /// Sense sources: (name, attached, reason).
     pub sources: Vec<(String, bool, String)>,
-    /// `evictionHard` as configured (signal → value).
-    pub eviction_hard: Vec<(String, String)>,
     /// The agent's cgroup root.
     pub cgroup_root: String,
+    /// The reactor loop's view of the node's pressure (signals, thresholds, conditions), as
+    /// of its last pass: the status reports exactly what the decisions were based on.
+    pub pressure: Option<tokio::sync::watch::Receiver<Option<crate::reactor::NodePressure>>>,
 }
 
 /// The service.
@@ -212,6 +213,19 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             container: container.clone(),
             cgroup: cgroup.clone(),
             pid: 0,
+        }),
+        NodeEventKind::ImageGc {
+            trigger,
+            removed,
+            freed_bytes,
+            reason,
+            message,
+        } => K::ImageGc(pb::ImageGcEvent {
+            trigger: trigger.clone(),
+            removed: removed.clone(),
+            freed_bytes: *freed_bytes,
+            reason: reason.clone(),
+            message: message.clone(),
         }),
         NodeEventKind::Removed { pod, uid, cause } => K::Removed(pb::PodRemovedEvent {
             pod: Some(split(pod)),
@@ -370,45 +384,15 @@ impl Agent for AgentService {
                 allocatable.insert(resource, healthy.len().to_string());
             }
         }
-        let mut signals = Vec::new();
-        // allocatableMemory.available: allocatable minus the pods' working set, read now.
-        if let (Some(alloc), Ok(usage)) = (
-            plan.cgroups.allocatable_memory,
-            self.pods
-                .cgroups()
-                .memory_usage(&crate::act::cgroups::CgroupPath::kubepods()),
-        ) {
-            let alloc_bytes = crate::decide::pod::clamp_i64(alloc.value());
-            let available =
-                alloc_bytes - i64::try_from(usage.working_set_bytes).unwrap_or(i64::MAX);
-            let thresholds = self
-                .facts
-                .eviction_hard
-                .iter()
-                .filter(|(s, _)| s == "memory.available")
-                .map(|(_, v)| pb::Threshold {
-                    kind: "hard".into(),
-                    value: v.clone(),
-                    resolved: String::new(),
-                    grace_period: String::new(),
-                    minimum_reclaim: String::new(),
-                    met: false,
-                    met_since_unix_nanos: 0,
-                })
-                .collect();
-            signals.push(pb::Signal {
-                name: "allocatableMemory.available".into(),
-                available: available.to_string(),
-                capacity: alloc_bytes.to_string(),
-                thresholds,
-                observed_unix_nanos: std::time::SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(0)),
-            });
-        }
+        let pressure = self
+            .facts
+            .pressure
+            .as_ref()
+            .and_then(|rx| rx.borrow().clone());
+        let (signals, conditions) = pressure.as_ref().map(pressure_status).unwrap_or_default();
         Ok(Response::new(pb::NodeStatusResponse {
             signals,
-            conditions: Vec::new(),
+            conditions,
             sources: self
                 .facts
                 .sources
@@ -506,4 +490,54 @@ pub async fn serve(
     let _ = accept.await;
     drop(socket);
     result
+}
+
+fn unix_nanos(t: std::time::SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The signals with their thresholds, and the conditions, from the loop's last pass.
+fn pressure_status(p: &crate::reactor::NodePressure) -> (Vec<pb::Signal>, Vec<pb::NodeCondition>) {
+    use crate::reactor::status::show;
+    let signals = p
+        .signals
+        .iter()
+        .map(|s| pb::Signal {
+            name: s.signal.name().to_string(),
+            available: show(s.signal, s.available),
+            capacity: s.capacity.map(|c| show(s.signal, c)).unwrap_or_default(),
+            thresholds: p
+                .thresholds
+                .iter()
+                .filter(|t| t.signal == s.signal)
+                .map(|t| pb::Threshold {
+                    kind: if t.hard { "hard" } else { "soft" }.to_string(),
+                    value: t.value.clone(),
+                    resolved: t.resolved.map(|r| show(t.signal, r)).unwrap_or_default(),
+                    grace_period: if t.hard {
+                        String::new()
+                    } else {
+                        crate::decide::duration::format_go_duration(t.grace_period)
+                    },
+                    minimum_reclaim: t.minimum_reclaim.clone().unwrap_or_default(),
+                    met: t.met,
+                    met_since_unix_nanos: t.met_since.map_or(0, unix_nanos),
+                })
+                .collect(),
+            observed_unix_nanos: unix_nanos(p.observed_at),
+        })
+        .collect();
+    let conditions = p
+        .conditions
+        .iter()
+        .map(|c| pb::NodeCondition {
+            r#type: c.condition.name().to_string(),
+            status: if c.on { "True" } else { "False" }.to_string(),
+            reason: c.reason().to_string(),
+            message: c.message().to_string(),
+            last_transition_unix_nanos: unix_nanos(c.last_transition),
+        })
+        .collect();
+    (signals, conditions)
 }

@@ -26,8 +26,15 @@ pub(crate) fn run(cmd: ConfigCommand) -> Result<(), Failure> {
             Ok(())
         }
         ConfigCommand::Check { file } => {
-            Config::load(&file).map_err(|e| Failure::Input(e.to_string()))?;
+            let (_, ignored) =
+                Config::load_reporting(&file).map_err(|e| Failure::Input(e.to_string()))?;
             println!("{}: ok", file.display());
+            if !ignored.is_empty() {
+                println!(
+                    "KubeletConfiguration fields not used by the agent (ignored): {}",
+                    ignored.join(", ")
+                );
+            }
             Ok(())
         }
     }

@@ -68,7 +68,8 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
         }
         Some(K::Eviction(v)) => (
             "eviction",
-            json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message}),
+            json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message,
+                   "gracePeriodSeconds": v.grace_period_seconds, "reactionNanos": v.reaction_nanos}),
             format!("{} evicted ({}): {}", name(&v.pod), v.signal, v.message),
         ),
         Some(K::OomKill(o)) => (
@@ -83,8 +84,18 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
         ),
         Some(K::ImageGc(g)) => (
             "image_gc",
-            json!({"trigger": g.trigger, "removed": g.removed, "freedBytes": g.freed_bytes}),
-            format!("image GC ({}): {} removed", g.trigger, g.removed.len()),
+            json!({"trigger": g.trigger, "removed": g.removed, "freedBytes": g.freed_bytes,
+                   "reason": g.reason, "message": g.message}),
+            if g.reason.is_empty() {
+                format!(
+                    "image GC ({}): {} removed, {} bytes freed",
+                    g.trigger,
+                    g.removed.len(),
+                    g.freed_bytes
+                )
+            } else {
+                format!("image GC ({}) {}: {}", g.trigger, g.reason, g.message)
+            },
         ),
         Some(K::Device(d)) => (
             "device",

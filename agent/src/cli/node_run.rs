@@ -1,8 +1,14 @@
 //! The pod side of `reactor run`: device manager, pod manager (with its runtime and the
-//! static-pod watcher) and the API server, started after the sense layer and stopped before
-//! it. Kept apart from `run.rs` so the agent's main loop only gains three calls.
+//! static-pod watcher), the image GC manager (CRI runtime only: it needs the runtime's image
+//! service) and the API server. The pod side starts before the sense layer (the observer
+//! needs the runtime's image filesystem), the API server after it (it reports what attached),
+//! and all of it stops after the reactor loop. Kept apart from `run.rs` so the agent's main
+//! flow stays a handful of calls.
+//!
+//! What happens here also feeds the record stage: admissions, preemptions and image GC
+//! rounds go to the metrics, and image GC rounds to the event stream.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -16,40 +22,46 @@ use reactor::api::socket::ApiSocket;
 use reactor::config::Config;
 use reactor::decide::backoff::BackOffPolicy;
 use reactor::devices::{DeviceManager, DeviceManagerConfig};
+use reactor::images::{GcTask, GcTrigger, ImageGcEvent, ImageGcManager, ImageGcSettings};
 use reactor::node::manager::PodManagerConfig;
 use reactor::node::{static_pods, EventHub, NodeEventKind, NodePlan, PodManager};
-use reactor::record::metrics::Metrics;
-use reactor::sense::{AttachReport, Received};
-use tokio::sync::oneshot;
+use reactor::reactor::{NodeReclaim, ReactorHandle};
+use reactor::record::metrics::{Admission, Metrics};
+use reactor::sense::AttachReport;
+use tokio::sync::{broadcast, oneshot};
 
 /// The running pod side.
 pub(crate) struct NodeParts {
     pods: PodManager,
     devices: Arc<DeviceManager>,
-    stop_server: oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<()>,
+    image_gc: Option<(ImageGcManager, GcTask)>,
+    /// The runtime's image and container filesystems (CRI `ImageFsInfo`).
+    runtime_fs: (Option<PathBuf>, Option<PathBuf>),
+    server: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Starts the device manager, the runtime `runtime.kind` names, the pod manager (which
-/// re-adopts what its checkpoint and the runtime know), the static-pod watcher and the API
-/// server on `apiSocket`. The device gauges in `metrics` follow the device manager.
-pub(crate) async fn start(
-    config: &Config,
-    report: &AttachReport,
-    metrics: &Arc<Metrics>,
-) -> anyhow::Result<NodeParts> {
+/// re-adopts what its checkpoint and the runtime know), the static-pod watcher and, with the
+/// CRI runtime, the image GC manager's loop.
+pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<NodeParts> {
     let devices = Arc::new(
         DeviceManager::start(DeviceManagerConfig::from_config(config))
             .await
             .context("device manager")?,
     );
+    // The device gauges follow the device manager's changes.
     let device_metrics = super::device_metrics::spawn(&devices, metrics);
     let cgroups =
         CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT)).context("cgroupRoot")?;
     let plan = NodePlan::from_config(config, cgroups.version()).map_err(anyhow::Error::msg)?;
     let events = EventHub::new();
-    let mut tasks = vec![device_metrics];
+    let mut tasks = vec![
+        forward_pod_metrics(events.subscribe(), Arc::clone(metrics)),
+        device_metrics,
+    ];
+    let mut image_gc = None;
+    let mut runtime_fs = (None, None);
     let pods = match config.runtime.kind.as_str() {
         "process" => {
             let rt = ProcessRuntime::open(ProcessRuntimeConfig {
@@ -67,6 +79,16 @@ pub(crate) async fn start(
                 .await
                 .with_context(|| format!("runtime.endpoint {}", config.runtime.endpoint))?;
             let cgroup_root = CgroupPath::parse(&config.cgroup_root).context("cgroupRoot")?;
+            runtime_fs = runtime_filesystems(&client).await;
+            let gc = ImageGcManager::new(client.clone(), ImageGcSettings::from_config(config))
+                .context("image GC")?;
+            tasks.push(forward_image_gc(
+                gc.subscribe(),
+                events.clone(),
+                Arc::clone(metrics),
+            ));
+            let task = gc.spawn();
+            image_gc = Some((gc, task));
             let rt = CriRuntime::open(CriRuntimeConfig::new(
                 client,
                 cgroup_root,
@@ -85,46 +107,77 @@ pub(crate) async fn start(
             config.static_pod_path.clone().into(),
         ));
     }
-    let socket = ApiSocket::bind(&config.api_socket)?;
-    tracing::info!(socket = %config.api_socket.display(), "serving the agent API");
-    let mut sources: Vec<(String, bool, String)> = report
-        .attached
-        .iter()
-        .map(|a| (a.source.to_string(), true, a.what.clone()))
-        .collect();
-    sources.extend(
-        report
-            .missing
-            .iter()
-            .map(|m| (m.source.to_string(), false, m.reason.clone())),
-    );
-    let facts = NodeFacts {
-        sources,
-        eviction_hard: config
-            .eviction_hard
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        cgroup_root: config.cgroup_root.clone(),
-    };
-    let service = AgentService::new(pods.clone(), Some(Arc::clone(&devices)), facts);
-    let (stop_server, stopped) = oneshot::channel();
-    let server = tokio::spawn(async move {
-        if let Err(e) = serve(socket, service, async {
-            let _ = stopped.await;
-        })
-        .await
-        {
-            tracing::error!("agent API server stopped: {e}");
-        }
-    });
     Ok(NodeParts {
         pods,
         devices,
-        stop_server,
-        server,
+        image_gc,
+        runtime_fs,
+        server: None,
         tasks,
     })
+}
+
+/// The image and container filesystems the runtime reports, for the observer's `imagefs` and
+/// `containerfs` (the kubelet learns them the same way). A runtime that cannot say leaves
+/// them to the config (`node.imagefsPath`) and nodefs, with a warning.
+async fn runtime_filesystems(client: &CriClient) -> (Option<PathBuf>, Option<PathBuf>) {
+    match client.image_fs_info().await {
+        Ok(info) => (
+            info.image_filesystems
+                .first()
+                .map(|f| f.mount_point.clone()),
+            info.container_filesystems
+                .first()
+                .map(|f| f.mount_point.clone()),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "runtime ImageFsInfo failed: imagefs is node.imagefsPath or nodefs");
+            (None, None)
+        }
+    }
+}
+
+impl NodeParts {
+    /// Serves the agent API on `apiSocket`: started once the sense layer has attached, so
+    /// `reactor status` reports what really listens.
+    pub(crate) fn serve_api(
+        &mut self,
+        config: &Config,
+        report: &AttachReport,
+        reactor: &ReactorHandle,
+    ) -> anyhow::Result<()> {
+        let socket = ApiSocket::bind(&config.api_socket)?;
+        tracing::info!(socket = %config.api_socket.display(), "serving the agent API");
+        let mut sources: Vec<(String, bool, String)> = report
+            .attached
+            .iter()
+            .map(|a| (a.source.to_string(), true, a.what.clone()))
+            .collect();
+        sources.extend(
+            report
+                .missing
+                .iter()
+                .map(|m| (m.source.to_string(), false, m.reason.clone())),
+        );
+        let facts = NodeFacts {
+            sources,
+            cgroup_root: config.cgroup_root.clone(),
+            pressure: Some(reactor.pressure()),
+        };
+        let service = AgentService::new(self.pods.clone(), Some(Arc::clone(&self.devices)), facts);
+        let (stop_server, stopped) = oneshot::channel();
+        let server = tokio::spawn(async move {
+            if let Err(e) = serve(socket, service, async {
+                let _ = stopped.await;
+            })
+            .await
+            {
+                tracing::error!("agent API server stopped: {e}");
+            }
+        });
+        self.server = Some((stop_server, server));
+        Ok(())
+    }
 }
 
 /// The pod manager over whichever runtime `runtime.kind` chose.
@@ -171,31 +224,136 @@ fn forward_exits(
     })
 }
 
+/// Counts admissions, rejections and preemptions from the pod manager's events.
+fn forward_pod_metrics(
+    mut rx: broadcast::Receiver<reactor::node::NodeEvent>,
+    metrics: Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) => match e.kind {
+                    NodeEventKind::Admission {
+                        admitted, reason, ..
+                    } => {
+                        let result = if admitted {
+                            Admission::Admitted
+                        } else {
+                            Admission::Rejected
+                        };
+                        metrics.record_admission(result, &reason);
+                    }
+                    NodeEventKind::Preemption { victims, .. } => {
+                        for _ in victims {
+                            metrics.record_preemption();
+                        }
+                    }
+                    _ => {}
+                },
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "pod metrics fell behind the event stream");
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })
+}
+
+/// Image GC outcomes: every round and failure on the event stream (with the kubelet's event
+/// reason where it has one), and counted in the metrics.
+fn forward_image_gc(
+    mut rx: broadcast::Receiver<ImageGcEvent>,
+    events: EventHub,
+    metrics: Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    let trigger_name = |t: GcTrigger| match t {
+        GcTrigger::Periodic => "periodic",
+        GcTrigger::Reclaim => "reclaim",
+    };
+    tokio::spawn(async move {
+        loop {
+            let e = match rx.recv().await {
+                Ok(e) => e,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "image GC events fell behind");
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            let reason = e.kubelet_reason().unwrap_or_default().to_string();
+            let kind = match e {
+                ImageGcEvent::RoundFinished {
+                    trigger,
+                    freed_bytes,
+                    deleted,
+                    errors,
+                    ..
+                } => {
+                    metrics.record_image_gc(freed_bytes, errors.is_empty());
+                    NodeEventKind::ImageGc {
+                        trigger: trigger_name(trigger).to_string(),
+                        removed: deleted,
+                        freed_bytes,
+                        reason,
+                        message: errors.join("; "),
+                    }
+                }
+                ImageGcEvent::RoundFailed {
+                    trigger,
+                    reason: why,
+                } => {
+                    metrics.record_image_gc(0, false);
+                    NodeEventKind::ImageGc {
+                        trigger: trigger_name(trigger).to_string(),
+                        removed: Vec::new(),
+                        freed_bytes: 0,
+                        reason: "RoundFailed".to_string(),
+                        message: why,
+                    }
+                }
+                ImageGcEvent::FreeDiskSpaceFailed { message }
+                | ImageGcEvent::ImageGcFailed { message } => NodeEventKind::ImageGc {
+                    trigger: trigger_name(GcTrigger::Periodic).to_string(),
+                    removed: Vec::new(),
+                    freed_bytes: 0,
+                    reason,
+                    message,
+                },
+            };
+            events.publish(kind);
+        }
+    })
+}
+
 impl NodeParts {
-    /// The pod manager, for the reactor loop (list pods with QoS/cgroup/requests/priority,
-    /// evict one with a status, publish eviction events).
-    #[expect(dead_code, reason = "the reactor loop (branch `loop`) is its caller")]
+    /// The pod manager: the reactor loop evicts through it.
     pub(crate) fn pods(&self) -> &PodManager {
         &self.pods
     }
 
-    /// Puts a pressure event on the event stream.
-    pub(crate) fn publish_pressure(&self, r: &Received) {
-        let e = &r.event;
-        self.pods.events().publish(NodeEventKind::Pressure {
-            source: e.source.to_string(),
-            cgroup: e.cgroup.clone().unwrap_or_default(),
-            kind: e.kind.to_string(),
-            at_monotonic_ns: e.at_ns,
-            lag_ns: r.lag_ns,
-        });
+    /// The node-level reclaim the reactor runs before evicting for disk pressure: the image
+    /// GC manager's dead-container and unused-image deletion (none without a CRI runtime).
+    pub(crate) fn reclaimer(&self) -> Option<Arc<dyn NodeReclaim>> {
+        self.image_gc
+            .as_ref()
+            .map(|(gc, _)| Arc::new(gc.clone()) as Arc<dyn NodeReclaim>)
     }
 
-    /// Stops the API server and the watchers. Pods keep running (a restarted agent
-    /// re-adopts them).
+    /// The runtime's image and container filesystem mount points, when it reports them.
+    pub(crate) fn runtime_filesystems(&self) -> (Option<&Path>, Option<&Path>) {
+        (self.runtime_fs.0.as_deref(), self.runtime_fs.1.as_deref())
+    }
+
+    /// Stops the API server, the image GC loop and the watchers. Pods keep running (a
+    /// restarted agent re-adopts them).
     pub(crate) async fn stop(self) {
-        let _ = self.stop_server.send(());
-        let _ = self.server.await;
+        if let Some((stop, server)) = self.server {
+            let _ = stop.send(());
+            let _ = server.await;
+        }
+        if let Some((_, task)) = self.image_gc {
+            task.stop().await;
+        }
         for t in self.tasks {
             t.abort();
         }

@@ -1,7 +1,14 @@
-//! `reactor run`: the agent. For now it loads and checks the config, starts the sense layer,
-//! serves the Prometheus metrics and logs every pressure event with its detection lag; the
-//! reactor loop (observe, decide, act) joins in a later issue. It stops cleanly on
-//! SIGTERM/SIGINT.
+//! `reactor run`: the agent. It loads and checks the config, serves the Prometheus metrics,
+//! starts the pod side (devices, runtime, pods, image GC), the sense layer and the reactor
+//! loop (`reactor::reactor`: observe, decide, act on every pressure event), then the agent
+//! API. It stops cleanly on SIGTERM/SIGINT; pods keep running and a restarted agent
+//! re-adopts them.
+//!
+//! **Data flow.** The reactor loop owns the sense layer. Every event it receives is handed
+//! to a tap that only queues it; a recorder task off the hot path counts it in the metrics,
+//! puts it on the event stream and logs it. The loop's decisions (evictions, kernel OOM
+//! kills) go to the event stream from a second task, and the loop keeps the signal,
+//! condition, eviction and reaction-lag metrics itself.
 //!
 //! **Metrics.** With a non-empty `metricsAddress`, `/metrics` and `/healthz` are served
 //! there (see `reactor::record::metrics`). Every sense event is counted by source and kind
@@ -22,6 +29,9 @@
 //! | `lag_ns` | the detection lag in nanoseconds, for machines |
 //!
 //! The housekeeping tick is logged at debug with `source`, `lag` and `lag_ns`, message `tick`.
+//! Each evaluation that found a threshold met, changed a condition or acted is one line,
+//! message `eviction decision` (see `reactor::reactor::record`), and each kernel OOM kill the
+//! agent did not prevent is one such line with an `OOMKilled` action.
 //! Other lines: `sense source attached` (`source`, `what`), `sense source missing`
 //! (`source`, `reason`), `metrics endpoint listening` (`address`), `reactor running`
 //! (`pid`), and at the end one `detection lag` line per source (`count`, `p50_ns`,
@@ -33,19 +43,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use reactor::node::{EventHub, NodeEventKind};
+use reactor::observe::{ObserveSettings, Observer};
+use reactor::reactor::{concerns_node, memcg_targets, Action, Decision, Reactor, ReactorSettings};
 use reactor::record::metrics::serve::{parse_address, MetricsServer};
 use reactor::record::metrics::Metrics;
 use reactor::sense::lag::format_ns;
-use reactor::sense::{AttachReport, Kind, Sense, Source};
+use reactor::sense::{AttachReport, Kind, Received, Sense, Source};
+use tokio::sync::{broadcast, mpsc};
 
 use super::logging::LogFormat;
 use super::sense_args::SenseArgs;
 use super::shutdown::Shutdown;
-use super::watch::{load_config, runtime};
+use super::watch::{load_config_reporting, runtime};
 use super::Failure;
 
 /// How long the metrics endpoint may take to finish its connections at shutdown.
 const METRICS_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sense events queued between the loop's tap and the recorder; beyond this the recorder is
+/// hopelessly behind and events are counted as not recorded rather than held in memory.
+const RECORD_QUEUE: usize = 8192;
 
 /// `reactor run` arguments.
 #[derive(Args, Debug)]
@@ -65,13 +83,18 @@ pub(crate) struct RunArgs {
 /// naming the reason.
 pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     // Everything that can be wrong with the input is found before anything attaches.
-    let config = load_config(args.config.as_ref())?;
+    let (config, ignored) = load_config_reporting(args.config.as_ref())?;
     let mut log = config.log.clone();
     if let Some(format) = args.log_format {
         log.format = format.as_str().to_string();
     }
     super::logging::init(&log)?;
-    let opts = args.sense.options(&config)?;
+    if !ignored.is_empty() {
+        tracing::info!(keys = %ignored.join(","), "KubeletConfiguration fields not used by the agent, ignored");
+    }
+    let mut opts = args.sense.options(&config)?;
+    let settings = ReactorSettings::from_config(&config)
+        .map_err(|e| Failure::Input(format!("eviction thresholds: {e}")))?;
     let metrics_address = match config.metrics_address.as_str() {
         "" => None,
         text => Some(parse_address(text).map_err(|e| Failure::Input(e.to_string()))?),
@@ -80,7 +103,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         let mut shutdown = Shutdown::install()
             .map_err(|e| anyhow::anyhow!("cannot install signal handlers: {e}"))?;
         let metrics = Arc::new(Metrics::new());
-        // Bound before the sense layer attaches, so a taken port fails the start at once.
+        // Bound before anything else starts, so a taken port fails the start at once.
         let endpoint = match metrics_address {
             Some(address) => Some(start_endpoint(address, &metrics, &shutdown).await?),
             None => {
@@ -88,41 +111,68 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
                 None
             }
         };
-        let mut sense = Sense::start(&opts)?;
+        let mut node = super::node_run::start(&config, &metrics).await?;
+        let (imagefs, containerfs) = node.runtime_filesystems();
+        let observe = ObserveSettings::from_config(&config, imagefs, containerfs)
+            .map_err(|e| Failure::Input(e.to_string()))?;
+        let observer = Observer::new(observe).map_err(|e| anyhow::anyhow!("observer: {e}"))?;
+        if !args.sense.explicit_targets() {
+            let targets = memcg_targets(&settings, &observer);
+            if !targets.is_empty() {
+                opts.targets = targets;
+            }
+        }
+        let sense = Sense::start(&opts)?;
         for source in Source::ALL {
             metrics.set_source_attached(source, sense.report().has(source));
         }
-        let oom_source = oom_kill_source(sense.report());
-        let node = super::node_run::start(&config, sense.report(), &metrics).await?;
+        let events = node.pods().events().clone();
+        let (tap_tx, tap_rx) = mpsc::channel::<Received>(RECORD_QUEUE);
+        let recorder = tokio::spawn(record_events(
+            tap_rx,
+            Arc::clone(&metrics),
+            events.clone(),
+            oom_kill_source(sense.report()),
+            settings.cgroup_root.clone(),
+        ));
+        let reactor = Reactor::new(
+            settings,
+            observer,
+            Arc::new(node.pods().clone()),
+            node.pods().cgroups().clone(),
+            node.reclaimer(),
+        )
+        .with_metrics(Arc::clone(&metrics))
+        .with_tap(move |r| {
+            // Never blocks the loop: a full queue means the recorder is far behind.
+            if tap_tx.try_send(r.clone()).is_err() {
+                tracing::debug!("sense event not recorded: recorder queue full");
+            }
+        });
+        let handle = reactor.handle();
+        node.serve_api(&config, sense.report(), &handle)?;
+        let forwarder = tokio::spawn(forward_decisions(handle.subscribe(), events));
+        let (_, mut task) = reactor::reactor::spawn(reactor, sense, shutdown.subscribe());
         tracing::info!(pid = std::process::id(), "reactor running");
-        loop {
-            let received = tokio::select! {
-                biased;
-                _ = shutdown.wait() => break,
-                received = sense.next() => received,
-            };
-            let Some(r) = received else {
+        let sense = tokio::select! {
+            biased;
+            _ = shutdown.wait() => (&mut task).await,
+            done = &mut task => {
                 tracing::warn!("every sense source stopped");
-                break;
-            };
-            metrics.record_event(&r);
-            node.publish_pressure(&r);
-            let e = &r.event;
-            if matches!(e.kind, Kind::OomKill { .. }) && Some(e.source) == oom_source {
-                metrics.record_oom_kill();
+                done
             }
-            let cgroup = e.cgroup.as_deref().unwrap_or("-");
-            // The tick carries no news; it is logged at debug so an idle node stays quiet.
-            if e.kind == Kind::Tick {
-                tracing::debug!(source = %e.source, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "tick");
-            } else {
-                tracing::info!(source = %e.source, cgroup, kind = %e.kind, at_ns = e.at_ns, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
-            }
-        }
+        };
+        forwarder.abort();
+        let _ = recorder.await;
         node.stop().await;
-        let lag = sense.shutdown().await;
-        for s in lag.snapshot() {
-            tracing::info!(source = %s.source, count = s.count, p50_ns = s.p50_ns, p99_ns = s.p99_ns, max_ns = s.max_ns, "detection lag");
+        match sense {
+            Ok(sense) => {
+                let lag = sense.shutdown().await;
+                for s in lag.snapshot() {
+                    tracing::info!(source = %s.source, count = s.count, p50_ns = s.p50_ns, p99_ns = s.p99_ns, max_ns = s.max_ns, "detection lag");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "reactor loop task failed"),
         }
         if let Some(endpoint) = endpoint {
             endpoint.stop().await;
@@ -130,6 +180,84 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The recorder: every sense event the loop received is counted (by source and kind, with
+/// its detection lag); the events that concern this node (below `cgroup_root`, or
+/// node-wide) are put on the event stream and logged, their kernel OOM kills counted once
+/// each (see [`oom_kill_source`]), and the rest of the machine's logged only at debug. Ends when the loop
+/// drops its tap.
+async fn record_events(
+    mut rx: mpsc::Receiver<Received>,
+    metrics: Arc<Metrics>,
+    events: EventHub,
+    oom_source: Option<Source>,
+    cgroup_root: String,
+) {
+    while let Some(r) = rx.recv().await {
+        metrics.record_event(&r);
+        let e = &r.event;
+        let cgroup = e.cgroup.as_deref().unwrap_or("-");
+        if !concerns_node(&cgroup_root, e) {
+            tracing::debug!(source = %e.source, cgroup, kind = %e.kind, lag_ns = r.lag_ns, "pressure event outside cgroupRoot");
+            continue;
+        }
+        if matches!(e.kind, Kind::OomKill { .. }) && Some(e.source) == oom_source {
+            metrics.record_oom_kill();
+        }
+        events.publish(NodeEventKind::Pressure {
+            source: e.source.to_string(),
+            cgroup: e.cgroup.clone().unwrap_or_default(),
+            kind: e.kind.to_string(),
+            at_monotonic_ns: e.at_ns,
+            lag_ns: r.lag_ns,
+        });
+        // The tick carries no news; it is logged at debug so an idle node stays quiet.
+        if e.kind == Kind::Tick {
+            tracing::debug!(source = %e.source, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "tick");
+        } else {
+            tracing::info!(source = %e.source, cgroup, kind = %e.kind, at_ns = e.at_ns, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
+        }
+    }
+}
+
+/// The loop's evictions on the event stream, with the kubelet's message and the reaction
+/// time (kernel OOM kills reach the stream from the runtime, which knows the container).
+async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventHub) {
+    loop {
+        let d = match rx.recv().await {
+            Ok(d) => d,
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(
+                    missed = n,
+                    "eviction decisions fell behind the event stream"
+                );
+                continue;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        if let Action::Evicted {
+            uid,
+            pod,
+            signal,
+            grace_seconds,
+            message,
+            error: None,
+            ..
+        } = d.action
+        {
+            events.publish(NodeEventKind::Eviction {
+                pod,
+                uid,
+                signal,
+                message,
+                grace_period_seconds: grace_seconds,
+                reaction_ns: d
+                    .reaction_lag_ns
+                    .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+            });
+        }
+    }
 }
 
 /// The running metrics endpoint and the means to stop it.

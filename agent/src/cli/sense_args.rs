@@ -60,6 +60,12 @@ impl SenseArgs {
         Ok(opts)
     }
 
+    /// Whether `--cgroup` named the cgroups to watch; otherwise the caller may choose its
+    /// own (`reactor run` watches the cgroups its memory thresholds are measured on).
+    pub(crate) fn explicit_targets(&self) -> bool {
+        !self.cgroups.is_empty()
+    }
+
     fn targets(&self, config: &Config) -> Result<Vec<MemcgTarget>, Failure> {
         if self.thresholds.len() > self.cgroups.len() {
             return Err(Failure::Input(format!(

@@ -1,4 +1,11 @@
-//! `reactor status`: the node as the running agent sees it.
+//! `reactor status`: the node as the running agent sees it — the node conditions, each
+//! eviction signal against its thresholds (as the reactor loop's last pass read them), the
+//! kernel sources attached, capacity and allocatable, and the pods the agent would evict
+//! next for memory, with why (QoS class, priority, working set).
+//!
+//! `--json` prints the same as one object: `conditions`, `signals` (each with its
+//! `thresholds`), `sources`, `capacity`, `allocatable`, `nextToEvict`, `cgroupVersion`,
+//! `cgroupRoot`. Every value is the API's (`NodeStatus`, `ListPods`) unchanged.
 
 use clap::Args;
 use reactor_proto::reactor_v1 as pb;
@@ -25,6 +32,14 @@ fn to_map(pairs: Vec<(String, String)>) -> serde_json::Map<String, Value> {
         .collect()
 }
 
+/// A pod the agent would evict next for memory, and what puts it there.
+struct Next {
+    pod: String,
+    qos: &'static str,
+    priority: i32,
+    working_set: u64,
+}
+
 pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
     runtime()?.block_on(async {
         let mut client = a.socket.connect().await?;
@@ -40,16 +55,27 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
             .into_inner()
             .pods;
         // Next to evict for memory: running pods by rank, critical ones skipped.
-        let mut next: Vec<(u32, String)> = pods
+        let mut next: Vec<(u32, Next)> = pods
             .iter()
             .filter(|p| p.phase == "Running" || p.phase == "Pending")
             .filter_map(|p| {
                 let r = p.eviction_rank.iter().find(|r| r.signal == "memory.available")?;
                 let name = p.pod.as_ref().map(|r| format!("{}/{}", r.namespace, r.name))?;
-                (!r.exempt).then_some((r.rank, name))
+                let usage = p.usage.unwrap_or_default();
+                (!r.exempt).then(|| {
+                    (
+                        r.rank,
+                        Next {
+                            pod: name,
+                            qos: super::pod::qos_name(p.qos),
+                            priority: p.priority,
+                            working_set: usage.memory_working_set_bytes,
+                        },
+                    )
+                })
             })
             .collect();
-        next.sort();
+        next.sort_by_key(|(rank, _)| *rank);
         let resources = s.resources.clone().unwrap_or_default();
         let sorted = |m: &std::collections::HashMap<String, String>| {
             let mut v: Vec<(String, String)> = m.clone().into_iter().collect();
@@ -61,16 +87,24 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                 "cgroupVersion": s.cgroup_version,
                 "cgroupRoot": s.cgroup_root,
                 "conditions": s.conditions.iter().map(|c| json!({
-                    "type": c.r#type, "status": c.status, "reason": c.reason})).collect::<Vec<_>>(),
+                    "type": c.r#type, "status": c.status, "reason": c.reason,
+                    "message": c.message,
+                    "lastTransitionUnixNanos": c.last_transition_unix_nanos})).collect::<Vec<_>>(),
                 "signals": s.signals.iter().map(|sig| json!({
                     "name": sig.name, "available": sig.available, "capacity": sig.capacity,
+                    "observedUnixNanos": sig.observed_unix_nanos,
                     "thresholds": sig.thresholds.iter().map(|t| json!({
-                        "kind": t.kind, "value": t.value})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+                        "kind": t.kind, "value": t.value, "resolved": t.resolved,
+                        "gracePeriod": t.grace_period, "minimumReclaim": t.minimum_reclaim,
+                        "met": t.met, "metSinceUnixNanos": t.met_since_unix_nanos,
+                    })).collect::<Vec<_>>()})).collect::<Vec<_>>(),
                 "sources": s.sources.iter().map(|x| json!({
                     "name": x.name, "attached": x.attached, "reason": x.reason})).collect::<Vec<_>>(),
                 "capacity": to_map(sorted(&resources.capacity)),
                 "allocatable": to_map(sorted(&resources.allocatable)),
-                "nextToEvict": next.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(),
+                "nextToEvict": next.iter().map(|(rank, n)| json!({
+                    "pod": n.pod, "rank": rank, "qos": n.qos, "priority": n.priority,
+                    "memoryWorkingSetBytes": n.working_set})).collect::<Vec<_>>(),
             });
             println!("{out}");
             return Ok(());
@@ -86,7 +120,19 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
             let th: Vec<String> = sig
                 .thresholds
                 .iter()
-                .map(|t| format!("{} {}", t.kind, t.value))
+                .map(|t| {
+                    let mut text = format!("{} {}", t.kind, t.value);
+                    if !t.resolved.is_empty() && t.resolved != t.value {
+                        text.push_str(&format!(" (= {})", t.resolved));
+                    }
+                    if !t.grace_period.is_empty() {
+                        text.push_str(&format!(" for {}", t.grace_period));
+                    }
+                    if t.met {
+                        text.push_str(" MET");
+                    }
+                    text
+                })
                 .collect();
             println!(
                 "signal {}: available {} of {} (thresholds: {})",
@@ -110,9 +156,12 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
         }
         if next.is_empty() {
             println!("next to evict (memory): none");
-        } else {
-            let names: Vec<&str> = next.iter().map(|(_, n)| n.as_str()).collect();
-            println!("next to evict (memory): {}", names.join(", "));
+        }
+        for (rank, n) in &next {
+            println!(
+                "next to evict (memory) #{rank}: {} ({}, priority {}, working set {} bytes)",
+                n.pod, n.qos, n.priority, n.working_set
+            );
         }
         Ok(())
     })

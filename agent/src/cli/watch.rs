@@ -34,6 +34,17 @@ pub(crate) fn load_config(path: Option<&PathBuf>) -> Result<Config, Failure> {
     }
 }
 
+/// [`load_config`], also returning the KubeletConfiguration fields the file had that the
+/// agent does not use (to be logged once logging is up).
+pub(crate) fn load_config_reporting(
+    path: Option<&PathBuf>,
+) -> Result<(Config, Vec<String>), Failure> {
+    match path {
+        None => Ok((Config::default(), Vec::new())),
+        Some(path) => Config::load_reporting(path).map_err(|e| Failure::Input(e.to_string())),
+    }
+}
+
 /// A runtime with two workers: the sources are few and mostly asleep.
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_multi_thread()

@@ -546,6 +546,23 @@ impl ImageGcManager {
         result
     }
 
+    /// The dead-container step alone (the kubelet's `DeleteAllUnusedContainers`), for disk
+    /// pressure on a filesystem that holds writable layers and logs but no images (seed 003):
+    /// exited containers and not-ready sandboxes are removed, no image is touched.
+    pub async fn delete_dead_containers(&self) -> Result<Reclaimed, ImageGcError> {
+        let dead = remove_dead_containers(&self.inner.client).await?;
+        let c = &self.inner.counters;
+        c.add(Counter::ContainersRemoved, dead.containers.len() as u64);
+        c.add(Counter::SandboxesRemoved, dead.sandboxes.len() as u64);
+        Ok(Reclaimed {
+            containers_removed: dead.containers,
+            sandboxes_removed: dead.sandboxes,
+            deleted: Vec::new(),
+            freed_bytes: 0,
+            errors: dead.errors,
+        })
+    }
+
     async fn reclaim(&self) -> Result<Reclaimed, ImageGcError> {
         let dead = remove_dead_containers(&self.inner.client).await?;
         let c = &self.inner.counters;

@@ -88,6 +88,21 @@ pub enum NodeEventKind {
         /// The cgroup the kill was counted in.
         cgroup: String,
     },
+    /// An image GC round ran (periodic, or the reclaim before a disk-pressure eviction), or
+    /// failed.
+    ImageGc {
+        /// `periodic` or `reclaim`.
+        trigger: String,
+        /// Image ids deleted, in order.
+        removed: Vec<String>,
+        /// Bytes freed, as the runtime sized the deleted images.
+        freed_bytes: u64,
+        /// The kubelet's event reason for a failure (`FreeDiskSpaceFailed`, `ImageGCFailed`),
+        /// `RoundFailed` when the round could not run, empty for a round that went well.
+        reason: String,
+        /// What went wrong, one line; empty when nothing did.
+        message: String,
+    },
     /// A pod was removed from the node (stopped, its cgroup gone).
     Removed {
         /// `namespace/name`.

@@ -8,7 +8,11 @@
 //! - [`PodManager::evict`] kills one pod with a status (`Failed`, the given reason and
 //!   message — `Evicted` and the kubelet's eviction message for the loop) after the given
 //!   grace, removes its pod cgroup and recomputes the QoS tiers; the pod stays listed as
-//!   Failed (as the kubelet leaves an evicted pod object) until it is removed.
+//!   Failed (as the kubelet leaves an evicted pod object) until it is removed. With grace 0
+//!   the pod's processes get SIGKILL from the stopping task itself, right after the runtime
+//!   was told to stop (so nothing restarts them), and the moment is reported back.
+//! - [`PodManager::active`] is the loop's hot-path view: the running pods with their cgroups,
+//!   republished by the owner task after every change, read without a round trip.
 //! - [`PodManager::events`] is the hub the loop publishes its own events on (evictions with
 //!   their reaction time).
 
@@ -18,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as k8s;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::admit::{fit, is_extended, rejection};
 use super::document::{self, Checked, Format};
@@ -29,13 +33,17 @@ use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, MemoryUsage, Resources, DEFAULT_REMOVE_WAIT};
 use crate::act::pod_spec::pod_spec;
 use crate::act::runtime::{
-    ContainerState, ContainerStatus, PodPhase, PodSpec, Runtime, RuntimeError,
+    ContainerState, ContainerStatus, PodPhase, PodSpec, RestartPolicy, Runtime, RuntimeError,
 };
 use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
 use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
+use crate::reactor::pods::{
+    kill_cgroup, ActivePod, EvictError, Evicted, EvictionStatus, PodControl,
+};
 use crate::record::checkpoint::Checkpoint;
+use crate::sense::monotonic_ns;
 
 /// The kubelet's status message for a pod preempted by a critical pod.
 pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
@@ -141,7 +149,7 @@ enum After {
     Evict {
         reason: String,
         message: String,
-        reply: Reply<PodView>,
+        reply: Reply<EvictedPod>,
     },
     Preempted {
         preemptor: String,
@@ -164,7 +172,7 @@ enum Command {
         grace: Duration,
         reason: String,
         message: String,
-        reply: Reply<PodView>,
+        reply: Reply<EvictedPod>,
     },
     List {
         reply: oneshot::Sender<Vec<PodView>>,
@@ -175,14 +183,29 @@ enum Command {
     Stopped {
         uid: String,
         status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
+        killed_at_ns: Option<u64>,
+        killed: usize,
         after: After,
     },
+}
+
+/// The answer to an eviction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvictedPod {
+    /// The pod as it ended (`Failed`, with the reason and message given).
+    pub pod: PodView,
+    /// `CLOCK_MONOTONIC` ns when its processes were sent SIGKILL by the agent (grace 0), or
+    /// when the runtime reported them stopped (a grace period); `None` when nothing ran.
+    pub killed_at_ns: Option<u64>,
+    /// How many processes the agent itself sent SIGKILL (grace 0).
+    pub killed: usize,
 }
 
 /// The handle everything else uses; cheap to clone.
 #[derive(Clone)]
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
+    active: watch::Receiver<Vec<ActivePod>>,
     events: EventHub,
     plan: Arc<NodePlan>,
     cgroups: CgroupManager,
@@ -222,6 +245,7 @@ impl PodManager {
             .cgroups
             .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
+        let (active_tx, active) = watch::channel(Vec::new());
         let mut actor = Actor {
             rt: config.runtime,
             cgroups: config.cgroups.clone(),
@@ -232,11 +256,14 @@ impl PodManager {
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
             tx: tx.downgrade(),
+            active: active_tx,
         };
         actor.reconcile(records).await?;
+        actor.publish_active();
         tokio::spawn(actor.run(rx));
         Ok(PodManager {
             tx,
+            active,
             events: config.events,
             plan,
             cgroups: config.cgroups,
@@ -300,7 +327,7 @@ impl PodManager {
         grace: Duration,
         reason: &str,
         message: &str,
-    ) -> Result<PodView, NodeError> {
+    ) -> Result<EvictedPod, NodeError> {
         self.ask(|reply| Command::Evict {
             uid: uid.to_string(),
             grace,
@@ -316,6 +343,13 @@ impl PodManager {
     /// removed (a changed one comes back on the next sync).
     pub(crate) async fn sync_static(&self, manifests: Vec<(PathBuf, u32, serde_json::Value)>) {
         let _ = self.tx.send(Command::StaticSync { manifests }).await;
+    }
+
+    /// The pods running now (admitted, not ended, not being stopped) with their cgroups, as
+    /// the owner task last published them: the reactor loop reads this on every decision,
+    /// so it costs a clone, not a round trip through the owner's queue.
+    pub fn active(&self) -> Vec<ActivePod> {
+        self.active.borrow().clone()
     }
 
     /// The event hub: subscribe to what happens, or publish (the reactor loop's evictions).
@@ -358,6 +392,7 @@ struct Actor<R> {
     pods: BTreeMap<String, Entry>,
     pending: BTreeMap<String, Pending>,
     tx: mpsc::WeakSender<Command>,
+    active: watch::Sender<Vec<ActivePod>>,
 }
 
 fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
@@ -423,9 +458,56 @@ impl<R: Runtime + 'static> Actor<R> {
                     let _ = tx.send(views);
                 }
                 Command::StaticSync { manifests } => self.sync_static(manifests).await,
-                Command::Stopped { uid, status, after } => self.stopped(uid, status, after).await,
+                Command::Stopped {
+                    uid,
+                    status,
+                    killed_at_ns,
+                    killed,
+                    after,
+                } => {
+                    self.stopped(uid, status, (killed_at_ns, killed), after)
+                        .await
+                }
             }
+            self.publish_active();
         }
+    }
+
+    /// Republishes the running pods for [`PodManager::active`] when they changed.
+    fn publish_active(&self) {
+        let active: Vec<ActivePod> = self
+            .pods
+            .values()
+            .filter(|e| !e.stopping && !e.record.ended_by_agent && !e.record.is_terminal())
+            .filter_map(|e| {
+                let cgroup = e.record.cgroup.clone()?;
+                let restart_policy = match e
+                    .record
+                    .document
+                    .pointer("/spec/restartPolicy")
+                    .and_then(serde_json::Value::as_str)
+                {
+                    Some("OnFailure") => RestartPolicy::OnFailure,
+                    Some("Never") => RestartPolicy::Never,
+                    _ => RestartPolicy::Always,
+                };
+                Some(ActivePod {
+                    info: e.info.clone(),
+                    cgroup,
+                    containers: e.info.containers.iter().map(|c| c.name.clone()).collect(),
+                    restart_policy,
+                    termination_grace_period: Some(e.record.grace_period_seconds),
+                })
+            })
+            .collect();
+        self.active.send_if_modified(|old| {
+            if *old == active {
+                false
+            } else {
+                *old = active;
+                true
+            }
+        });
     }
 
     fn find(&self, target: &RemoveTarget) -> Result<String, NodeError> {
@@ -840,8 +922,11 @@ impl<R: Runtime + 'static> Actor<R> {
         let tx = self.tx.clone();
         let uid = uid.to_string();
         tokio::spawn(async move {
+            let (mut killed_at_ns, mut killed) = (None, 0);
             let status = if live {
-                match rt.stop_pod(&uid, grace).await {
+                let stopped = stop_now(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
+                (killed_at_ns, killed) = (stopped.1, stopped.2);
+                match stopped.0 {
                     Ok(s) => Ok(Some(s)),
                     Err(RuntimeError::NotFound { .. }) => Ok(None),
                     Err(e) => Err(e),
@@ -866,7 +951,15 @@ impl<R: Runtime + 'static> Actor<R> {
                 (s, _) => s,
             };
             if let Some(tx) = tx.upgrade() {
-                let _ = tx.send(Command::Stopped { uid, status, after }).await;
+                let _ = tx
+                    .send(Command::Stopped {
+                        uid,
+                        status,
+                        killed_at_ns,
+                        killed,
+                        after,
+                    })
+                    .await;
             }
         });
     }
@@ -875,6 +968,7 @@ impl<R: Runtime + 'static> Actor<R> {
         &mut self,
         uid: String,
         status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
+        (killed_at_ns, killed): (Option<u64>, usize),
         after: After,
     ) {
         let failed = status.as_ref().err().map(ToString::to_string);
@@ -926,7 +1020,14 @@ impl<R: Runtime + 'static> Actor<R> {
                 self.end(&uid, reason, message);
                 self.release_devices().await;
                 let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
-                let _ = tx.send(view.ok_or_else(|| NodeError::NotFound(uid.clone())));
+                let _ = tx.send(
+                    view.map(|pod| EvictedPod {
+                        pod,
+                        killed_at_ns,
+                        killed,
+                    })
+                    .ok_or_else(|| NodeError::NotFound(uid.clone())),
+                );
             }
             After::Preempted { preemptor } => {
                 if let Some(err) = failed {
@@ -1258,5 +1359,73 @@ pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
         ContainerState::Waiting { reason, .. } => ("waiting", reason.clone()),
         ContainerState::Running { .. } => ("running", String::new()),
         ContainerState::Terminated(t) => ("terminated", t.reason.clone()),
+    }
+}
+
+/// Stops a pod through the runtime. With grace 0 the runtime is first told to stop (its first
+/// poll, so no supervisor restarts what dies next), then every process in the pod cgroup gets
+/// SIGKILL from here at once — not whenever the runtime's own tasks are scheduled — and that
+/// moment is returned; with a grace period the moment is when the runtime reports the stop.
+async fn stop_now<R: Runtime>(
+    rt: &R,
+    uid: &str,
+    grace: Duration,
+    cgroup: Option<&CgroupPath>,
+    cgroups: &CgroupManager,
+) -> (
+    Result<crate::act::runtime::PodStatus, RuntimeError>,
+    Option<u64>,
+    usize,
+) {
+    let mut stop = std::pin::pin!(rt.stop_pod(uid, grace));
+    let first = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::future::Future::poll(stop.as_mut(), cx))
+    })
+    .await;
+    let mut killed_at = None;
+    let mut killed = 0;
+    if let (true, Some(cg)) = (grace.is_zero(), cgroup) {
+        killed = kill_cgroup(cgroups, cg);
+        killed_at = Some(monotonic_ns());
+    }
+    let result = match first {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => stop.await,
+    };
+    if killed_at.is_none() {
+        killed_at = Some(monotonic_ns());
+    }
+    (result, killed_at, killed)
+}
+
+/// The reactor loop drives eviction through the pod manager, so an evicted pod ends with its
+/// status recorded, checkpointed and published like any other change on the node.
+impl PodControl for PodManager {
+    fn pods(&self) -> Vec<ActivePod> {
+        self.active()
+    }
+
+    async fn evict(
+        &self,
+        uid: &str,
+        grace: Duration,
+        status: EvictionStatus,
+    ) -> Result<Evicted, EvictError> {
+        let done = PodManager::evict(self, uid, grace, &status.reason, &status.message)
+            .await
+            .map_err(|e| match e {
+                NodeError::Runtime(r) => EvictError::Runtime(r),
+                NodeError::Cgroup(c) => EvictError::Cgroup(c),
+                NodeError::NotFound(_) => EvictError::Runtime(RuntimeError::NotFound {
+                    uid: uid.to_string(),
+                }),
+                other => EvictError::Runtime(RuntimeError::Unavailable {
+                    reason: other.to_string(),
+                }),
+            })?;
+        Ok(Evicted {
+            killed_at_ns: done.killed_at_ns,
+            killed: done.killed,
+        })
     }
 }

@@ -21,7 +21,7 @@ pub mod settings;
 pub mod static_pods;
 
 pub use events::{EventHub, NodeEvent, NodeEventKind};
-pub use manager::{Applied, PodManager, PodView, RemoveTarget, Removed};
+pub use manager::{Applied, EvictedPod, PodManager, PodView, RemoveTarget, Removed};
 pub use settings::NodePlan;
 
 use crate::act::cgroups::CgroupError;

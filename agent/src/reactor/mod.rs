@@ -9,22 +9,31 @@
 //! 2. Observe the signals ([`crate::observe`]) and run one eviction-manager pass with the same
 //!    function `reactor plan pressure` uses ([`crate::decide::pressure::pass`]), keeping its
 //!    state between passes.
-//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images),
-//!    re-observe, and stop there if that resolved the threshold with its minimum reclaim.
-//!    Memory has no node-level reclaim, as in the kubelet.
+//! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images:
+//!    the steps seed 003 lists for the filesystem layout observed), re-observe, and stop
+//!    there if that resolved the threshold with its minimum reclaim. Memory has no
+//!    node-level reclaim, as in the kubelet. The `containerfs` thresholds follow the layout
+//!    too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
 //!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
-//!    empty — its memory is then given back — and evaluate again at once.
+//!    empty — its memory is then given back — and evaluate again at once; after a disk
+//!    eviction disk thresholds wait one housekeeping interval (the runtime frees the
+//!    victim's writable layer on its own time).
 //! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
 //!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
 //!
-//! The loop owns its state (one task); pods are reached through [`PodControl`].
+//! The loop owns its state (one task); pods are reached through [`PodControl`]. It owns the
+//! [`Sense`] too while it runs — every event passes through it first — so whoever else wants
+//! the raw events (metrics, the API's event stream, the per-event log line) registers a tap
+//! ([`Reactor::with_tap`]) instead of reading the sense layer beside it; [`Reactor::run`]
+//! hands the sense layer back when it ends, for its lag statistics.
 
 pub mod oom;
 pub mod pods;
 pub mod reclaim;
 pub mod record;
+pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -38,7 +47,8 @@ use crate::act::cgroups::{CgroupManager, CgroupPath};
 use crate::config::Config;
 use crate::decide::pod::PodInfo;
 use crate::decide::pressure::{pass, threshold_met_text, thresholds_met, EvictionState, Reclaim};
-use crate::decide::rank::{eviction_message, rank};
+use crate::decide::rank::{charged, eviction_message, rank};
+use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
 use crate::decide::thresholds::{
@@ -46,11 +56,13 @@ use crate::decide::thresholds::{
     EvictionSettings, Threshold, ThresholdError,
 };
 use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
+use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
 pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
-pub use reclaim::{NodeReclaim, NodeReclaimed};
+pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
 pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
+pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 
 /// The kubelet's default `evictionPressureTransitionPeriod`, which also replaces a zero.
 const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
@@ -58,8 +70,14 @@ const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
 /// How the loop behaves; built from the config once.
 #[derive(Clone, Debug)]
 pub struct ReactorSettings {
-    /// The eviction thresholds, hard first.
+    /// The eviction thresholds, hard first, with the `containerfs` ones derived for `layout`.
     pub thresholds: Vec<Threshold>,
+    /// The thresholds as configured, which `thresholds` is derived from: `containerfs`
+    /// thresholds cannot be configured (seed 003) but follow the filesystem layout, which is
+    /// only known once the filesystems are observed.
+    pub configured: Vec<Threshold>,
+    /// The filesystem layout the `containerfs` thresholds were derived for.
+    pub layout: FsLayout,
     /// `evictionPressureTransitionPeriod`.
     pub transition_period: Duration,
     /// `evictionMaxPodGracePeriod`, seconds.
@@ -93,6 +111,8 @@ impl ReactorSettings {
         let transition = config.eviction_pressure_transition_period.0;
         Ok(ReactorSettings {
             thresholds,
+            configured: parsed,
+            layout: FsLayout::Shared,
             transition_period: if transition.is_zero() {
                 DEFAULT_TRANSITION
             } else {
@@ -109,6 +129,24 @@ impl ReactorSettings {
                 config.cgroup_root.clone()
             },
         })
+    }
+}
+
+impl ReactorSettings {
+    /// Derives the `containerfs` thresholds for `layout` as seed 003 says: those of `nodefs`
+    /// when one filesystem holds everything or the image filesystem is split, those of
+    /// `imagefs` when a separate image filesystem also holds the writable layers. The other
+    /// thresholds keep their place (the derived ones come last). Returns whether anything
+    /// changed.
+    pub fn set_layout(&mut self, layout: FsLayout) -> bool {
+        if layout == self.layout {
+            return false;
+        }
+        let (thresholds, _) = with_containerfs_thresholds(&self.configured, layout);
+        self.layout = layout;
+        let changed = thresholds != self.thresholds;
+        self.thresholds = thresholds;
+        changed
     }
 }
 
@@ -152,6 +190,7 @@ pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<Mem
 pub struct ReactorHandle {
     decisions: broadcast::Sender<Decision>,
     conditions: watch::Receiver<Vec<String>>,
+    pressure: watch::Receiver<Option<NodePressure>>,
 }
 
 impl ReactorHandle {
@@ -163,6 +202,12 @@ impl ReactorHandle {
     /// The node conditions the loop reports now (`MemoryPressure`, `DiskPressure`, ...).
     pub fn conditions(&self) -> watch::Receiver<Vec<String>> {
         self.conditions.clone()
+    }
+
+    /// The signals, thresholds and conditions as the loop's last pass saw them (`None`
+    /// before the first pass): what `reactor status` shows.
+    pub fn pressure(&self) -> watch::Receiver<Option<NodePressure>> {
+        self.pressure.clone()
     }
 }
 
@@ -177,6 +222,8 @@ pub struct Reactor<P> {
     summary: Summary,
     decisions: broadcast::Sender<Decision>,
     conditions: watch::Sender<Vec<String>>,
+    pressure: watch::Sender<Option<NodePressure>>,
+    transitions: status::Transitions,
     seq: u64,
     unprevented_ooms: u64,
     oom_counts: BTreeMap<(String, String), u64>,
@@ -184,7 +231,15 @@ pub struct Reactor<P> {
     /// that found nothing met and nothing close): what a timer-woken decision answers to.
     episode: Option<PressureEvent>,
     close: bool,
+    tap: Option<EventTap>,
+    metrics: Option<Arc<Metrics>>,
+    /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
+    /// acted on (see [`Reactor::disk_held`]); 0 when none.
+    disk_hold_until_ns: u64,
 }
+
+/// What [`Reactor::with_tap`] takes: called with every event the loop receives.
+pub type EventTap = Box<dyn Fn(&Received) + Send + Sync>;
 
 /// Polls a future once; `None` when it is not ready (it is dropped).
 async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
@@ -220,12 +275,32 @@ impl<P: PodControl + 'static> Reactor<P> {
             summary: Summary::default(),
             decisions: broadcast::channel(1024).0,
             conditions: watch::channel(Vec::new()).0,
+            pressure: watch::channel(None).0,
+            transitions: status::Transitions::default(),
             seq: 0,
             unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
             episode: None,
             close: false,
+            tap: None,
+            metrics: None,
+            disk_hold_until_ns: 0,
         }
+    }
+
+    /// Calls `tap` with every event the loop receives (ticks and other nodes' cgroups
+    /// included), before the loop folds them: the agent's event counters, event stream and
+    /// per-event log line hang here. It runs on the loop's task, so it must be quick.
+    pub fn with_tap(mut self, tap: impl Fn(&Received) + Send + Sync + 'static) -> Reactor<P> {
+        self.tap = Some(Box::new(tap));
+        self
+    }
+
+    /// Keeps `metrics` up to date: signal values and thresholds on every pass, node
+    /// conditions, evictions by signal and QoS, reaction lag by the waking event's source.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Reactor<P> {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The outputs, to subscribe before running.
@@ -233,24 +308,26 @@ impl<P: PodControl + 'static> Reactor<P> {
         ReactorHandle {
             decisions: self.decisions.clone(),
             conditions: self.conditions.subscribe(),
+            pressure: self.pressure.subscribe(),
         }
     }
 
-    /// Runs until `sense` stops or `shutdown` turns `true`.
-    pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until every sense source stops or `shutdown` turns `true`; hands the sense layer
+    /// back (to be shut down and asked for its lag statistics).
+    pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
         loop {
             if *shutdown.borrow() {
-                return;
+                return sense;
             }
             let sleep = self.next_recheck();
             let first = tokio::select! {
                 r = sense.next() => match r {
                     Some(r) => Some(r),
-                    None => return,
+                    None => return sense,
                 },
                 () = tokio::time::sleep(sleep) => None,
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => return sense,
             };
             let mut received: Vec<Received> = first.into_iter().collect();
             self.drain(&mut sense, &mut received).await;
@@ -282,6 +359,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         let mut wake: Option<(PressureEvent, u64)> = None;
         let mut coalesced = 0;
         for r in received {
+            if let Some(tap) = &self.tap {
+                tap(&r);
+            }
             if !self.is_ours(&r.event) {
                 continue;
             }
@@ -316,15 +396,8 @@ impl<P: PodControl + 'static> Reactor<P> {
         })
     }
 
-    /// Whether an event concerns this node: unattributed ones (PSI, ticks, drops) do, and so
-    /// does anything in a cgroup below `cgroupRoot`.
     fn is_ours(&self, event: &PressureEvent) -> bool {
-        let root = self.settings.cgroup_root.trim_end_matches('/');
-        match &event.cgroup {
-            None => true,
-            Some(_) if root.is_empty() => true,
-            Some(c) => c == root || c.starts_with(&format!("{root}/")),
-        }
+        concerns_node(&self.settings.cgroup_root, event)
     }
 
     /// The longest the loop may sleep: the housekeeping interval, cut short by a grace period
@@ -334,6 +407,10 @@ impl<P: PodControl + 'static> Reactor<P> {
         let mut wait = i128::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(i128::MAX);
         if self.close {
             wait = wait.min(i128::try_from(self.settings.close_poll.as_nanos()).unwrap_or(0));
+        }
+        let held = i128::from(self.disk_hold_until_ns) - now;
+        if held > 0 {
+            wait = wait.min(held + 1);
         }
         for (&i, &at) in &self.state.first_observed_at {
             if let Some(t) = self.settings.thresholds.get(i) {
@@ -357,6 +434,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
             let signals = self.observer.observe();
+            if let Some(layout) = signals.fs_layout() {
+                self.follow_layout(layout);
+            }
             let observations = signals.observations();
             let now = i128::from(signals.monotonic_ns);
             let transition =
@@ -370,6 +450,15 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             self.state = next;
             self.close = self.is_close(&signals);
+            self.record_metrics(&observations, &result.conditions);
+            self.pressure.send_replace(Some(status::snapshot(
+                &self.settings.thresholds,
+                &self.state,
+                &observations,
+                &result.conditions,
+                &mut self.transitions,
+                &signals,
+            )));
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
             if self.state.first_observed_at.is_empty() && !self.close {
@@ -399,18 +488,24 @@ impl<P: PodControl + 'static> Reactor<P> {
                 ranking: Vec::new(),
                 action: Action::None,
                 reaction_lag_ns: None,
+                decide_to_kill_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
-            let Some(reclaim) = result.reclaim else {
+            let reclaim = result
+                .reclaim
+                .filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
+            let Some(reclaim) = reclaim else {
                 if !decision.met.is_empty() || conditions_changed {
                     self.emit(decision);
                 }
                 return;
             };
-            if reclaim::reclaims_node_level(reclaim.signal) {
+            let layout = signals.fs_layout().unwrap_or_default();
+            let steps = reclaim::reclaim_steps(reclaim.signal, layout);
+            if steps.any() {
                 if let Some(reclaimer) = self.reclaimer.clone() {
-                    let outcome = reclaimer.reclaim().await;
+                    let outcome = reclaimer.reclaim_steps(steps).await;
                     let again = self.observer.observe().observations();
                     let resolved = thresholds_met(
                         &self.settings.thresholds,
@@ -438,13 +533,17 @@ impl<P: PodControl + 'static> Reactor<P> {
                     }
                 }
             }
-            let layout = signals.fs_layout().unwrap_or_default();
             let evicted = self
                 .evict_one(&reclaim, &result.met, &signals, layout, &mut decision)
                 .await;
             self.emit(decision);
             if !evicted {
                 return;
+            }
+            if reclaim::reclaims_node_level(reclaim.signal) {
+                self.disk_hold_until_ns = monotonic_ns().saturating_add(
+                    u64::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(u64::MAX),
+                );
             }
             // Events that came in while the victim was going are folded into the next pass,
             // which runs at once (OOM kills among them are still recorded).
@@ -460,6 +559,41 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             };
         }
+    }
+
+    /// Whether a threshold on `signal` must wait: for one housekeeping interval after a disk
+    /// eviction, disk thresholds are not acted on. The victim's space comes back only when
+    /// the runtime drops its writable layer and logs, on its own time (containerd's garbage
+    /// collector), so a disk signal observed at once — or on the next memory event — still
+    /// looks met and the next pod would be evicted for nothing. The kubelet gets the same
+    /// pause from acting only on disk statistics newer than its last decision, which it
+    /// refreshes at the housekeeping interval. Memory and pids are never held.
+    fn disk_held(&self, signal: Signal, now_ns: u64) -> bool {
+        reclaim::reclaims_node_level(signal) && now_ns < self.disk_hold_until_ns
+    }
+
+    /// Re-derives the `containerfs` thresholds when the observed filesystem layout is not
+    /// the one they were derived for (at the first observation, or when an image
+    /// filesystem is mounted or unmounted). The state of the derived thresholds starts over;
+    /// the configured ones keep theirs.
+    fn follow_layout(&mut self, layout: FsLayout) {
+        let kept = self
+            .settings
+            .thresholds
+            .iter()
+            .filter(|t| {
+                !matches!(
+                    t.signal,
+                    Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+                )
+            })
+            .count();
+        if !self.settings.set_layout(layout) {
+            return;
+        }
+        tracing::info!(?layout, thresholds = ?self.settings.thresholds.iter().map(ToString::to_string).collect::<Vec<_>>(), "containerfs thresholds follow the filesystem layout");
+        self.state.first_observed_at.retain(|&i, _| i < kept);
+        self.state.thresholds_met.retain(|&i| i < kept);
     }
 
     /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
@@ -478,6 +612,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         let problems = self.observer.observe_pods(&cgroups, &mut self.summary);
         for p in problems {
             tracing::debug!(error = %p, "pod statistics left out of the ranking");
+        }
+        if charged(reclaim.signal, layout).is_some_and(|c| c.rootfs) {
+            self.add_writable_layers().await;
         }
         let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
         let index = self.summary.index();
@@ -535,8 +672,21 @@ impl<P: PodControl + 'static> Reactor<P> {
             Ok(e) => (e.killed_at_ns, None),
             Err(e) => (None, Some(e.to_string())),
         };
-        if let (Some(k), Some(ev)) = (killed_at, decision.wake.event.as_ref()) {
-            decision.reaction_lag_ns = Some(k.saturating_sub(ev.at_ns));
+        decision.decide_to_kill_ns = killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
+        let waking = decision
+            .wake
+            .event
+            .as_ref()
+            .filter(|_| !decision.wake.timer);
+        if let (Some(k), Some(ev)) = (killed_at, waking) {
+            let lag = k.saturating_sub(ev.at_ns);
+            decision.reaction_lag_ns = Some(lag);
+            if let Some(m) = &self.metrics {
+                m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
+            }
+        }
+        if let (Some(m), true) = (&self.metrics, result.is_ok()) {
+            m.record_eviction(reclaim.signal, info.qos);
         }
         let released = self.wait_released(&pod.cgroup).await;
         if let (Some(k), true) = (killed_at, released) {
@@ -545,6 +695,8 @@ impl<P: PodControl + 'static> Reactor<P> {
         decision.action = Action::Evicted {
             uid,
             pod: info.name.clone(),
+            signal: reclaim.signal.name().to_string(),
+            qos: info.qos.as_str().to_string(),
             grace_seconds: grace,
             message: message.message,
             annotations: message.annotations,
@@ -552,6 +704,22 @@ impl<P: PodControl + 'static> Reactor<P> {
             error,
         };
         result.is_ok()
+    }
+
+    /// Puts the runtime's writable-layer figures into the pods' container statistics
+    /// (where the observer found none), for a disk signal that charges writable layers.
+    async fn add_writable_layers(&mut self) {
+        let layers = self.pods.writable_layers().await;
+        for pod in &mut self.summary.pods {
+            let Some(of_pod) = layers.get(&pod.pod_ref.uid) else {
+                continue;
+            };
+            for c in &mut pod.containers {
+                if c.rootfs.is_none() {
+                    c.rootfs = of_pod.get(&c.name).copied();
+                }
+            }
+        }
     }
 
     /// Waits, bounded by `release_wait`, for the pod cgroup to hold no process (a removed
@@ -683,10 +851,52 @@ impl<P: PodControl + 'static> Reactor<P> {
                     reason: "OOMKilled".to_string(),
                 },
                 reaction_lag_ns: None,
+                decide_to_kill_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
             self.emit(d);
+        }
+    }
+
+    /// Puts this pass's signal values, thresholds and node conditions on the metrics.
+    fn record_metrics(
+        &self,
+        observations: &crate::decide::pressure::Observations,
+        on: &[NodeCondition],
+    ) {
+        let Some(m) = &self.metrics else {
+            return;
+        };
+        for &signal in &Signal::ALL {
+            let Some(o) = observations.get(signal) else {
+                continue;
+            };
+            let capacity = o
+                .capacity
+                .unwrap_or(crate::decide::quantity::Quantity::ZERO);
+            let level = |hard: bool| {
+                self.settings
+                    .thresholds
+                    .iter()
+                    .find(|t| t.signal == signal && (t.grace_period_nanos == 0) == hard)
+                    .map(|t| t.level(capacity, false).value() as f64)
+            };
+            m.set_signal(
+                signal,
+                o.available.value() as f64,
+                SignalThresholds {
+                    hard: level(true),
+                    soft: level(false),
+                },
+            );
+        }
+        for c in [
+            NodeCondition::MemoryPressure,
+            NodeCondition::DiskPressure,
+            NodeCondition::PidPressure,
+        ] {
+            m.set_condition(c, on.contains(&c));
         }
     }
 
@@ -695,6 +905,19 @@ impl<P: PodControl + 'static> Reactor<P> {
         d.seq = self.seq;
         d.log();
         let _ = self.decisions.send(d);
+    }
+}
+
+/// Whether an event concerns the node whose pods live below `cgroup_root`: unattributed
+/// ones (PSI, ticks, drops) do, and so does anything in a cgroup at or below the root. The
+/// eBPF programs see the whole machine; what happens in other cgroups is not this node's
+/// pressure.
+pub fn concerns_node(cgroup_root: &str, event: &PressureEvent) -> bool {
+    let root = cgroup_root.trim_end_matches('/');
+    match &event.cgroup {
+        None => true,
+        Some(_) if root.is_empty() => true,
+        Some(c) => c == root || c.starts_with(&format!("{root}/")),
     }
 }
 
@@ -734,13 +957,71 @@ fn signal_values(signals: &Signals) -> Vec<SignalValue> {
         .collect()
 }
 
-/// Starts the loop on its own task: the agent's one call to bring eviction up.
+/// Starts the loop on its own task: the agent's one call to bring eviction up. The task
+/// gives the sense layer back when the loop ends.
 pub fn spawn<P: PodControl + 'static>(
     reactor: Reactor<P>,
     sense: Sense,
     shutdown: watch::Receiver<bool>,
-) -> (ReactorHandle, tokio::task::JoinHandle<()>) {
+) -> (ReactorHandle, tokio::task::JoinHandle<Sense>) {
     let handle = reactor.handle();
     let task = tokio::spawn(reactor.run(sense, shutdown));
     (handle, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(hard: &[(&str, &str)]) -> ReactorSettings {
+        let config = Config {
+            eviction_hard: hard
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Config::default()
+        };
+        ReactorSettings::from_config(&config).unwrap()
+    }
+
+    fn names(s: &ReactorSettings) -> Vec<String> {
+        s.thresholds.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn containerfs_thresholds_follow_the_observed_layout() {
+        let mut s = settings(&[("nodefs.available", "1Gi"), ("imagefs.available", "2Gi")]);
+        // Until the filesystems are observed: one shared filesystem, nodefs's thresholds.
+        assert_eq!(s.layout, FsLayout::Shared);
+        assert_eq!(
+            names(&s),
+            [
+                "nodefs.available<1Gi",
+                "imagefs.available<2Gi",
+                "containerfs.available<1Gi"
+            ]
+        );
+        // A separate image filesystem holding the writable layers: imagefs's.
+        assert!(s.set_layout(FsLayout::ImageFs));
+        assert_eq!(
+            names(&s)[..2],
+            ["nodefs.available<1Gi", "imagefs.available<2Gi"],
+            "configured thresholds keep their place"
+        );
+        assert_eq!(names(&s)[2], "containerfs.available<2Gi");
+        assert!(!s.set_layout(FsLayout::ImageFs), "no change");
+        // A split image filesystem: the writable layers are back with nodefs.
+        assert!(s.set_layout(FsLayout::ImageFsContainerFs));
+        assert_eq!(names(&s)[2], "containerfs.available<1Gi");
+        // Nothing on imagefs configured: a separate imagefs derives nothing for containerfs.
+        let mut s = settings(&[("memory.available", "100Mi")]);
+        let before = names(&s);
+        assert!(!s.set_layout(FsLayout::ImageFs));
+        assert_eq!(names(&s), before);
+        assert!(
+            before.iter().all(|t| !t.starts_with("containerfs")),
+            "{before:?}"
+        );
+        assert_eq!(s.layout, FsLayout::ImageFs);
+    }
 }

@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
 use crate::act::runtime::{RestartPolicy, Runtime, RuntimeError};
 use crate::decide::pod::PodInfo;
+use crate::decide::summary::FsStats;
 use crate::sense::monotonic_ns;
 
 /// A pod that runs on the node now, as the loop ranks and evicts it.
@@ -98,6 +99,16 @@ pub trait PodControl: Send + Sync {
         grace: Duration,
         status: EvictionStatus,
     ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
+
+    /// What the pods' containers have written to their writable layers, by pod uid, then by
+    /// container cgroup name (as in [`ActivePod::containers`]), where the runtime measures
+    /// it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
+    /// pressure. Default: nothing known.
+    fn writable_layers(
+        &self,
+    ) -> impl Future<Output = BTreeMap<String, BTreeMap<String, FsStats>>> + Send {
+        std::future::ready(BTreeMap::new())
+    }
 }
 
 /// [`PodControl`] over a [`Runtime`] and the cgroup writer: the pods are registered by the
@@ -144,23 +155,6 @@ impl<R: Runtime> RuntimePods<R> {
     pub fn evictions(&self) -> BTreeMap<String, EvictionStatus> {
         lock(&self.evicted).clone()
     }
-
-    fn kill_all(&self, cgroup: &CgroupPath) -> usize {
-        let pids = self.cgroups.procs_recursive(cgroup).unwrap_or_default();
-        let mut n = 0;
-        for pid in pids {
-            let Some(pid) = i32::try_from(pid)
-                .ok()
-                .and_then(rustix::process::Pid::from_raw)
-            else {
-                continue;
-            };
-            if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
-                n += 1;
-            }
-        }
-        n
-    }
 }
 
 impl<R: Runtime> PodControl for RuntimePods<R> {
@@ -187,7 +181,7 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
         let mut out = Evicted::default();
         if grace.is_zero() {
-            out.killed = self.kill_all(&pod.cgroup);
+            out.killed = kill_cgroup(&self.cgroups, &pod.cgroup);
             out.killed_at_ns = Some(monotonic_ns());
         }
         let result = match first {
@@ -207,4 +201,40 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         self.cgroups.remove(&pod.cgroup, Duration::from_secs(2))?;
         Ok(out)
     }
+
+    async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
+        let uids: Vec<String> = lock(&self.pods).keys().cloned().collect();
+        let mut out = BTreeMap::new();
+        for uid in uids {
+            match self.runtime.writable_layers(&uid).await {
+                Ok(layers) if !layers.is_empty() => {
+                    out.insert(uid, layers);
+                }
+                Ok(_) => {}
+                // Left out of the ranking's disk figures, as a pod without statistics.
+                Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
+            }
+        }
+        out
+    }
+}
+
+/// Sends SIGKILL to every process in `cgroup` and below; returns how many were signalled.
+/// The eviction's own kill for grace 0: the loop does not wait for a runtime's supervisor
+/// task to be scheduled before the memory starts coming back.
+pub fn kill_cgroup(cgroups: &CgroupManager, cgroup: &CgroupPath) -> usize {
+    let pids = cgroups.procs_recursive(cgroup).unwrap_or_default();
+    let mut n = 0;
+    for pid in pids {
+        let Some(pid) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
+            n += 1;
+        }
+    }
+    n
 }

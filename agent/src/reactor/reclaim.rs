@@ -4,12 +4,13 @@
 //! (and not-ready sandboxes), then unused images — and evicts only if that was not enough.
 //! For memory and pids there is nothing node-level to reclaim. Which filesystems those steps
 //! free depends on the layout (seed 003): dead containers live on the filesystem that holds
-//! writable layers and logs, images on imagefs.
+//! writable layers and logs, images on imagefs; [`reclaim_steps`] takes only the steps that
+//! can relieve the filesystem under pressure.
 
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::decide::signal::Signal;
+use crate::decide::signal::{FsLayout, Signal};
 use crate::images::ImageGcManager;
 
 /// What a node-level reclaim freed.
@@ -27,20 +28,94 @@ pub struct NodeReclaimed {
 pub type ReclaimFuture<'a> =
     Pin<Box<dyn Future<Output = Result<NodeReclaimed, String>> + Send + 'a>>;
 
+/// Which node-level steps can free the filesystem a disk signal measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimSteps {
+    /// Remove exited containers and not-ready sandboxes (writable layers, logs).
+    pub dead_containers: bool,
+    /// Delete unused images.
+    pub unused_images: bool,
+}
+
+impl ReclaimSteps {
+    /// Whether there is any step to take.
+    pub fn any(self) -> bool {
+        self.dead_containers || self.unused_images
+    }
+}
+
+/// The steps seed 003 lists for a signal under a layout: with one filesystem both; with a
+/// separate image filesystem, dead containers for `nodefs` and, for `imagefs` (and
+/// `containerfs`, the same filesystem there), dead containers — whose writable layers live
+/// on it — then unused images; with a split image filesystem, dead containers for
+/// `containerfs` (and `nodefs`, the same filesystem) and unused images for `imagefs`.
+/// Nothing for memory and pids. Deleting images on pressure they cannot relieve would only
+/// make pods pull them again.
+pub fn reclaim_steps(signal: Signal, layout: FsLayout) -> ReclaimSteps {
+    const BOTH: ReclaimSteps = ReclaimSteps {
+        dead_containers: true,
+        unused_images: true,
+    };
+    const CONTAINERS: ReclaimSteps = ReclaimSteps {
+        dead_containers: true,
+        unused_images: false,
+    };
+    const IMAGES: ReclaimSteps = ReclaimSteps {
+        dead_containers: false,
+        unused_images: true,
+    };
+    if !reclaims_node_level(signal) {
+        return ReclaimSteps::default();
+    }
+    let imagefs = matches!(signal, Signal::ImageFsAvailable | Signal::ImageFsInodesFree);
+    let nodefs = matches!(signal, Signal::NodeFsAvailable | Signal::NodeFsInodesFree);
+    match layout {
+        FsLayout::Shared => BOTH,
+        FsLayout::ImageFs if nodefs => CONTAINERS,
+        FsLayout::ImageFs => BOTH,
+        FsLayout::ImageFsContainerFs if imagefs => IMAGES,
+        FsLayout::ImageFsContainerFs => CONTAINERS,
+    }
+}
+
 /// Frees node-level disk resources: dead containers, then unused images.
 pub trait NodeReclaim: Send + Sync {
     /// Removes dead containers and deletes unused images (the kubelet's
     /// `DeleteAllUnusedContainers` + `DeleteUnusedImages`).
     fn reclaim(&self) -> ReclaimFuture<'_>;
+
+    /// Takes only `steps` ([`reclaim_steps`]). The default serves a reclaimer that cannot
+    /// take them apart: everything [`NodeReclaim::reclaim`] does when unused images are
+    /// asked for, nothing otherwise.
+    fn reclaim_steps(&self, steps: ReclaimSteps) -> ReclaimFuture<'_> {
+        if steps.unused_images {
+            self.reclaim()
+        } else {
+            Box::pin(std::future::ready(Ok(NodeReclaimed::default())))
+        }
+    }
 }
 
 impl NodeReclaim for ImageGcManager {
     fn reclaim(&self) -> ReclaimFuture<'_> {
+        self.reclaim_steps(ReclaimSteps {
+            dead_containers: true,
+            unused_images: true,
+        })
+    }
+
+    fn reclaim_steps(&self, steps: ReclaimSteps) -> ReclaimFuture<'_> {
         Box::pin(async move {
-            let r = self
-                .delete_unused_images()
-                .await
-                .map_err(|e| e.to_string())?;
+            // Deleting unused images removes the dead containers first (their images are
+            // then unused too).
+            let r = if steps.unused_images {
+                self.delete_unused_images().await
+            } else if steps.dead_containers {
+                self.delete_dead_containers().await
+            } else {
+                return Ok(NodeReclaimed::default());
+            }
+            .map_err(|e| e.to_string())?;
             Ok(NodeReclaimed {
                 freed_bytes: r.freed_bytes,
                 containers_removed: r.containers_removed.len() + r.sandboxes_removed.len(),
@@ -50,10 +125,8 @@ impl NodeReclaim for ImageGcManager {
     }
 }
 
-/// Whether a threshold on `signal` is worth a node-level reclaim: under every layout each
-/// disk signal is (dead containers free writable layers and logs on nodefs/containerfs,
-/// unused images free imagefs, and with one shared filesystem both free it, so the one
-/// combined step serves every layout); memory and pids are not.
+/// Whether a threshold on `signal` may be relieved by a node-level reclaim: every disk
+/// signal under every layout (which steps, [`reclaim_steps`] says); memory and pids not.
 pub fn reclaims_node_level(signal: Signal) -> bool {
     matches!(
         signal,
@@ -64,4 +137,62 @@ pub fn reclaims_node_level(signal: Signal) -> bool {
             | Signal::ContainerFsAvailable
             | Signal::ContainerFsInodesFree
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_follow_the_layout_as_seed_003_lists_them() {
+        let both = ReclaimSteps {
+            dead_containers: true,
+            unused_images: true,
+        };
+        let containers = ReclaimSteps {
+            dead_containers: true,
+            unused_images: false,
+        };
+        let images = ReclaimSteps {
+            dead_containers: false,
+            unused_images: true,
+        };
+        for s in [
+            Signal::NodeFsAvailable,
+            Signal::ImageFsInodesFree,
+            Signal::ContainerFsAvailable,
+        ] {
+            assert_eq!(reclaim_steps(s, FsLayout::Shared), both, "{s}");
+        }
+        assert_eq!(
+            reclaim_steps(Signal::NodeFsInodesFree, FsLayout::ImageFs),
+            containers
+        );
+        assert_eq!(
+            reclaim_steps(Signal::ImageFsAvailable, FsLayout::ImageFs),
+            both
+        );
+        assert_eq!(
+            reclaim_steps(Signal::ContainerFsAvailable, FsLayout::ImageFs),
+            both
+        );
+        assert_eq!(
+            reclaim_steps(Signal::ImageFsAvailable, FsLayout::ImageFsContainerFs),
+            images
+        );
+        for s in [Signal::ContainerFsInodesFree, Signal::NodeFsAvailable] {
+            assert_eq!(
+                reclaim_steps(s, FsLayout::ImageFsContainerFs),
+                containers,
+                "{s}"
+            );
+        }
+        for s in [
+            Signal::MemoryAvailable,
+            Signal::AllocatableMemoryAvailable,
+            Signal::PidAvailable,
+        ] {
+            assert!(!reclaim_steps(s, FsLayout::Shared).any(), "{s}");
+        }
+    }
 }

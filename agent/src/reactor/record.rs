@@ -77,6 +77,10 @@ pub enum Action {
         uid: String,
         /// `namespace/name`.
         pod: String,
+        /// The signal whose threshold was met (`allocatableMemory.available`).
+        signal: String,
+        /// The pod's QoS class.
+        qos: String,
         /// Grace period given, seconds.
         grace_seconds: i64,
         /// The kubelet's eviction message, the pod's status message.
@@ -129,8 +133,14 @@ pub struct Decision {
     pub ranking: Vec<RankedPod>,
     /// What was done.
     pub action: Action,
-    /// From the waking kernel event's `at_ns` to the victim's SIGKILL.
+    /// From the waking kernel event's `at_ns` to the victim's SIGKILL; `None` when a timer
+    /// woke the pass (the close watch or a grace period): then no kernel event marks the
+    /// moment the threshold was crossed, and an earlier event of the episode would make the
+    /// figure mean something else.
     pub reaction_lag_ns: Option<u64>,
+    /// From the signals being read (`observed_at_ns`) to the victim's SIGKILL: the agent's own
+    /// share of the reaction, for every eviction however it was woken.
+    pub decide_to_kill_ns: Option<u64>,
     /// From SIGKILL to the victim's pod cgroup being empty.
     pub release_ns: Option<u64>,
     /// Kernel OOM kills so far that the agent did not prevent.
@@ -175,6 +185,7 @@ impl Decision {
             ranking = %ranking,
             action = %action,
             reaction_lag_ns = self.reaction_lag_ns,
+            decide_to_kill_ns = self.decide_to_kill_ns,
             release_ns = self.release_ns,
             unprevented_ooms = self.unprevented_ooms,
             "eviction decision"

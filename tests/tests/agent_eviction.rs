@@ -1,0 +1,454 @@
+//! The reactor loop inside the real agent: `reactor run` on a modelled 512 MiB node (its own
+//! cgroup root, kubepods limited to the allocatable memory), pods applied through the agent
+//! API and run by the process runtime, pressure from a BestEffort pod allocating fast. What a
+//! user sees is checked where the user sees it: `reactor pod ls`, `reactor events`, the log,
+//! and `/metrics` scraped over HTTP.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] fns: a failed setup should panic with its backtrace"
+)]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use reactor::record::metrics::FAMILIES;
+use reactor_tests::agent::TestAgent;
+use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard};
+use serde_json::{json, Value};
+
+fn ready() -> bool {
+    require(is_root(), "root, to create cgroups and run pods")
+        && require(
+            Path::new("/sys/fs/cgroup/memory/memory.oom_control").exists(),
+            "cgroup v1 memory hierarchy under /sys/fs/cgroup",
+        )
+        && require(
+            memhog_bin().exists() && reactor_bin().exists(),
+            "the reactor and memhog binaries (cargo build --workspace --bins)",
+        )
+}
+
+/// A 512 MiB node whose pods may use all of it (no reservations: kubepods is limited to
+/// 512 MiB), evicting when less than 128 MiB of it is left; eBPF and the memcg notification
+/// wake the loop, the tick is the fallback.
+const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+                    evictionHard: {allocatableMemory.available: 128Mi}\n\
+                    housekeepingInterval: 1s\n\
+                    sense: {ebpf: true, psi: false, memcgThreshold: true}\n";
+
+fn pod(name: &str, resources: Value, args: &[&str]) -> Value {
+    let mut command = vec![memhog_bin().display().to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"terminationGracePeriodSeconds": 5, "restartPolicy": "Never",
+                    "containers": [{"name": "app", "command": command, "resources": resources}]}})
+}
+
+fn apply(agent: &TestAgent, doc: &Value) -> Value {
+    let name = doc["metadata"]["name"].as_str().unwrap();
+    let out = agent.apply(&format!("{name}.json"), &doc.to_string());
+    assert!(
+        out.status.success(),
+        "apply {name}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The value of one sample line (`name{labels} value`).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+fn has_family(text: &str, family: &str) -> bool {
+    text.lines()
+        .any(|l| l.starts_with(&format!("# TYPE {family} ")))
+}
+
+/// `reactor events --json` running beside the test, its lines on a channel.
+fn follow_events(agent: &TestAgent) -> (ChildGuard, mpsc::Receiver<Value>) {
+    let mut child = ChildGuard(
+        Command::new(reactor_bin())
+            .args(["events", "--json", "--socket"])
+            .arg(&agent.socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                break;
+            };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+#[test]
+fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_everywhere() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start("agent-evict", NODE);
+    let plugin_dir = agent.dir.path().join("device-plugins");
+    let _plugin = ChildGuard(
+        Command::new(reactor_bin().with_file_name("sample-device-plugin"))
+            .args(["--count", "2", "--dir"])
+            .arg(&plugin_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (_events_child, events) = follow_events(&agent);
+
+    // A Burstable pod using 48 MiB of its 64 MiB request, and a pod refused for asking more
+    // memory than the node has (an admission rejection for the metrics).
+    apply(
+        &agent,
+        &pod(
+            "steady",
+            json!({"requests": {"memory": "64Mi"}, "limits": {"memory": "128Mi"}}),
+            &["48", "0"],
+        ),
+    );
+    let out = agent.apply(
+        "too-big.json",
+        &pod(
+            "too-big",
+            json!({"requests": {"memory": "1Gi"}}),
+            &["1", "0"],
+        )
+        .to_string(),
+    );
+    assert!(!out.status.success(), "a refused pod is a failed apply");
+    let refused: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&refused["admitted"], &refused["reason"]),
+        (&json!(false), &json!("OutOfmemory")),
+        "{refused}"
+    );
+    agent.wait("the Burstable pod to hold its memory", || {
+        agent
+            .pod("default/steady")
+            .and_then(|p| p["memoryWorkingSetBytes"].as_u64())
+            .is_some_and(|ws| ws >= 40 << 20)
+    });
+
+    // 600 MiB at 350 MiB/s: the node runs out of allocatable memory in about a second.
+    let started = Instant::now();
+    apply(&agent, &pod("hog", json!({}), &["600", "350"]));
+    agent.wait("the BestEffort pod to be evicted", || {
+        agent
+            .pod("default/hog")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    let hog = agent.pod("default/hog").unwrap();
+    eprintln!("evicted {:?} after the hog started", started.elapsed());
+    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    let message = hog["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "The node was low on resource: memory. Threshold quantity: 128Mi, available: "
+        ),
+        "{message}"
+    );
+    assert!(message.contains("Container app was using"), "{message}");
+    // The agent, not the kernel, ended it: the container was not OOM-killed.
+    for c in hog["containers"].as_array().unwrap() {
+        assert_ne!(c["reason"], "OOMKilled", "{hog}");
+    }
+    let steady = agent.pod("default/steady").unwrap();
+    assert_eq!(steady["phase"], "Running", "the Burstable pod is untouched");
+
+    // The event stream carries the eviction with its message and reaction time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let eviction = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = events
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no eviction event: {}", agent.log()));
+        if e["kind"] == "eviction" {
+            break e;
+        }
+    };
+    assert_eq!(eviction["event"]["pod"], "default/hog", "{eviction}");
+    assert_eq!(
+        eviction["event"]["signal"], "allocatableMemory.available",
+        "{eviction}"
+    );
+    assert_eq!(eviction["event"]["message"], message, "{eviction}");
+    assert_eq!(eviction["event"]["gracePeriodSeconds"], 0, "{eviction}");
+    // The reaction time is from the kernel event that woke the decision; -1 when the loop's
+    // own close watch (re-reading the signals every millisecond near the threshold) saw the
+    // crossing first and no kernel event was involved.
+    assert!(
+        eviction["event"]["reactionNanos"]
+            .as_i64()
+            .is_some_and(|n| n >= -1),
+        "{eviction}"
+    );
+
+    // One log line explains the decision.
+    let log = agent.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("eviction decision") && l.contains("Evicted")),
+        "{log}"
+    );
+
+    // Every family is on /metrics after the scenario, with this eviction counted.
+    agent.wait("the device plugin's gauges", || {
+        agent
+            .scrape()
+            .contains(r#"reactor_devices{resource="vendor.example/dev",health="healthy"} 2"#)
+    });
+    let text = agent.scrape();
+    for family in FAMILIES {
+        assert!(has_family(&text, family), "{family}:\n{text}");
+    }
+    assert_eq!(
+        sample(
+            &text,
+            r#"reactor_evictions_total{signal="allocatableMemory.available",qos="BestEffort"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            r#"reactor_reaction_lag_seconds_count{source="ebpf"}"#
+        )
+        .unwrap_or(0.0)
+            + sample(
+                &text,
+                r#"reactor_reaction_lag_seconds_count{source="memcg-threshold"}"#
+            )
+            .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"reactor_eviction_threshold{signal="allocatableMemory.available",type="hard"}"#
+        ),
+        Some(f64::from(128u32 << 20)),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            r#"reactor_eviction_signal_value{signal="allocatableMemory.available"}"#
+        )
+        .is_some(),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"reactor_pod_admissions_total{result="rejected"}"#),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+/// `reactor status --json` says what the API says: the same conditions, signals with their
+/// thresholds, sources, capacity and eviction order as `NodeStatus` and `ListPods` return to
+/// a gRPC client of the agent's socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_matches_the_api() {
+    if !ready() {
+        return;
+    }
+    // One pass at start and the next a minute later: the status holds still while compared.
+    let agent = TestAgent::start(
+        "agent-status",
+        "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 128Mi, pid.available: '100'}\n\
+         evictionSoft: {memory.available: 10%}\n\
+         evictionSoftGracePeriod: {memory.available: 1m30s}\n\
+         evictionMinimumReclaim: {allocatableMemory.available: 32Mi}\n\
+         housekeepingInterval: 60s\n",
+    );
+    apply(
+        &agent,
+        &pod(
+            "small",
+            json!({"requests": {"memory": "16Mi"}, "limits": {"memory": "64Mi"}}),
+            &["8", "0"],
+        ),
+    );
+    apply(&agent, &pod("tiny", json!({}), &["4", "0"]));
+    agent.wait("both pods to hold memory", || {
+        agent.pods().iter().all(|p| {
+            p["memoryWorkingSetBytes"]
+                .as_u64()
+                .is_some_and(|ws| ws >= 2 << 20)
+        })
+    });
+
+    let channel = reactor::devices::dial_unix(&agent.socket).await.unwrap();
+    let mut api = reactor_proto::reactor_v1::agent_client::AgentClient::new(channel);
+    let status = api
+        .node_status(reactor_proto::reactor_v1::NodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let pods = api
+        .list_pods(reactor_proto::reactor_v1::ListPodsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .pods;
+    let out = agent.cli(&["status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // The loop has run its first pass: all three conditions, all false.
+    let conditions: Vec<Value> = status
+        .conditions
+        .iter()
+        .map(|c| {
+            json!({"type": c.r#type, "status": c.status, "reason": c.reason,
+                   "message": c.message, "lastTransitionUnixNanos": c.last_transition_unix_nanos})
+        })
+        .collect();
+    assert_eq!(cli["conditions"], json!(conditions));
+    assert_eq!(
+        status
+            .conditions
+            .iter()
+            .map(|c| (c.r#type.as_str(), c.status.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("MemoryPressure", "False"),
+            ("DiskPressure", "False"),
+            ("PIDPressure", "False")
+        ]
+    );
+    let signals: Vec<Value> = status
+        .signals
+        .iter()
+        .map(|s| {
+            json!({"name": s.name, "available": s.available, "capacity": s.capacity,
+                   "observedUnixNanos": s.observed_unix_nanos,
+                   "thresholds": s.thresholds.iter().map(|t| json!({
+                       "kind": t.kind, "value": t.value, "resolved": t.resolved,
+                       "gracePeriod": t.grace_period, "minimumReclaim": t.minimum_reclaim,
+                       "met": t.met, "metSinceUnixNanos": t.met_since_unix_nanos,
+                   })).collect::<Vec<_>>()})
+        })
+        .collect();
+    assert_eq!(cli["signals"], json!(signals));
+    // Each configured threshold is there, resolved against the signal's capacity.
+    let threshold = |signal: &str| -> Value {
+        cli["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == signal)
+            .unwrap_or_else(|| panic!("{signal} in {cli}"))["thresholds"][0]
+            .clone()
+    };
+    let alloc = threshold("allocatableMemory.available");
+    assert_eq!(
+        (
+            &alloc["kind"],
+            &alloc["value"],
+            &alloc["minimumReclaim"],
+            &alloc["met"]
+        ),
+        (
+            &json!("hard"),
+            &json!("128Mi"),
+            &json!("32Mi"),
+            &json!(false)
+        ),
+        "{alloc}"
+    );
+    let soft = threshold("memory.available");
+    assert_eq!(
+        (&soft["kind"], &soft["value"], &soft["gracePeriod"]),
+        (&json!("soft"), &json!("10%"), &json!("1m30s")),
+        "{soft}"
+    );
+    assert_eq!(threshold("pid.available")["value"], "100");
+
+    let sources: Vec<Value> = status
+        .sources
+        .iter()
+        .map(|x| json!({"name": x.name, "attached": x.attached, "reason": x.reason}))
+        .collect();
+    assert_eq!(cli["sources"], json!(sources));
+    let resources = status.resources.unwrap_or_default();
+    for (key, map) in [
+        ("capacity", &resources.capacity),
+        ("allocatable", &resources.allocatable),
+    ] {
+        let want: serde_json::Map<String, Value> = map
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        assert_eq!(cli[key], Value::Object(want), "{key}");
+    }
+    assert_eq!(cli["cgroupVersion"], status.cgroup_version);
+    assert_eq!(cli["cgroupRoot"], status.cgroup_root);
+
+    // The eviction order is ListPods' memory ranking: the BestEffort pod first.
+    let mut ranked: Vec<(u32, String)> = pods
+        .iter()
+        .filter_map(|p| {
+            let r = p
+                .eviction_rank
+                .iter()
+                .find(|r| r.signal == "memory.available")?;
+            let name = p.pod.as_ref()?;
+            Some((r.rank, format!("{}/{}", name.namespace, name.name)))
+        })
+        .collect();
+    ranked.sort();
+    let next: Vec<(u32, String)> = cli["nextToEvict"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                u32::try_from(n["rank"].as_u64().unwrap()).unwrap(),
+                n["pod"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(next, ranked);
+    assert_eq!(
+        next.first().map(|(_, n)| n.as_str()),
+        Some("default/tiny"),
+        "{cli}"
+    );
+    assert_eq!(cli["nextToEvict"][0]["qos"], "BestEffort", "{cli}");
+}
