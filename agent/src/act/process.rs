@@ -661,7 +661,7 @@ async fn initialize(
             return;
         }
     }
-    let apps = AbortOnDrop(
+    let mut apps = AbortOnDrop(
         firsts
             .into_iter()
             .enumerate()
@@ -672,7 +672,6 @@ async fn initialize(
             .collect(),
     );
     // Awaited here so that stopping the pod, which awaits this task, awaits them too.
-    let mut apps = apps;
     for t in &mut apps.0 {
         let _ = t.await;
     }
@@ -905,6 +904,8 @@ impl Runtime for ProcessRuntime {
         );
         let mut tasks = Vec::new();
         if init > 0 {
+            // The init containers run one after the other, then the app containers: all of
+            // it in one task, which `stop_pod` awaits like any supervisor.
             for cg in &created {
                 inner.clear_cgroup(cg).await;
             }
@@ -919,30 +920,28 @@ impl Runtime for ProcessRuntime {
                 firsts,
                 stop_rx.clone(),
             )));
-        }
-        for (i, c) in pod.containers.iter().enumerate() {
-            if init > 0 {
-                break;
-            }
-            if let Some(cg) = created.get(i) {
-                inner.clear_cgroup(cg).await;
-            }
-            let first = match inner.start(&pod, c, 0) {
-                Ok(p) => {
-                    // Recorded before returning, so a status right after run_pod shows it;
-                    // saved once below for all containers.
-                    inner.record_running(&pod.uid, i, &p, false);
-                    First::Running(p)
+        } else {
+            for (i, c) in pod.containers.iter().enumerate() {
+                if let Some(cg) = created.get(i) {
+                    inner.clear_cgroup(cg).await;
                 }
-                Err(t) => First::Failed(t),
-            };
-            tasks.push(tokio::spawn(supervise(
-                inner.clone(),
-                pod.clone(),
-                i,
-                first,
-                stop_rx.clone(),
-            )));
+                let first = match inner.start(&pod, c, 0) {
+                    Ok(p) => {
+                        // Recorded before returning, so a status right after run_pod shows
+                        // it; saved once below for all containers.
+                        inner.record_running(&pod.uid, i, &p, false);
+                        First::Running(p)
+                    }
+                    Err(t) => First::Failed(t),
+                };
+                tasks.push(tokio::spawn(supervise(
+                    inner.clone(),
+                    pod.clone(),
+                    i,
+                    first,
+                    stop_rx.clone(),
+                )));
+            }
         }
         let saved = {
             let mut pods = lock(&inner.pods);
