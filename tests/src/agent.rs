@@ -188,6 +188,20 @@ impl TestAgent {
         ])
     }
 
+    /// Applies a pod document (`metadata.name` names its file) and returns the API's answer;
+    /// panics with the CLI's output when the apply fails.
+    pub fn apply_ok(&self, doc: &serde_json::Value) -> serde_json::Value {
+        let name = doc["metadata"]["name"].as_str().expect("metadata.name");
+        let out = self.apply(&format!("{name}.json"), &doc.to_string());
+        assert!(
+            out.status.success(),
+            "apply {name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("apply JSON")
+    }
+
     /// A v1 hierarchy's directory for a cgroup path below the root.
     pub fn cgroup_dir(&self, controller: &str, cgroup: &str) -> PathBuf {
         Path::new(MOUNT_ROOT)

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 pub mod agent;
 pub mod cgroup_root;
 pub mod containerd;
+pub mod exposition;
 pub mod oci;
 
 pub use containerd::{containerd_available, Containerd, TestCgroupTree};

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use reactor::record::metrics::FAMILIES;
 use reactor_tests::agent::TestAgent;
+use reactor_tests::exposition::{has_family, sample};
 use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard};
 use serde_json::{json, Value};
 
@@ -46,35 +47,6 @@ fn pod(name: &str, resources: Value, args: &[&str]) -> Value {
            "metadata": {"name": name, "namespace": "default"},
            "spec": {"terminationGracePeriodSeconds": 5, "restartPolicy": "Never",
                     "containers": [{"name": "app", "command": command, "resources": resources}]}})
-}
-
-fn apply(agent: &TestAgent, doc: &Value) -> Value {
-    let name = doc["metadata"]["name"].as_str().unwrap();
-    let out = agent.apply(&format!("{name}.json"), &doc.to_string());
-    assert!(
-        out.status.success(),
-        "apply {name}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The value of one sample line (`name{labels} value`).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
-}
-
-fn has_family(text: &str, family: &str) -> bool {
-    text.lines()
-        .any(|l| l.starts_with(&format!("# TYPE {family} ")))
 }
 
 /// `reactor events --json` running beside the test, its lines on a channel.
@@ -126,14 +98,11 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
 
     // A Burstable pod using 48 MiB of its 64 MiB request, and a pod refused for asking more
     // memory than the node has (an admission rejection for the metrics).
-    apply(
-        &agent,
-        &pod(
-            "steady",
-            json!({"requests": {"memory": "64Mi"}, "limits": {"memory": "128Mi"}}),
-            &["48", "0"],
-        ),
-    );
+    agent.apply_ok(&pod(
+        "steady",
+        json!({"requests": {"memory": "64Mi"}, "limits": {"memory": "128Mi"}}),
+        &["48", "0"],
+    ));
     let out = agent.apply(
         "too-big.json",
         &pod(
@@ -159,7 +128,7 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
 
     // 600 MiB at 350 MiB/s: the node runs out of allocatable memory in about a second.
     let started = Instant::now();
-    apply(&agent, &pod("hog", json!({}), &["600", "350"]));
+    agent.apply_ok(&pod("hog", json!({}), &["600", "350"]));
     agent.wait("the BestEffort pod to be evicted", || {
         agent
             .pod("default/hog")
@@ -292,15 +261,12 @@ async fn status_json_matches_the_api() {
          evictionMinimumReclaim: {allocatableMemory.available: 32Mi}\n\
          housekeepingInterval: 60s\n",
     );
-    apply(
-        &agent,
-        &pod(
-            "small",
-            json!({"requests": {"memory": "16Mi"}, "limits": {"memory": "64Mi"}}),
-            &["8", "0"],
-        ),
-    );
-    apply(&agent, &pod("tiny", json!({}), &["4", "0"]));
+    agent.apply_ok(&pod(
+        "small",
+        json!({"requests": {"memory": "16Mi"}, "limits": {"memory": "64Mi"}}),
+        &["8", "0"],
+    ));
+    agent.apply_ok(&pod("tiny", json!({}), &["4", "0"]));
     agent.wait("both pods to hold memory", || {
         agent.pods().iter().all(|p| {
             p["memoryWorkingSetBytes"]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use reactor::record::metrics::{FAMILIES, FAMILIES_AFTER_FIRST_USE};
 use reactor::sense::ebpf::tracefs;
+use reactor_tests::exposition::{has_family, sample};
 use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard, TestMemcg};
 use serde_json::Value;
 
@@ -49,13 +50,6 @@ fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(String, String)> {
     Ok((status, body.to_string()))
 }
 
-/// The value of the sample line `series` (exact name and labels), if present.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Sum of every sample of `name` whose labels include all of `labels`.
 fn sum_where(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
@@ -69,14 +63,6 @@ fn sum_where(text: &str, name: &str, labels: &[&str]) -> f64 {
                 .flatten()
         })
         .sum()
-}
-
-fn has_family(text: &str, family: &str) -> bool {
-    text.lines()
-        .any(|l| l.starts_with(&format!("# HELP {family} ")))
-        && text
-            .lines()
-            .any(|l| l.starts_with(&format!("# TYPE {family} ")))
 }
 
 #[test]

@@ -204,15 +204,14 @@ fn the_agents_image_gc_rounds_reach_the_event_stream_and_metrics() {
     drop(guard);
     let text = agent.scrape();
     let value = |series: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        reactor_tests::exposition::sample(&text, series)
             .unwrap_or_else(|| panic!("{series} in\n{text}"))
     };
-    assert!(value("reactor_image_gc_runs_total ") >= 1.0, "{text}");
+    assert!(value("reactor_image_gc_runs_total") >= 1.0, "{text}");
     assert!(
-        value("reactor_image_gc_freed_bytes_total ") >= freed as f64,
+        value("reactor_image_gc_freed_bytes_total") >= freed as f64,
         "{text}"
     );
-    assert!(value("reactor_image_gc_freed_bytes_total ") > 0.0, "{text}");
+    assert!(value("reactor_image_gc_freed_bytes_total") > 0.0, "{text}");
     eprintln!("rounds seen removed {removed:?}, {freed} bytes");
 }

@@ -55,18 +55,6 @@ fn pod_doc(name: &str, uid: &str, requests: Value, limits: Value, extra_spec: Va
            "metadata": {"name": name, "namespace": "default", "uid": uid}, "spec": spec})
 }
 
-fn apply_ok(agent: &TestAgent, doc: &Value) -> Value {
-    let name = doc["metadata"]["name"].as_str().unwrap();
-    let out = agent.apply(&format!("{name}.json"), &doc.to_string());
-    assert!(
-        out.status.success(),
-        "apply {name}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn plan(what: &str, input: &Value) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("in.json");
@@ -144,7 +132,7 @@ fn node_qos_pods_get_the_planned_cgroups_and_leave_nothing_behind() {
     let be = pod_doc("batch", "e-3", json!({}), json!({}), json!({}));
     let docs = [&g, &b, &be];
     for d in docs {
-        apply_ok(&agent, d);
+        agent.apply_ok(d);
     }
     let planned = plan("cgroups", &json!({"node": plan_node(), "pods": docs}));
     assert_files(&agent, "kubepods", &planned["kubepods"]);
@@ -198,7 +186,7 @@ fn node_qos_pods_get_the_planned_cgroups_and_leave_nothing_behind() {
         ((1i64 << 30) - (32 << 20)).to_string()
     );
     // ... and comes back: they lose it again.
-    apply_ok(&agent, &g);
+    agent.apply_ok(&g);
     assert_eq!(
         agent.read("memory", "kubepods/besteffort", "memory.limit_in_bytes"),
         ((1i64 << 30) - (64 << 20) - (32 << 20)).to_string()
@@ -260,7 +248,7 @@ fn node_critical_pod_preempts_the_planned_victims_and_others_are_rejected() {
         json!({}),
     );
     for d in [&be, &small, &big] {
-        apply_ok(&agent, d);
+        agent.apply_ok(d);
     }
     let small_cg = agent.pod("default/small").unwrap()["cgroup"]
         .as_str()
@@ -321,7 +309,7 @@ fn node_critical_pod_preempts_the_planned_victims_and_others_are_rejected() {
              "requested": "300Mi", "used": "800Mi", "capacity": "924Mi"}]}),
     );
     assert_eq!(expected["admit"], true, "{expected}");
-    let answer = apply_ok(&agent, &crit);
+    let answer = agent.apply_ok(&crit);
     assert_eq!(answer["admitted"], true);
     assert_eq!(answer["preempted"], expected["preempt"], "{answer}");
     assert_eq!(answer["preempted"], json!(["default/small"]));
@@ -362,7 +350,7 @@ fn node_agent_killed_and_restarted_readopts_every_pod() {
     let b = pod_doc("b", "r-2", json!({}), json!({}), json!({}));
     let mut before = Vec::new();
     for d in [&a, &b] {
-        let answer = apply_ok(&agent, d);
+        let answer = agent.apply_ok(d);
         let c = format!("{}/main", answer["cgroup"].as_str().unwrap());
         agent.wait("running", || agent.procs(&c).len() == 1);
         before.push((c.clone(), agent.procs(&c)));
@@ -400,7 +388,7 @@ fn node_bad_input_is_refused_in_one_line_and_the_node_is_unchanged() {
     }
     let agent = TestAgent::start("node-bad", NODE);
     let ok = pod_doc("ok", "u-1", json!({"memory": "8Mi"}), json!({}), json!({}));
-    apply_ok(&agent, &ok);
+    agent.apply_ok(&ok);
     // What must not change (the working set moves on its own).
     let pods = || {
         let mut pods = agent.pods();
@@ -561,7 +549,7 @@ fn node_events_stream_and_status_report_what_exists() {
     while !seen.iter().any(|e: &Value| e["kind"] == "removed") {
         if !applied {
             std::thread::sleep(std::time::Duration::from_millis(300));
-            apply_ok(&agent, &doc);
+            agent.apply_ok(&doc);
             let out = agent.cli(&["pod", "rm", "ev", "--grace", "0"]);
             assert!(
                 out.status.success(),

@@ -37,8 +37,8 @@ use reactor::decide::quantity::Quantity;
 use reactor::images::{ImageGcManager, ImageGcSettings};
 use reactor::observe::{ObserveSettings, Observer};
 use reactor::reactor::{
-    spawn, Action, ActivePod, Decision, NodeReclaim, PodControl, Reactor, ReactorHandle,
-    ReactorSettings, RuntimePods,
+    spawn, Action, ActivePod, Decision, NodeReclaim, PodContainer, PodControl, Reactor,
+    ReactorHandle, ReactorSettings, RuntimePods,
 };
 use reactor::sense::{Kind, Sense, SenseOptions, Source};
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
@@ -250,7 +250,10 @@ impl DiskNode {
             info,
             cgroup,
             // CRI puts each container's cgroup below the pod's, named by its id.
-            containers: ids.into_values().collect(),
+            containers: ids
+                .into_iter()
+                .map(|(name, cgroup)| PodContainer { name, cgroup })
+                .collect(),
             restart_policy: spec.restart_policy,
             termination_grace_period: Some(2),
         });

@@ -19,8 +19,8 @@ use reactor::decide::backoff::BackOffPolicy;
 use reactor::decide::pod::PodInfo;
 use reactor::observe::{ObserveSettings, Observer};
 use reactor::reactor::{
-    memcg_targets, spawn, Action, ActivePod, Decision, Reactor, ReactorHandle, ReactorSettings,
-    RuntimePods,
+    memcg_targets, spawn, Action, ActivePod, Decision, PodContainer, Reactor, ReactorHandle,
+    ReactorSettings, RuntimePods,
 };
 use reactor::sense::{Sense, SenseOptions, Source};
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
@@ -238,7 +238,7 @@ impl Node {
         self.pods.add(ActivePod {
             info,
             cgroup,
-            containers: vec!["app".into()],
+            containers: vec![PodContainer::named("app")],
             restart_policy: policy,
             termination_grace_period: Some(30),
         });

@@ -981,6 +981,11 @@ impl Runtime for CriRuntime {
             })
     }
 
+    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>> {
+        // Container cgroups are named by container id (`<pod cgroup>/<id>`).
+        self.container_ids(uid).map(|(_, ids)| ids)
+    }
+
     async fn writable_layers(
         &self,
         uid: &str,
@@ -999,17 +1004,17 @@ impl Runtime for CriRuntime {
             })
             .await
             .map_err(|e| self.inner.err(e))?;
-        // Container cgroups are named by container id (`<pod cgroup>/<id>`).
+        // Stats name containers by id; the loop knows them by name.
         Ok(stats
             .into_iter()
-            .filter(|s| ids.values().any(|id| *id == s.id))
             .filter(|s| s.writable_layer_bytes.is_some() || s.writable_layer_inodes.is_some())
-            .map(|s| {
+            .filter_map(|s| {
+                let name = ids.iter().find(|(_, id)| **id == s.id)?.0.clone();
                 let fs = crate::decide::summary::FsStats {
                     used_bytes: s.writable_layer_bytes,
                     inodes_used: s.writable_layer_inodes,
                 };
-                (s.id, fs)
+                Some((name, fs))
             })
             .collect())
     }

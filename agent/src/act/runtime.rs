@@ -403,7 +403,7 @@ pub trait Runtime: Send + Sync {
     fn list_pods(&self) -> impl Future<Output = Result<Vec<PodStatus>, RuntimeError>> + Send;
 
     /// What each running container of pod `uid` has written to its writable layer, keyed
-    /// by the container's cgroup name below the pod cgroup, where the runtime measures it
+    /// by container name, where the runtime measures it
     /// (CRI `ContainerStats.writable_layer`). Eviction ranks pods by it under disk pressure
     /// on the filesystem holding the writable layers (seed 003). A runtime that does not
     /// measure it reports nothing, and its pods are ranked on their requests alone.
@@ -418,6 +418,14 @@ pub trait Runtime: Send + Sync {
     > + Send {
         let _ = uid;
         std::future::ready(Ok(std::collections::BTreeMap::new()))
+    }
+
+    /// Each running container of pod `uid` by name, with its cgroup's directory name below
+    /// the pod cgroup, for a runtime that does not name container cgroups after the
+    /// containers (CRI: by container id). `None`: the cgroups are the container names.
+    fn container_cgroups(&self, uid: &str) -> Option<std::collections::BTreeMap<String, String>> {
+        let _ = uid;
+        None
     }
 }
 

@@ -38,9 +38,11 @@ use crate::act::runtime::{
 use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
 use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
+use crate::decide::summary::FsStats;
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
 use crate::reactor::pods::{
-    kill_cgroup, ActivePod, EvictError, Evicted, EvictionStatus, PodControl,
+    kill_cgroup, writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus, PodContainer,
+    PodControl,
 };
 use crate::record::checkpoint::Checkpoint;
 use crate::sense::monotonic_ns;
@@ -206,6 +208,7 @@ pub struct EvictedPod {
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
     active: watch::Receiver<Vec<ActivePod>>,
+    runtime: Arc<dyn RuntimeView>,
     events: EventHub,
     plan: Arc<NodePlan>,
     cgroups: CgroupManager,
@@ -246,6 +249,7 @@ impl PodManager {
             .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let (active_tx, active) = watch::channel(Vec::new());
+        let runtime: Arc<dyn RuntimeView> = Arc::new(View(Arc::clone(&config.runtime)));
         let mut actor = Actor {
             rt: config.runtime,
             cgroups: config.cgroups.clone(),
@@ -264,6 +268,7 @@ impl PodManager {
         Ok(PodManager {
             tx,
             active,
+            runtime,
             events: config.events,
             plan,
             cgroups: config.cgroups,
@@ -349,7 +354,17 @@ impl PodManager {
     /// the owner task last published them: the reactor loop reads this on every decision,
     /// so it costs a clone, not a round trip through the owner's queue.
     pub fn active(&self) -> Vec<ActivePod> {
-        self.active.borrow().clone()
+        let mut pods = self.active.borrow().clone();
+        for p in &mut pods {
+            if let Some(cgroups) = self.runtime.container_cgroups(&p.info.uid) {
+                for c in &mut p.containers {
+                    if let Some(dir) = cgroups.get(&c.name) {
+                        c.cgroup.clone_from(dir);
+                    }
+                }
+            }
+        }
+        pods
     }
 
     /// The event hub: subscribe to what happens, or publish (the reactor loop's evictions).
@@ -494,7 +509,12 @@ impl<R: Runtime + 'static> Actor<R> {
                 Some(ActivePod {
                     info: e.info.clone(),
                     cgroup,
-                    containers: e.info.containers.iter().map(|c| c.name.clone()).collect(),
+                    containers: e
+                        .info
+                        .containers
+                        .iter()
+                        .map(|c| PodContainer::named(&c.name))
+                        .collect(),
                     restart_policy,
                     termination_grace_period: Some(e.record.grace_period_seconds),
                 })
@@ -1427,5 +1447,47 @@ impl PodControl for PodManager {
             killed_at_ns: done.killed_at_ns,
             killed: done.killed,
         })
+    }
+
+    async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
+        let uids: Vec<String> = self
+            .active
+            .borrow()
+            .iter()
+            .map(|p| p.info.uid.clone())
+            .collect();
+        writable_layers_of(uids, |uid| async move {
+            self.runtime.writable_layers(&uid).await
+        })
+        .await
+    }
+}
+
+/// The boxed future [`RuntimeView::writable_layers`] returns.
+type LayersFuture<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<BTreeMap<String, FsStats>, RuntimeError>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// What the reactor loop asks of the runtime outside the owner task (it must not queue
+/// behind admissions): container cgroup names and writable-layer figures. Object safe, so
+/// the cloneable [`PodManager`] handle holds any runtime.
+trait RuntimeView: Send + Sync {
+    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>>;
+    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a>;
+}
+
+struct View<R>(Arc<R>);
+
+impl<R: Runtime> RuntimeView for View<R> {
+    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>> {
+        self.0.container_cgroups(uid)
+    }
+
+    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a> {
+        Box::pin(self.0.writable_layers(uid))
     }
 }

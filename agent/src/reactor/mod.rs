@@ -59,7 +59,9 @@ use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
-pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl, RuntimePods};
+pub use pods::{
+    ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
+};
 pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
 pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
@@ -762,13 +764,13 @@ impl<P: PodControl + 'static> Reactor<P> {
     fn baseline_oom_counts(&mut self) {
         for p in self.pods.pods() {
             for c in &p.containers {
-                let key = (p.info.uid.clone(), c.clone());
+                let key = (p.info.uid.clone(), c.name.clone());
                 if self.oom_counts.contains_key(&key) {
                     continue;
                 }
                 let n = p
                     .cgroup
-                    .join(c)
+                    .join(&c.cgroup)
                     .ok()
                     .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
                     .unwrap_or(0);
@@ -786,8 +788,15 @@ impl<P: PodControl + 'static> Reactor<P> {
         let mapped = r.event.cgroup.as_deref().and_then(oom::pod_of_cgroup);
         if let Some((uid, container)) = mapped {
             let pod = pods.iter().find(|p| p.info.uid == uid);
+            // The event names the container's cgroup; records name the container.
+            let named = |p: &ActivePod, dir: &str| {
+                p.containers
+                    .iter()
+                    .find(|c| c.cgroup == dir)
+                    .map_or_else(|| dir.to_string(), |c| c.name.clone())
+            };
             if let (Some(p), Some(c)) = (pod, container) {
-                let key = (p.info.uid.clone(), c.to_string());
+                let key = (p.info.uid.clone(), named(p, c));
                 let now = p
                     .cgroup
                     .join(c)
@@ -797,24 +806,29 @@ impl<P: PodControl + 'static> Reactor<P> {
                 let known = self.oom_counts.get(&key).copied().unwrap_or(0);
                 self.oom_counts.insert(key, now.max(known + 1));
             }
-            hits.push((pod, container.map(str::to_string)));
+            let name = match (pod, container) {
+                (Some(p), Some(c)) => Some(named(p, c)),
+                (None, c) => c.map(str::to_string),
+                (Some(_), None) => None,
+            };
+            hits.push((pod, name));
         } else {
             let mut seen = BTreeSet::new();
             for p in &pods {
                 for c in &p.containers {
                     let Some(now) = p
                         .cgroup
-                        .join(c)
+                        .join(&c.cgroup)
                         .ok()
                         .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
                     else {
                         continue;
                     };
-                    let key = (p.info.uid.clone(), c.clone());
+                    let key = (p.info.uid.clone(), c.name.clone());
                     let known = self.oom_counts.get(&key).copied().unwrap_or(0);
                     if now > known && seen.insert(key.clone()) {
                         self.oom_counts.insert(key, now);
-                        hits.push((Some(p), Some(c.clone())));
+                        hits.push((Some(p), Some(c.name.clone())));
                     }
                 }
             }
@@ -933,8 +947,8 @@ fn pod_cgroup(root: &str, pod: &ActivePod) -> PodCgroup {
             .containers
             .iter()
             .map(|c| ContainerCgroup {
-                name: c.clone(),
-                cgroup: c.clone(),
+                name: c.name.clone(),
+                cgroup: c.cgroup.clone(),
                 ephemeral_dir: None,
             })
             .collect(),

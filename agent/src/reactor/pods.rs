@@ -27,13 +27,33 @@ pub struct ActivePod {
     pub info: PodInfo,
     /// The pod cgroup, relative to `cgroupRoot` (`kubepods/besteffort/pod<uid>`).
     pub cgroup: CgroupPath,
-    /// The container cgroup names below the pod cgroup (the container names for the process
-    /// runtime), to read per-container stats and to map an OOM kill to a container.
-    pub containers: Vec<String>,
+    /// The containers and their cgroups below the pod cgroup, to read per-container stats
+    /// and to map an OOM kill to a container.
+    pub containers: Vec<PodContainer>,
     /// `spec.restartPolicy`, to record whether an OOM-killed container comes back.
     pub restart_policy: RestartPolicy,
     /// `spec.terminationGracePeriodSeconds`, which caps a soft eviction's grace period.
     pub termination_grace_period: Option<i64>,
+}
+
+/// A container of an active pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodContainer {
+    /// The container's name in the pod spec: what messages and records say.
+    pub name: String,
+    /// Its cgroup's directory name below the pod cgroup: the name itself for the process
+    /// runtime, the container id for a CRI runtime (which changes when it restarts).
+    pub cgroup: String,
+}
+
+impl PodContainer {
+    /// A container whose cgroup is named after it (the process runtime's layout).
+    pub fn named(name: &str) -> PodContainer {
+        PodContainer {
+            name: name.to_string(),
+            cgroup: name.to_string(),
+        }
+    }
 }
 
 /// The status an evicted pod ends in (the kubelet's `Failed` / `Evicted` with its message).
@@ -101,8 +121,7 @@ pub trait PodControl: Send + Sync {
     ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
 
     /// What the pods' containers have written to their writable layers, by pod uid, then by
-    /// container cgroup name (as in [`ActivePod::containers`]), where the runtime measures
-    /// it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
+    /// container name, where the runtime measures it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
     /// pressure. Default: nothing known.
     fn writable_layers(
         &self,
@@ -204,19 +223,35 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
 
     async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
         let uids: Vec<String> = lock(&self.pods).keys().cloned().collect();
-        let mut out = BTreeMap::new();
-        for uid in uids {
-            match self.runtime.writable_layers(&uid).await {
-                Ok(layers) if !layers.is_empty() => {
-                    out.insert(uid, layers);
-                }
-                Ok(_) => {}
-                // Left out of the ranking's disk figures, as a pod without statistics.
-                Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
-            }
-        }
-        out
+        writable_layers_of(uids, |uid| async move {
+            self.runtime.writable_layers(&uid).await
+        })
+        .await
     }
+}
+
+/// Asks `fetch` for each pod's writable layers and keeps the pods it knows something about;
+/// a pod the runtime cannot measure is left out of the disk figures (ranked as a pod without
+/// statistics) and logged at debug.
+pub async fn writable_layers_of<F, Fut>(
+    uids: Vec<String>,
+    fetch: F,
+) -> BTreeMap<String, BTreeMap<String, FsStats>>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<BTreeMap<String, FsStats>, RuntimeError>>,
+{
+    let mut out = BTreeMap::new();
+    for uid in uids {
+        match fetch(uid.clone()).await {
+            Ok(layers) if !layers.is_empty() => {
+                out.insert(uid, layers);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(%uid, error = %e, "writable layer statistics"),
+        }
+    }
+    out
 }
 
 /// Sends SIGKILL to every process in `cgroup` and below; returns how many were signalled.
