@@ -6,6 +6,13 @@
 //! with the key path and the reason in one line. A kubelet's own config file
 //! (`kind: KubeletConfiguration`) is accepted unchanged: see [`kubelet`] for what happens to
 //! the fields the agent does not use.
+//!
+//! Keys of the agent's own (the kubelet hard-codes these): `imageGC.period` and
+//! `imageGC.listRefresh` (image GC timing), `devicePluginDir` (where device plugins register,
+//! not the kubelet's directory) and `devicePluginGracePeriod` (Go duration, default `5m0s`,
+//! greater than zero: how long a resource whose plugin went away stays in capacity with
+//! every device unhealthy before it is deleted), next to `stateDir`, `apiSocket`,
+//! `metricsAddress`, `sense`, `runtime`, `node` and `log`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -136,6 +143,10 @@ pub struct Config {
     pub api_socket: PathBuf,
     /// Where device plugins register.
     pub device_plugin_dir: PathBuf,
+    /// How long a device plugin's resource stays in capacity (all devices unhealthy) after
+    /// its `ListAndWatch` stream ends, before it is deleted: the kubelet hard-codes 5 minutes
+    /// (`endpointStopGracePeriod`); a test or a node whose plugins restart slowly sets its own.
+    pub device_plugin_grace_period: GoDuration,
     /// Prometheus endpoint address; empty turns it off.
     pub metrics_address: String,
     /// Logging.
@@ -256,6 +267,7 @@ impl Default for Config {
             state_dir: PathBuf::from("/var/lib/reactor"),
             api_socket: PathBuf::from("/run/reactor/reactor.sock"),
             device_plugin_dir: PathBuf::from("/var/lib/reactor/device-plugins"),
+            device_plugin_grace_period: GoDuration(Duration::from_secs(300)),
             metrics_address: "127.0.0.1:9464".to_string(),
             log: LogConfig::default(),
         }
@@ -404,6 +416,7 @@ impl Config {
         for (key, value) in [
             ("imageGC.period", self.image_gc.period),
             ("imageGC.listRefresh", self.image_gc.list_refresh),
+            ("devicePluginGracePeriod", self.device_plugin_grace_period),
         ] {
             if value.0.is_zero() {
                 return Err(ConfigError::invalid(key, "must be greater than zero"));
@@ -631,6 +644,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("imageGC") && err.contains("every"), "{err}");
+    }
+
+    #[test]
+    fn device_plugin_grace_period_is_a_positive_go_duration() {
+        assert_eq!(
+            Config::default().device_plugin_grace_period.0,
+            Duration::from_secs(300),
+            "the kubelet's endpointStopGracePeriod"
+        );
+        let c = Config::from_yaml("devicePluginGracePeriod: 1m30s\n").unwrap();
+        assert_eq!(c.device_plugin_grace_period.0, Duration::from_secs(90));
+        for bad in ["0s", "-1s", "soon", "5"] {
+            let err = Config::from_yaml(&format!("devicePluginGracePeriod: {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("config key devicePluginGracePeriod:"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -227,10 +227,12 @@ impl TestAgent {
             .collect()
     }
 
-    /// The metrics endpoint's address, from the agent's `metrics endpoint listening` log line.
+    /// The metrics endpoint's address, from the agent's `metrics endpoint listening` log line
+    /// (the last one: after a restart the port is a new one).
     pub fn metrics_address(&self) -> std::net::SocketAddr {
         let log = self.log();
         log.lines()
+            .rev()
             .filter(|l| l.contains("metrics endpoint listening"))
             .find_map(|l| {
                 l.split_whitespace()

@@ -381,3 +381,55 @@ async fn a_new_registration_replaces_the_old_endpoint() {
     })
     .await;
 }
+
+/// Waits until `done` holds for the manager's counts, re-checking after each change it
+/// announces (bounded, so a change that is never announced fails the test).
+async fn until(
+    m: &DeviceManager,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+    what: &str,
+    done: impl Fn(Option<&reactor::devices::ResourceCapacity>) -> bool,
+) {
+    loop {
+        changes.borrow_and_update();
+        if done(m.snapshot().get(R)) {
+            return;
+        }
+        tokio::time::timeout(Duration::from_secs(30), changes.changed())
+            .await
+            .unwrap_or_else(|_| panic!("no change announced for {what}"))
+            .expect("manager alive");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_announced_and_the_grace_period_ends_without_a_capacity_call() {
+    let node = Node::new();
+    let m = DeviceManager::start(node.config(Duration::from_secs(2)))
+        .await
+        .expect("starts");
+    let mut changes = m.subscribe();
+    let mut plugin = Plugin::start(&node, 2, &[]);
+    until(&m, &mut changes, "registration", |c| {
+        c.is_some_and(|c| c.allocatable == 2)
+    })
+    .await;
+    plugin.set_health("dev-1", false);
+    until(&m, &mut changes, "a health flip", |c| {
+        c.is_some_and(|c| c.allocatable == 1 && c.capacity == 2)
+    })
+    .await;
+    plugin.kill();
+    // All unhealthy (or, on a slow machine, already past the grace period).
+    until(&m, &mut changes, "the plugin's end", |c| {
+        c.is_none_or(|c| c.allocatable == 0 && c.capacity == 2)
+    })
+    .await;
+    // Nobody asks for capacity: the manager drops the resource on its own after the grace
+    // period, announces it, and still reports the deletion once to the next capacity call.
+    until(&m, &mut changes, "the deletion", |c| c.is_none()).await;
+    assert!(!m.devices().contains_key(R));
+    assert_eq!(m.capacity().await.deleted, vec![R.to_string()]);
+    assert!(m.capacity().await.deleted.is_empty(), "reported once");
+    m.shutdown().await;
+}

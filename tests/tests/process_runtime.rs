@@ -617,3 +617,166 @@ async fn a_container_waiting_out_its_back_off_is_restarted_after_reopen() {
     drop(rt);
     s.finish();
 }
+
+fn init(name: &str, script: &str) -> ContainerSpec {
+    ContainerSpec {
+        init: true,
+        ..container(name, &["sh", "-c", script], 0)
+    }
+}
+
+fn pod_cgroup(uid: &str) -> CgroupPath {
+    CgroupPath::pod(Some("burstable"), uid).unwrap()
+}
+
+fn lines(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_in_order_to_completion_before_the_app_and_resume_after_reopen() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-init");
+    let dir = s.state.path();
+    let (log, marker, gate) = (dir.join("order"), dir.join("failed-once"), dir.join("gate"));
+    let (log, marker, gate) = (log.display(), marker.display(), gate.display());
+    let rt = s.runtime(short_backoff()).await;
+    let pod = s.pod(
+        "iiii-1",
+        RestartPolicy::Always,
+        vec![
+            init("one", &format!("echo one >> {log}")),
+            // Fails its first run: restarted (with the back-off), not skipped.
+            init(
+                "two",
+                &format!(
+                    "if [ -e {marker} ]; then echo two >> {log}; else touch {marker}; exit 3; fi"
+                ),
+            ),
+            // Runs until the test opens the gate, so the runtime can be reopened meanwhile.
+            init(
+                "three",
+                &format!("while [ ! -e {gate} ]; do sleep 0.05; done; echo three >> {log}"),
+            ),
+            container(
+                "app",
+                &["sh", "-c", &format!("echo app >> {log}; exec sleep 300")],
+                0,
+            ),
+        ],
+    );
+    rt.run_pod(pod).await.unwrap();
+    let status = rt.pod_status("iiii-1").await.unwrap();
+    assert_eq!(
+        status.containers.len(),
+        1,
+        "the status lists app containers"
+    );
+    assert_eq!(status.phase, PodPhase::Pending);
+    let order = s.state.path().join("order");
+    let start = Instant::now();
+    while lines(&order) != ["one", "two"] {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "init order: {:?}",
+            lines(&order)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = rt.pod_status("iiii-1").await.unwrap();
+    assert_eq!(waiting.phase, PodPhase::Pending);
+    assert!(
+        matches!(&waiting.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "PodInitializing"),
+        "{waiting:?}"
+    );
+
+    // The agent goes away while "three" runs (recorded as running, with "two" recorded as
+    // done: the checkpoint names three's pid) and comes back: initialisation resumes at
+    // "three" (one and two are not run again). "three" was re-adopted, so its exit code
+    // cannot be read: it is run again, as init containers must be idempotent.
+    let three = pod_cgroup("iiii-1").join("three").unwrap();
+    let checkpoint = s.state.path().join("process-runtime.json");
+    let start = Instant::now();
+    loop {
+        let saved: String = std::fs::read_to_string(&checkpoint)
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let pids = s.cgroups.procs(&three).unwrap_or_default();
+        if pids
+            .iter()
+            .any(|p| saved.contains(&format!("\"pid\":{p},")))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "three never recorded running"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(rt);
+    let rt = s.runtime(short_backoff()).await;
+    std::fs::write(s.state.path().join("gate"), "").unwrap();
+    let running = wait_for(&rt, "iiii-1", "the app running", |p| {
+        matches!(p.containers[0].state, ContainerState::Running { .. })
+    })
+    .await;
+    assert_eq!(running.phase, PodPhase::Running);
+    let start = Instant::now();
+    while !lines(&order).contains(&"app".to_string()) {
+        assert!(start.elapsed() < Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(lines(&order), ["one", "two", "three", "three", "app"]);
+    let app = running_pid(&running, 0);
+    rt.stop_pod("iiii-1", Duration::from_secs(2)).await.unwrap();
+    assert!(gone(app));
+    drop(rt);
+    s.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_init_container_fails_a_pod_that_never_restarts() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-init-fail");
+    let started = s.state.path().join("app-started");
+    let rt = s.runtime(short_backoff()).await;
+    let pod = s.pod(
+        "iiii-2",
+        RestartPolicy::Never,
+        vec![
+            init("setup", "exit 4"),
+            container(
+                "app",
+                &[
+                    "sh",
+                    "-c",
+                    &format!("touch {}; exec sleep 300", started.display()),
+                ],
+                0,
+            ),
+        ],
+    );
+    rt.run_pod(pod).await.unwrap();
+    let failed = wait_for(&rt, "iiii-2", "the pod failed", |p| {
+        p.phase == PodPhase::Failed
+    })
+    .await;
+    assert!(
+        matches!(&failed.containers[0].state, ContainerState::Waiting { reason, .. } if reason == "PodInitializing"),
+        "{failed:?}"
+    );
+    assert!(!started.exists(), "the app container must not start");
+    rt.stop_pod("iiii-2", Duration::ZERO).await.unwrap();
+    drop(rt);
+    s.finish();
+}

@@ -217,6 +217,12 @@ fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
         return Err(invalid("no containers"));
     }
     pod.validate(|c| {
+        if c.init {
+            return Err(format!(
+                "init container {:?}: the CRI runtime does not run init containers yet",
+                c.name
+            ));
+        }
         if c.image.is_empty() {
             return Err(format!("container {:?} has no image", c.name));
         }
@@ -1055,6 +1061,14 @@ mod tests {
         assert!(e.contains("used twice"), "{e}");
         let e = validate(&pod(vec![])).unwrap_err().to_string();
         assert!(e.contains("no containers"), "{e}");
+        let init = ContainerSpec {
+            init: true,
+            ..c("setup", "i")
+        };
+        let e = validate(&pod(vec![init, c("a", "i")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("init container \"setup\""), "{e}");
         let mut bad = c("a", "i");
         bad.oom_score_adj = -1001;
         assert!(validate(&pod(vec![bad]))

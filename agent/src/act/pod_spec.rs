@@ -14,7 +14,9 @@
 //!   node without one cannot resolve it.
 //! - `command` and `args` are expanded with the container's final environment.
 //! - `restartPolicy` defaults to `Always`.
-//! - Init containers are refused for now (the runtimes start app containers only).
+//! - Init containers come first in the runtime's container list, flagged `init`, in order
+//!   (the process runtime runs each to completion before the next; CRI refuses them for
+//!   now). Sidecars (`restartPolicy: Always` on an init container) are refused for now.
 
 use std::collections::BTreeMap;
 
@@ -130,17 +132,31 @@ pub fn pod_spec(
             ))
         }
     };
-    if spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(err(
-            "spec.initContainers".into(),
-            "init containers are not supported by the agent's runtimes yet".into(),
-        ));
-    }
     let mut containers = Vec::new();
-    for (i, c) in spec.containers.iter().enumerate() {
-        let at = format!("spec.containers[{i}]");
-        let ci = info
-            .containers
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c, true));
+    let app = spec
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.containers[{i}]"), c, false));
+    for (at, c, is_init) in init.chain(app) {
+        if is_init && c.restart_policy.as_deref() == Some("Always") {
+            return Err(err(
+                format!("{at}.restartPolicy"),
+                "sidecar containers (restartPolicy: Always) are not supported by the agent's runtimes yet".into(),
+            ));
+        }
+        let model = if is_init {
+            &info.init_containers
+        } else {
+            &info.containers
+        };
+        let ci = model
             .iter()
             .find(|x| x.name == c.name)
             .ok_or_else(|| err(format!("{at}.name"), "not in the pod model".into()))?;
@@ -203,6 +219,7 @@ pub fn pod_spec(
             env,
             resources: Resources::from(&container_config(node, info, ci)),
             oom_score_adj: i32::try_from(adj).unwrap_or(1000),
+            init: is_init,
             ..Default::default()
         });
     }
@@ -287,6 +304,35 @@ mod tests {
         assert_eq!(c.resources.cpu_shares, Some(512));
         assert_eq!(c.resources.cpu_quota_us, Some(50_000));
         assert_eq!(c.resources.memory_limit_bytes, Some(128 << 20));
+    }
+
+    #[test]
+    fn init_containers_come_first_flagged_and_sidecars_are_refused() {
+        let pod = |init_policy: serde_json::Value| {
+            json!({
+                "metadata": {"name": "web", "uid": "u-3"},
+                "spec": {
+                    "initContainers": [
+                        {"name": "one", "command": ["true"]},
+                        {"name": "app-init", "command": ["true"], "restartPolicy": init_policy}
+                    ],
+                    "containers": [{"name": "app", "command": ["sleep", "1"]}]
+                }
+            })
+        };
+        let spec = build(pod(serde_json::Value::Null)).unwrap();
+        let order: Vec<(&str, bool)> = spec
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.init))
+            .collect();
+        assert_eq!(order, [("one", true), ("app-init", true), ("app", false)]);
+        assert_eq!(spec.init_count(), 2);
+        let err = build(pod(json!("Always"))).unwrap_err().to_string();
+        assert!(
+            err.starts_with("pod default/web: spec.initContainers[1].restartPolicy: sidecar"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -30,6 +30,13 @@
 //!   Dropping a [`ProcessRuntime`] stops supervising but kills nothing, as an agent crash
 //!   would.
 //!
+//! - **Init containers** (flagged `init`, first in the pod's container list) run one at a
+//!   time, each supervised until it exits 0 (restarted with the back-off after a failure,
+//!   unless `restartPolicy` is `Never`, which fails the pod); only then do the app
+//!   containers start, waiting as `PodInitializing` meanwhile. The pod's status lists the
+//!   app containers only. A restarted agent resumes at the first init container that has
+//!   not succeeded (re-adopting it if it is still running).
+//!
 //! Output goes to `<stateDir>/logs/<namespace>_<name>_<uid>/<container>/<restart>.log`.
 
 use std::collections::BTreeMap;
@@ -47,8 +54,8 @@ use tokio::task::JoinHandle;
 
 use super::cgroups::{CgroupManager, CgroupPath, DEFAULT_REMOVE_WAIT};
 use super::runtime::{
-    pod_phase, ContainerExit, ContainerSpec, ContainerState, ContainerStatus, PodSpec, PodStatus,
-    Runtime, RuntimeError, Terminated,
+    pod_phase, ContainerExit, ContainerSpec, ContainerState, ContainerStatus, PodPhase, PodSpec,
+    PodStatus, RestartPolicy, Runtime, RuntimeError, Terminated,
 };
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 use crate::record::checkpoint::Checkpoint;
@@ -245,16 +252,41 @@ impl Inner {
     }
 
     fn status_of(entry: &PodEntry) -> PodStatus {
-        let containers: Vec<ContainerStatus> =
-            entry.containers.iter().map(|c| c.status.clone()).collect();
+        let init = entry.spec.init_count();
+        let containers: Vec<ContainerStatus> = entry
+            .containers
+            .iter()
+            .skip(init)
+            .map(|c| c.status.clone())
+            .collect();
+        // An init container that failed for good (the pod never restarts) fails the pod,
+        // as in the kubelet; otherwise the app containers decide.
+        let init_failed = entry.spec.restart_policy == RestartPolicy::Never
+            && entry.containers.iter().take(init).any(
+                |c| matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code != 0),
+            );
         PodStatus {
             uid: entry.spec.uid.clone(),
             namespace: entry.spec.namespace.clone(),
             name: entry.spec.name.clone(),
             cgroup: entry.spec.cgroup.clone(),
-            phase: pod_phase(&containers),
+            phase: if init_failed {
+                PodPhase::Failed
+            } else {
+                pod_phase(&containers)
+            },
             containers,
         }
+    }
+
+    /// Whether init container `idx` of pod `uid` has run to completion (exit 0).
+    fn succeeded(&self, uid: &str, idx: usize) -> bool {
+        lock(&self.pods)
+            .get(uid)
+            .and_then(|p| p.containers.get(idx))
+            .is_some_and(
+                |r| matches!(&r.status.state, ContainerState::Terminated(t) if t.exit_code == 0),
+            )
     }
 
     /// Starts one run of a container in its cgroup.
@@ -584,6 +616,67 @@ async fn supervise(
     }
 }
 
+/// Aborts the app containers' supervisors when [`initialize`] is dropped (the runtime
+/// dropped without a stop, as in an agent crash), as the runtime's drop aborts the others.
+struct AbortOnDrop(Vec<JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Runs a pod that has init containers: each init container in order, supervised until it
+/// exits 0 (its restarts on failure follow the back-off; with `restartPolicy: Never` a
+/// failure ends the pod's start), then supervises the app containers until they end.
+/// `firsts` holds, per container, how its supervision begins (`None`: nothing to do, e.g.
+/// an init container that already succeeded before an agent restart).
+async fn initialize(
+    inner: Arc<Inner>,
+    pod: PodSpec,
+    mut firsts: Vec<Option<First>>,
+    stop: watch::Receiver<Option<Duration>>,
+) {
+    let init = pod.init_count();
+    // An init container is restarted after a failure unless the pod never restarts, and
+    // never after it succeeded, whatever the pod's policy.
+    let init_pod = PodSpec {
+        restart_policy: match pod.restart_policy {
+            RestartPolicy::Never => RestartPolicy::Never,
+            RestartPolicy::Always | RestartPolicy::OnFailure => RestartPolicy::OnFailure,
+        },
+        ..pod.clone()
+    };
+    for idx in 0..init {
+        if let Some(first) = firsts.get_mut(idx).and_then(Option::take) {
+            supervise(inner.clone(), init_pod.clone(), idx, first, stop.clone()).await;
+        }
+        if stop.borrow().is_some() {
+            return;
+        }
+        if !inner.succeeded(&pod.uid, idx) {
+            tracing::info!(pod = %pod.full_name(), container = %pod.containers[idx].name, "init container failed; the app containers are not started");
+            return;
+        }
+    }
+    let mut apps = AbortOnDrop(
+        firsts
+            .into_iter()
+            .enumerate()
+            .skip(init)
+            .filter_map(|(i, f)| {
+                f.map(|f| tokio::spawn(supervise(inner.clone(), pod.clone(), i, f, stop.clone())))
+            })
+            .collect(),
+    );
+    // Awaited here so that stopping the pod, which awaits this task, awaits them too.
+    for t in &mut apps.0 {
+        let _ = t.await;
+    }
+}
+
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
     pod.validate(|c| {
         if pod.cgroup.join(&c.name).is_err() {
@@ -673,6 +766,7 @@ impl ProcessRuntime {
             }
             let uid = pod.spec.uid.clone();
             let spec = pod.spec.clone();
+            let init = spec.init_count();
             lock(&inner.pods).insert(
                 uid.clone(),
                 PodEntry {
@@ -682,21 +776,30 @@ impl ProcessRuntime {
                     tasks: Vec::new(),
                 },
             );
-            let tasks: Vec<JoinHandle<()>> = firsts
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, f)| {
-                    f.map(|f| {
-                        tokio::spawn(supervise(
-                            inner.clone(),
-                            spec.clone(),
-                            i,
-                            f,
-                            stop_rx.clone(),
-                        ))
+            let tasks: Vec<JoinHandle<()>> = if init > 0 {
+                vec![tokio::spawn(initialize(
+                    inner.clone(),
+                    spec,
+                    firsts,
+                    stop_rx,
+                ))]
+            } else {
+                firsts
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, f)| {
+                        f.map(|f| {
+                            tokio::spawn(supervise(
+                                inner.clone(),
+                                spec.clone(),
+                                i,
+                                f,
+                                stop_rx.clone(),
+                            ))
+                        })
                     })
-                })
-                .collect();
+                    .collect()
+            };
             if let Some(entry) = lock(&inner.pods).get_mut(&uid) {
                 entry.tasks = tasks;
             }
@@ -769,13 +872,19 @@ impl Runtime for ProcessRuntime {
             }
         }
         let (stop, stop_rx) = watch::channel(None);
+        let init = pod.init_count();
         let containers = pod
             .containers
             .iter()
-            .map(|c| ContainerRecord {
+            .enumerate()
+            .map(|(i, c)| ContainerRecord {
                 status: ContainerStatus {
                     name: c.name.clone(),
-                    state: waiting("ContainerCreating", String::new()),
+                    state: if i < init || init == 0 {
+                        waiting("ContainerCreating", String::new())
+                    } else {
+                        waiting("PodInitializing", String::new())
+                    },
                     restart_count: 0,
                     last_termination: None,
                 },
@@ -794,26 +903,45 @@ impl Runtime for ProcessRuntime {
             },
         );
         let mut tasks = Vec::new();
-        for (i, c) in pod.containers.iter().enumerate() {
-            if let Some(cg) = created.get(i) {
+        if init > 0 {
+            // The init containers run one after the other, then the app containers: all of
+            // it in one task, which `stop_pod` awaits like any supervisor.
+            for cg in &created {
                 inner.clear_cgroup(cg).await;
             }
-            let first = match inner.start(&pod, c, 0) {
-                Ok(p) => {
-                    // Recorded before returning, so a status right after run_pod shows it;
-                    // saved once below for all containers.
-                    inner.record_running(&pod.uid, i, &p, false);
-                    First::Running(p)
-                }
-                Err(t) => First::Failed(t),
-            };
-            tasks.push(tokio::spawn(supervise(
+            let firsts = pod
+                .containers
+                .iter()
+                .map(|_| Some(First::Restart))
+                .collect();
+            tasks.push(tokio::spawn(initialize(
                 inner.clone(),
                 pod.clone(),
-                i,
-                first,
+                firsts,
                 stop_rx.clone(),
             )));
+        } else {
+            for (i, c) in pod.containers.iter().enumerate() {
+                if let Some(cg) = created.get(i) {
+                    inner.clear_cgroup(cg).await;
+                }
+                let first = match inner.start(&pod, c, 0) {
+                    Ok(p) => {
+                        // Recorded before returning, so a status right after run_pod shows
+                        // it; saved once below for all containers.
+                        inner.record_running(&pod.uid, i, &p, false);
+                        First::Running(p)
+                    }
+                    Err(t) => First::Failed(t),
+                };
+                tasks.push(tokio::spawn(supervise(
+                    inner.clone(),
+                    pod.clone(),
+                    i,
+                    first,
+                    stop_rx.clone(),
+                )));
+            }
         }
         let saved = {
             let mut pods = lock(&inner.pods);
@@ -918,11 +1046,30 @@ mod tests {
         let bad = ContainerSpec {
             oom_score_adj: 1001,
             command: vec!["x".into()],
-            ..c
+            ..c.clone()
         };
         assert!(validate(&pod(bad))
             .unwrap_err()
             .to_string()
             .contains("outside"));
+        // Init containers lead the list and need an app container after them.
+        let init = ContainerSpec {
+            name: "setup".into(),
+            command: vec!["x".into()],
+            init: true,
+            ..c.clone()
+        };
+        let app = ContainerSpec {
+            command: vec!["x".into()],
+            ..c
+        };
+        let mut p = pod(init.clone());
+        let err = validate(&p).unwrap_err().to_string();
+        assert!(err.contains("no app containers"), "{err}");
+        p.containers = vec![app.clone(), init.clone()];
+        let err = validate(&p).unwrap_err().to_string();
+        assert!(err.contains("must come before"), "{err}");
+        p.containers = vec![init, app];
+        validate(&p).unwrap();
     }
 }

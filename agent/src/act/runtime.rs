@@ -102,6 +102,13 @@ pub struct ContainerSpec {
     /// and runtime hooks read them); the process runtime ignores them.
     #[serde(default)]
     pub annotations: Vec<(String, String)>,
+    /// An init container (`spec.initContainers`, not a sidecar). Init containers come first
+    /// in [`PodSpec::containers`], in the order they run; each must exit 0 before the next
+    /// one and the app containers start (a failed one is restarted unless the pod's
+    /// `restartPolicy` is `Never`, which fails the pod). The process runtime runs them; the
+    /// CRI runtime refuses them for now.
+    #[serde(default)]
+    pub init: bool,
 }
 
 /// One pod to run.
@@ -138,6 +145,15 @@ impl PodSpec {
         if self.uid.is_empty() {
             return Err(invalid("metadata.uid is empty".into()));
         }
+        let init = self.init_count();
+        if self.containers[init..].iter().any(|c| c.init) {
+            return Err(invalid(
+                "init containers must come before the app containers".into(),
+            ));
+        }
+        if init > 0 && init == self.containers.len() {
+            return Err(invalid("init containers but no app containers".into()));
+        }
         let mut names = std::collections::BTreeSet::new();
         for c in &self.containers {
             if c.name.is_empty() || !names.insert(&c.name) {
@@ -155,6 +171,11 @@ impl PodSpec {
             }
         }
         Ok(())
+    }
+
+    /// How many init containers lead [`Self::containers`].
+    pub fn init_count(&self) -> usize {
+        self.containers.iter().take_while(|c| c.init).count()
     }
 
     /// `namespace/name`, as pods are named in output.

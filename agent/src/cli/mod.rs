@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod client;
 mod config;
+mod device_metrics;
 mod events;
 mod logging;
 mod node_run;

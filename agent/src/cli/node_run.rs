@@ -50,11 +50,16 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
             .await
             .context("device manager")?,
     );
+    // The device gauges follow the device manager's changes.
+    let device_metrics = super::device_metrics::spawn(&devices, metrics);
     let cgroups =
         CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT)).context("cgroupRoot")?;
     let plan = NodePlan::from_config(config, cgroups.version()).map_err(anyhow::Error::msg)?;
     let events = EventHub::new();
-    let mut tasks = vec![forward_pod_metrics(events.subscribe(), Arc::clone(metrics))];
+    let mut tasks = vec![
+        forward_pod_metrics(events.subscribe(), Arc::clone(metrics)),
+        device_metrics,
+    ];
     let mut image_gc = None;
     let mut runtime_fs = (None, None);
     let pods = match config.runtime.kind.as_str() {

@@ -21,7 +21,7 @@ use super::endpoint::{
 use super::registration::RegistrationService;
 use super::types::{
     Capacity, ContainerAllocation, ContainerRequest, DeviceSet, Insufficient, PodAllocation,
-    PodRequest,
+    PodRequest, ResourceCapacity,
 };
 
 /// The socket the manager serves `Registration` on, inside the plugin directory.
@@ -53,9 +53,13 @@ impl DeviceManagerConfig {
         }
     }
 
-    /// From the agent's config file (`devicePluginDir`, `stateDir`).
+    /// From the agent's config file (`devicePluginDir`, `stateDir`,
+    /// `devicePluginGracePeriod`).
     pub fn from_config(config: &crate::config::Config) -> Self {
-        Self::new(&config.device_plugin_dir, &config.state_dir)
+        DeviceManagerConfig {
+            stop_grace_period: config.device_plugin_grace_period.0,
+            ..Self::new(&config.device_plugin_dir, &config.state_dir)
+        }
     }
 
     /// The registration socket.
@@ -149,6 +153,9 @@ struct State {
     endpoints: BTreeMap<String, EndpointEntry>,
     next_generation: u64,
     closed: bool,
+    /// Resources dropped after their grace period that [`DeviceManager::capacity`] has not
+    /// reported yet.
+    deleted: Vec<String>,
 }
 
 /// Shared by the public handle, the registration service and the endpoint tasks.
@@ -156,12 +163,16 @@ pub(crate) struct Inner {
     config: DeviceManagerConfig,
     state: Mutex<State>,
     write_lock: tokio::sync::Mutex<()>,
+    /// Bumped after every change of devices, health or assignments, so metrics and the
+    /// grace-period reaper follow the state without polling it.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// The device manager. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct DeviceManager {
     inner: Arc<Inner>,
     server: Mutex<Option<(oneshot::Sender<()>, JoinHandle<()>)>>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
     checkpoint_warning: Option<String>,
 }
 
@@ -262,9 +273,84 @@ impl Inner {
         lock(&self.state)
     }
 
+    /// Tells subscribers that the bookkeeping changed.
+    fn notify(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Drops every resource whose plugin has been gone for the grace period at `now`, as
+    /// the kubelet does when it next reports capacity; the dropped ones wait in
+    /// `State::deleted` for [`DeviceManager::capacity`]. Returns whether any was dropped
+    /// (the caller then writes the checkpoint).
+    fn expire(&self, now: Instant) -> bool {
+        let grace = self.config.stop_grace_period;
+        let mut st = self.state();
+        let expired: Vec<String> = st
+            .endpoints
+            .iter()
+            .filter(|(_, e)| {
+                e.stopped_at
+                    .is_some_and(|t| now.saturating_duration_since(t) >= grace)
+            })
+            .map(|(r, _)| r.clone())
+            .collect();
+        for r in &expired {
+            st.endpoints.remove(r);
+            st.book.drop_resource(r);
+            tracing::info!(resource = %r, "device plugin gone past its grace period; resource deleted");
+        }
+        let any = !expired.is_empty();
+        st.deleted.extend(expired);
+        any
+    }
+
+    /// When the next stopped endpoint's grace period ends, if any endpoint is stopped.
+    fn next_expiry(&self) -> Option<Instant> {
+        let grace = self.config.stop_grace_period;
+        self.state()
+            .endpoints
+            .values()
+            .filter_map(|e| e.stopped_at)
+            .min()
+            .map(|t| t + grace)
+    }
+
+    /// Deletes resources when their grace period ends, without waiting for someone to ask
+    /// for capacity: node status, metrics and admission then agree that the resource is
+    /// gone. Sleeps until the earliest deadline, waking on every change (an endpoint that
+    /// stops starts a new deadline; one that re-registers cancels its own).
+    async fn reap(self: Arc<Self>) {
+        let mut changes = self.changes.subscribe();
+        loop {
+            let deadline = self.next_expiry();
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                _ = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if self.expire(Instant::now()) {
+                        self.write_checkpoint_logged().await;
+                    }
+                }
+            }
+            if self.state().closed {
+                return;
+            }
+        }
+    }
+
     /// Writes the checkpoint of the current state. Writers queue on `write_lock` and each
     /// snapshots under it, so files land in the order the state changed.
     async fn write_checkpoint(&self) -> Result<(), DeviceError> {
+        // Every change that is checkpointed passes here: tell the subscribers first.
+        self.notify();
         let _guard = self.write_lock.lock().await;
         let bytes = {
             let st = self.state();
@@ -331,6 +417,7 @@ impl Inner {
             st.book.unhealthy.entry(resource.clone()).or_default();
             generation
         };
+        self.notify();
         tracing::info!(%resource, ?options, "device plugin connected");
         let inner = Arc::clone(self);
         let task_resource = resource.clone();
@@ -452,7 +539,9 @@ impl DeviceManager {
             config,
             state: Mutex::new(state),
             write_lock: tokio::sync::Mutex::new(()),
+            changes: tokio::sync::watch::Sender::new(0),
         });
+        let reaper = tokio::spawn(Arc::clone(&inner).reap());
         let service = api::registration_server::RegistrationServer::new(RegistrationService {
             inner: Arc::clone(&inner),
         });
@@ -473,6 +562,7 @@ impl DeviceManager {
         Ok(DeviceManager {
             inner,
             server: Mutex::new(Some((tx, server))),
+            reaper: Mutex::new(Some(reaper)),
             checkpoint_warning,
         })
     }
@@ -495,46 +585,44 @@ impl DeviceManager {
     }
 
     /// [`Self::capacity`] at a given instant (the grace period is measured against `now`).
+    /// Resources the background reaper already dropped are reported in `deleted` here too,
+    /// once.
     pub async fn capacity_at(&self, now: Instant) -> Capacity {
-        let grace = self.inner.config.stop_grace_period;
-        let capacity = {
-            let mut st = self.inner.state();
-            let expired: Vec<String> = st
-                .endpoints
-                .iter()
-                .filter(|(_, e)| {
-                    e.stopped_at
-                        .is_some_and(|t| now.saturating_duration_since(t) >= grace)
-                })
-                .map(|(r, _)| r.clone())
-                .collect();
-            for r in &expired {
-                st.endpoints.remove(r);
-                st.book.drop_resource(r);
-                tracing::info!(resource = %r, "device plugin gone past its grace period; resource deleted");
-            }
-            let resources: BTreeSet<String> = st
-                .book
-                .healthy
-                .keys()
-                .chain(st.book.unhealthy.keys())
-                .cloned()
-                .collect();
-            Capacity {
-                resources: resources
-                    .into_iter()
-                    .map(|r| {
-                        let c = st.book.counts(&r);
-                        (r, c)
-                    })
-                    .collect(),
-                deleted: expired,
-            }
-        };
-        if !capacity.deleted.is_empty() {
+        if self.inner.expire(now) {
             self.inner.write_checkpoint_logged().await;
         }
-        capacity
+        let mut st = self.inner.state();
+        let deleted = std::mem::take(&mut st.deleted);
+        Capacity {
+            resources: Self::counts(&st),
+            deleted,
+        }
+    }
+
+    /// Capacity, allocatable, allocated and free per registered resource as they are now,
+    /// without dropping expired resources or consuming the `deleted` report (which stays
+    /// for [`Self::capacity`]): for observers such as metrics, which must not take the
+    /// once-only report from node status.
+    pub fn snapshot(&self) -> BTreeMap<String, ResourceCapacity> {
+        Self::counts(&self.inner.state())
+    }
+
+    fn counts(st: &State) -> BTreeMap<String, ResourceCapacity> {
+        st.book
+            .healthy
+            .keys()
+            .chain(st.book.unhealthy.keys())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(|r| (r.clone(), st.book.counts(r)))
+            .collect()
+    }
+
+    /// A receiver that changes after every change of devices, health or assignments (a
+    /// plugin registered or went away, `ListAndWatch` pushed, devices allocated or freed, a
+    /// resource deleted). Read the state with [`Self::snapshot`] after each change.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.subscribe()
     }
 
     /// Whether the pod's device requests can be met now: for every resource, enough healthy
@@ -578,6 +666,8 @@ impl DeviceManager {
             }
             if freed {
                 self.inner.write_checkpoint_logged().await;
+            } else if !added.is_empty() {
+                self.inner.notify();
             }
             return Err(e);
         }
@@ -801,6 +891,9 @@ impl DeviceManager {
     /// removed. The checkpoint stays as last written; nothing is written after this.
     pub async fn shutdown(&self) {
         self.inner.stop();
+        if let Some(reaper) = lock(&self.reaper).take() {
+            reaper.abort();
+        }
         let server = lock(&self.server).take();
         if let Some((tx, handle)) = server {
             let _ = tx.send(());
@@ -819,6 +912,9 @@ impl DeviceManager {
 impl Drop for DeviceManager {
     fn drop(&mut self) {
         self.inner.stop();
+        if let Some(reaper) = lock(&self.reaper).take() {
+            reaper.abort();
+        }
         if let Some((tx, handle)) = lock(&self.server).take() {
             let _ = tx.send(());
             handle.abort();

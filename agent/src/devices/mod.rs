@@ -11,7 +11,13 @@
 //!   returns per container the devices, envs, mounts, device nodes and annotations for the
 //!   runtime. Before a container starts, [`DeviceManager::prepare_container`] runs the
 //!   plugin's `PreStartContainer` where asked for.
-//! - Node status reads [`DeviceManager::capacity`].
+//! - Node status reads [`DeviceManager::capacity`]. A plugin whose `ListAndWatch` ends turns
+//!   all its devices unhealthy; when the grace period (`devicePluginGracePeriod`, the
+//!   kubelet's 5 minutes by default) ends without it registering again, the manager deletes
+//!   the resource on its own, without waiting for a capacity call.
+//! - Observers (the device metrics in `reactor run`) wait on [`DeviceManager::subscribe`],
+//!   which changes after every change of devices, health or assignments, and read
+//!   [`DeviceManager::snapshot`].
 //!
 //! The allocation rules are pure and tested on their own in [`allocate`]; wire types stay in
 //! `endpoint` and `registration`.

@@ -666,21 +666,26 @@ impl<R: Runtime + 'static> Actor<R> {
         if let Err(e) = self.spec_for(&checked, &BTreeMap::new()) {
             return Some(Err(e));
         }
+        // Devices first, as in the kubelet, whose resource-allocation admit handler runs
+        // before the predicate handler: a pod the device manager cannot serve is refused with
+        // that handler's reason and message, and preemption (which frees cpu, memory and
+        // pods, never devices) is not tried for it.
+        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
+            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
+                return Some(Ok(self.reject(
+                    *checked,
+                    source,
+                    "UnexpectedAdmissionError".to_string(),
+                    format!("Allocate failed due to {short}, which is unexpected"),
+                )));
+            }
+        }
         let mut failures = fit(
             &checked.info,
             &self.holding(),
             &self.plan.resources.allocatable,
         );
-        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
-            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
-                failures.push(AdmitFailure::InsufficientResource {
-                    resource: short.resource,
-                    requested: i64::try_from(short.requested).unwrap_or(i64::MAX),
-                    used: 0,
-                    capacity: i64::try_from(short.available).unwrap_or(i64::MAX),
-                });
-            }
-        } else if self.devices.is_none() {
+        if self.devices.is_none() {
             if let Some(req) = Self::device_request(&checked.info) {
                 let (resource, n) = req
                     .containers
@@ -824,7 +829,22 @@ impl<R: Runtime + 'static> Actor<R> {
                 .allocate(&req, &self.active_uids())
                 .await
                 .map_err(|e| NodeError::Invalid(format!("device allocation: {e}")))?;
-            for c in &checked.info.containers {
+            // The plugin's PreStartContainer (where it asked for one) before the containers
+            // start, as the kubelet does when it builds each container's run options.
+            let all = || {
+                checked
+                    .info
+                    .init_containers
+                    .iter()
+                    .chain(&checked.info.containers)
+            };
+            for c in all() {
+                devices
+                    .prepare_container(&req.uid, &c.name)
+                    .await
+                    .map_err(|e| NodeError::Invalid(format!("device pre-start: {e}")))?;
+            }
+            for c in all() {
                 if let Some(ca) = alloc.containers.get(&c.name) {
                     device_env.insert(
                         c.name.clone(),
@@ -996,6 +1016,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     tracing::error!("QoS tiers after removing {uid}: {e}");
                 }
                 self.save();
+                self.release_devices().await;
                 tracing::info!(pod = %entry.record.full_name(), %uid, %cause, "pod removed");
                 self.events.publish(NodeEventKind::Removed {
                     pod: entry.record.full_name(),
@@ -1017,6 +1038,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     return;
                 }
                 self.end(&uid, reason, message);
+                self.release_devices().await;
                 let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
                 let _ = tx.send(
                     view.map(|pod| EvictedPod {
@@ -1040,6 +1062,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     return;
                 }
                 self.end(&uid, PREEMPTION_REASON.into(), PREEMPTION_MESSAGE.into());
+                self.release_devices().await;
                 let done = match self.pending.get_mut(&preemptor) {
                     Some(p) => {
                         p.victims.remove(&uid);
@@ -1053,6 +1076,18 @@ impl<R: Runtime + 'static> Actor<R> {
                         reply(p.reply, result);
                     }
                 }
+            }
+        }
+    }
+
+    /// Frees the devices of pods that are no longer active (removed, evicted, preempted) as
+    /// soon as they stop, rather than at the next allocation as the kubelet does, so node
+    /// status and the device metrics do not count devices nobody holds. The next
+    /// allocation would free them anyway; a failure here is only logged.
+    async fn release_devices(&self) {
+        if let Some(devices) = &self.devices {
+            if let Err(e) = devices.remove_inactive_pods(&self.active_uids()).await {
+                tracing::error!("freeing the devices of stopped pods: {e}");
             }
         }
     }

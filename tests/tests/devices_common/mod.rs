@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
@@ -78,7 +78,19 @@ impl Plugin {
     }
 
     pub fn start_as(node: &Node, resource: &str, count: u32, extra: &[&str]) -> Plugin {
-        let journal = node.root.path().join(format!(
+        Self::start_in(&node.plugin_dir(), node.root.path(), resource, count, extra)
+    }
+
+    /// Starts the plugin against the `kubelet.sock` in `plugin_dir` (an agent's
+    /// `devicePluginDir`), journaling into a file in `journal_dir`.
+    pub fn start_in(
+        plugin_dir: &Path,
+        journal_dir: &Path,
+        resource: &str,
+        count: u32,
+        extra: &[&str],
+    ) -> Plugin {
+        let journal = journal_dir.join(format!(
             "journal-{}-{}",
             resource.replace('/', "_"),
             std::time::SystemTime::now()
@@ -88,7 +100,7 @@ impl Plugin {
         ));
         let mut child = Command::new(plugin_bin())
             .arg("--dir")
-            .arg(node.plugin_dir())
+            .arg(plugin_dir)
             .args(["--resource", resource, "--count", &count.to_string()])
             .arg("--journal")
             .arg(&journal)
