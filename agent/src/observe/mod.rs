@@ -219,14 +219,19 @@ pub struct MemorySignal {
     pub working_set_bytes: u64,
     /// `capacity - working set`, floored at zero.
     pub available_bytes: u64,
+    /// Inactive file pages: what usage counts and the working set does not. A usage
+    /// threshold meant to fire where the working set crosses a level is raised by this much
+    /// (the kubelet's memory threshold notifier does the same).
+    pub inactive_file_bytes: u64,
 }
 
 impl MemorySignal {
-    fn new(capacity_bytes: u64, working_set_bytes: u64) -> MemorySignal {
+    fn new(capacity_bytes: u64, m: &cgroupfs::MemoryUsage) -> MemorySignal {
         MemorySignal {
             capacity_bytes,
-            working_set_bytes,
-            available_bytes: capacity_bytes.saturating_sub(working_set_bytes),
+            working_set_bytes: m.working_set,
+            available_bytes: capacity_bytes.saturating_sub(m.working_set),
+            inactive_file_bytes: m.inactive_file,
         }
     }
 }
@@ -410,7 +415,7 @@ impl Observer {
                 reason: format!("node cgroup {:?} does not exist", self.settings.node_cgroup),
             });
         }
-        let memory = node.map(|m| MemorySignal::new(self.memory_capacity, m.working_set));
+        let memory = node.map(|m| MemorySignal::new(self.memory_capacity, &m));
         let allocatable = self
             .memory_capacity
             .saturating_sub(self.settings.reserved_memory);
@@ -418,7 +423,7 @@ impl Observer {
             self.cgroups.memory(&self.settings.kubepods_cgroup),
             &mut errors,
         )
-        .map(|m| MemorySignal::new(allocatable, m.working_set));
+        .map(|m| MemorySignal::new(allocatable, &m));
 
         let fs = |path: &Path,
                   same_as: Option<(&Path, Option<FsFigures>)>,

@@ -57,6 +57,7 @@ use crate::decide::thresholds::{
 };
 use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
+use crate::sense::memcg::MemcgThresholds;
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
 pub use pods::{
@@ -235,6 +236,8 @@ pub struct Reactor<P> {
     close: bool,
     tap: Option<EventTap>,
     metrics: Option<Arc<Metrics>>,
+    /// The memcg usage thresholds, moved by the inactive file pages on every pass.
+    thresholds: MemcgThresholds,
     /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
     /// acted on (see [`Reactor::disk_held`]); 0 when none.
     disk_hold_until_ns: u64,
@@ -286,6 +289,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             close: false,
             tap: None,
             metrics: None,
+            thresholds: MemcgThresholds::default(),
             disk_hold_until_ns: 0,
         }
     }
@@ -318,6 +322,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// back (to be shut down and asked for its lag statistics).
     pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
+        self.thresholds = sense.memcg_thresholds();
         loop {
             if *shutdown.borrow() {
                 return sense;
@@ -436,6 +441,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
             let signals = self.observer.observe();
+            self.move_thresholds(&signals);
             if let Some(layout) = signals.fs_layout() {
                 self.follow_layout(layout);
             }
@@ -870,6 +876,35 @@ impl<P: PodControl + 'static> Reactor<P> {
                 unprevented_ooms: self.unprevented_ooms,
             };
             self.emit(d);
+        }
+    }
+
+    /// Keeps each memcg usage threshold where the working set meets its level: the base
+    /// (`capacity - level`, armed at start) plus the cgroup's inactive file pages now, as the
+    /// kubelet's threshold notifier does, so the kernel's notification comes when the
+    /// threshold is met rather than a page cache earlier. Moved only by 1 MiB or more, so a
+    /// steady page cache does not re-register the event on every pass.
+    fn move_thresholds(&self, signals: &Signals) {
+        let settings = self.observer.settings();
+        for target in self.thresholds.targets() {
+            let Some(base) = target.threshold_bytes else {
+                continue;
+            };
+            let memory = if target.cgroup == settings.node_cgroup {
+                signals.memory
+            } else if target.cgroup == settings.kubepods_cgroup {
+                signals.allocatable_memory
+            } else {
+                None
+            };
+            let Some(m) = memory else {
+                continue;
+            };
+            let want = base.saturating_add(m.inactive_file_bytes);
+            let now = self.thresholds.current(target).unwrap_or(base);
+            if want.abs_diff(now) >= 1 << 20 {
+                self.thresholds.set(target, want);
+            }
         }
     }
 

@@ -25,10 +25,74 @@ use rustix::event::{eventfd, EventfdFlags};
 use rustix::fs::inotify;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
+use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc;
+
+use tokio::sync::{mpsc, watch};
 
 use super::{monotonic_ns, Kind, PressureEvent, Source};
+
+/// Moves the usage thresholds armed for the targets while the watches run. The kubelet's
+/// memory threshold notifier re-arms its usage threshold at `capacity - level +
+/// inactive_file` on every housekeeping pass, because usage counts inactive page cache that
+/// the working set (what eviction compares) does not: a threshold at `capacity - level` fires
+/// early, by exactly the inactive file pages, and the decision it wakes finds nothing met.
+/// Cheap to clone; a target that was not armed (no threshold, v1 registration refused) is
+/// ignored.
+#[derive(Clone, Debug, Default)]
+pub struct MemcgThresholds {
+    armed: Arc<Vec<(MemcgTarget, watch::Sender<u64>)>>,
+}
+
+impl MemcgThresholds {
+    /// The targets as they were given to [`super::Sense::start`] (their base thresholds).
+    pub fn targets(&self) -> impl Iterator<Item = &MemcgTarget> {
+        self.armed.iter().map(|(t, _)| t)
+    }
+
+    /// Arms `target`'s notification at `bytes` of usage from now on; a no-op when it is
+    /// armed there already.
+    pub fn set(&self, target: &MemcgTarget, bytes: u64) {
+        for (t, tx) in self.armed.iter() {
+            if t == target {
+                tx.send_if_modified(|now| {
+                    let changed = *now != bytes;
+                    *now = bytes;
+                    changed
+                });
+            }
+        }
+    }
+
+    /// Where `target`'s notification is armed now.
+    pub fn current(&self, target: &MemcgTarget) -> Option<u64> {
+        self.armed
+            .iter()
+            .find(|(t, _)| t == target)
+            .map(|(_, tx)| *tx.borrow())
+    }
+}
+
+/// Builds [`MemcgThresholds`] while the sources attach.
+#[derive(Default)]
+pub(crate) struct ThresholdsBuilder {
+    armed: Vec<(MemcgTarget, watch::Sender<u64>)>,
+}
+
+impl ThresholdsBuilder {
+    /// A receiver for `target`'s threshold, starting at `bytes`.
+    pub(crate) fn add(&mut self, target: &MemcgTarget, bytes: u64) -> watch::Receiver<u64> {
+        let (tx, rx) = watch::channel(bytes);
+        self.armed.push((target.clone(), tx));
+        rx
+    }
+
+    pub(crate) fn build(self) -> MemcgThresholds {
+        MemcgThresholds {
+            armed: Arc::new(self.armed),
+        }
+    }
+}
 
 /// A cgroup to watch and, optionally, a usage threshold on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -283,6 +347,8 @@ pub(crate) struct EventfdWatch {
     dir: PathBuf,
     cgroup: String,
     what: V1Notification,
+    /// Where the threshold should be (a threshold watch whose level can move).
+    moves: Option<watch::Receiver<u64>>,
 }
 
 fn open_ro(path: &Path) -> Result<OwnedFd, String> {
@@ -318,20 +384,23 @@ fn register_v1(dir: &Path, file: &str, arg: Option<u64>) -> Result<(OwnedFd, Own
     Ok((efd, watched))
 }
 
-/// Registers a v1 usage threshold on a cgroup directory.
+/// Registers a v1 usage threshold on a cgroup directory; `moves` re-arms it elsewhere.
 pub(crate) fn arm_v1_threshold(
     dir: &Path,
     cgroup: &str,
     threshold_bytes: u64,
+    moves: Option<watch::Receiver<u64>>,
 ) -> Result<EventfdWatch, String> {
     let (efd, watched) = register_v1(dir, "memory.usage_in_bytes", Some(threshold_bytes))?;
-    EventfdWatch::new(
+    let mut w = EventfdWatch::new(
         efd,
         watched,
         dir,
         cgroup,
         V1Notification::Threshold(threshold_bytes),
-    )
+    )?;
+    w.moves = moves;
+    Ok(w)
 }
 
 /// Registers the v1 OOM notification on a cgroup directory.
@@ -375,7 +444,30 @@ impl EventfdWatch {
             dir: dir.to_path_buf(),
             cgroup: cgroup.to_string(),
             what,
+            moves: None,
         })
+    }
+
+    /// Registers the threshold at `bytes` with a new eventfd and drops the old one (the
+    /// kernel removes an event whose eventfd is closed).
+    fn rearm(&mut self, bytes: u64) -> Result<(), String> {
+        let (efd, watched) = register_v1(&self.dir, "memory.usage_in_bytes", Some(bytes))?;
+        self.eventfd = super::register_fd(efd, tokio::io::Interest::READABLE)
+            .map_err(|e| format!("cannot register eventfd: {e}"))?;
+        self.watched = watched;
+        self.what = V1Notification::Threshold(bytes);
+        Ok(())
+    }
+
+    /// Waits for the threshold to move; never returns for a watch that cannot move.
+    async fn moved(moves: &mut Option<watch::Receiver<u64>>) -> Option<u64> {
+        match moves {
+            Some(rx) => match rx.changed().await {
+                Ok(()) => Some(*rx.borrow_and_update()),
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
     }
 
     /// What this watch is, for the attach report.
@@ -396,14 +488,23 @@ impl EventfdWatch {
 
     /// Sends one event per eventfd wake-up until the receiver is gone or the cgroup is
     /// removed (the kernel signals the eventfd on removal too).
-    pub(crate) async fn run(self, tx: mpsc::Sender<PressureEvent>) {
+    pub(crate) async fn run(mut self, tx: mpsc::Sender<PressureEvent>) {
         let mut kills_seen = oom_kills(pread_text(&self.watched));
+        let mut moves = self.moves.take();
         loop {
-            let mut guard = match self.eventfd.readable().await {
-                Ok(guard) => guard,
-                Err(e) => {
-                    tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg eventfd wait failed; watch stops");
-                    return;
+            let mut guard = tokio::select! {
+                ready = self.eventfd.readable() => match ready {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg eventfd wait failed; watch stops");
+                        return;
+                    }
+                },
+                Some(bytes) = Self::moved(&mut moves) => {
+                    if let Err(e) = self.rearm(bytes) {
+                        tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg threshold not moved; the old one stays");
+                    }
+                    continue;
                 }
             };
             let at_ns = monotonic_ns();
@@ -466,6 +567,8 @@ pub(crate) struct EventsWatch {
     current_file: PathBuf,
     cgroup: String,
     threshold_bytes: Option<u64>,
+    /// Where the threshold should be, read at every change.
+    moves: Option<watch::Receiver<u64>>,
     last: EventCounters,
 }
 
@@ -474,6 +577,7 @@ pub(crate) fn arm_v2_events(
     dir: &Path,
     cgroup: &str,
     threshold_bytes: Option<u64>,
+    moves: Option<watch::Receiver<u64>>,
 ) -> Result<EventsWatch, String> {
     let events_file = dir.join("memory.events");
     let text = std::fs::read_to_string(&events_file).map_err(|e| {
@@ -495,6 +599,7 @@ pub(crate) fn arm_v2_events(
         events_file,
         cgroup: cgroup.to_string(),
         threshold_bytes,
+        moves,
         last,
     })
 }
@@ -562,6 +667,9 @@ impl EventsWatch {
             };
             let mut kinds = events_delta(&self.last, &now);
             self.last = now;
+            if let Some(rx) = &self.moves {
+                self.threshold_bytes = Some(*rx.borrow());
+            }
             if let Some(bytes) = self.threshold_bytes {
                 if let Some(usage) = read_u64_file(&self.current_file) {
                     if usage >= bytes {

@@ -367,6 +367,7 @@ pub struct Sense {
     tasks: JoinSet<()>,
     report: AttachReport,
     lag: LagRecorder,
+    thresholds: memcg::MemcgThresholds,
 }
 
 impl Sense {
@@ -380,6 +381,7 @@ impl Sense {
             tx,
             parts: Vec::new(),
             missing: Vec::new(),
+            thresholds: memcg::ThresholdsBuilder::default(),
         };
         let hierarchy = match &opts.hierarchy {
             Some(h) => Ok(h.clone()),
@@ -420,7 +422,12 @@ impl Sense {
             attaching.missing(Source::Poll, "switched off (sense.poll: false)".into());
         }
 
-        let Attaching { tx, parts, missing } = attaching;
+        let Attaching {
+            tx,
+            parts,
+            missing,
+            thresholds,
+        } = attaching;
         // Only the tasks hold senders now: the channel closes when the last source stops.
         drop(tx);
         let mut report = AttachReport {
@@ -449,7 +456,14 @@ impl Sense {
             tasks,
             report,
             lag: LagRecorder::default(),
+            thresholds: thresholds.build(),
         })
+    }
+
+    /// The memcg usage thresholds armed, to move while running (see
+    /// [`memcg::MemcgThresholds`]).
+    pub fn memcg_thresholds(&self) -> memcg::MemcgThresholds {
+        self.thresholds.clone()
     }
 
     /// What attached and what is missing.
@@ -485,6 +499,7 @@ struct Attaching {
     tx: mpsc::Sender<PressureEvent>,
     parts: Vec<Attachment>,
     missing: Vec<MissingPart>,
+    thresholds: memcg::ThresholdsBuilder,
 }
 
 impl Attaching {
@@ -565,6 +580,8 @@ impl Attaching {
     /// v1: a threshold eventfd (when the target has a threshold) and the OOM eventfd per
     /// target; v2: inotify on each target's `memory.events`.
     fn memcg(&mut self, h: &MemoryHierarchy, targets: &[MemcgTarget]) {
+        // One OOM notification per cgroup, however many thresholds it has.
+        let mut oom_armed = std::collections::BTreeSet::new();
         for target in targets {
             let dir = match h.dir(&target.cgroup) {
                 Ok(dir) => dir,
@@ -577,14 +594,20 @@ impl Attaching {
             match h {
                 MemoryHierarchy::V1(_) => {
                     if let Some(bytes) = target.threshold_bytes {
-                        let armed = memcg::arm_v1_threshold(&dir, cgroup, bytes);
+                        let moves = self.thresholds.add(target, bytes);
+                        let armed = memcg::arm_v1_threshold(&dir, cgroup, bytes, Some(moves));
                         self.eventfd_watch(armed);
                     }
-                    let armed = memcg::arm_v1_oom(&dir, cgroup);
-                    self.eventfd_watch(armed);
+                    if oom_armed.insert(cgroup.clone()) {
+                        let armed = memcg::arm_v1_oom(&dir, cgroup);
+                        self.eventfd_watch(armed);
+                    }
                 }
                 MemoryHierarchy::V2(_) => {
-                    match memcg::arm_v2_events(&dir, cgroup, target.threshold_bytes) {
+                    let moves = target
+                        .threshold_bytes
+                        .map(|bytes| self.thresholds.add(target, bytes));
+                    match memcg::arm_v2_events(&dir, cgroup, target.threshold_bytes, moves) {
                         Ok(watch) => {
                             let what = watch.describe();
                             let task = watch.run(self.tx.clone());
