@@ -131,6 +131,12 @@ pub struct Config {
     pub cpu_cfs_quota_period: GoDuration,
     /// The fallback tick: how often signals are read when no kernel event arrives.
     pub housekeeping_interval: GoDuration,
+    /// `SCHED_FIFO` priority for the agent's threads (1–99), 0 for normal scheduling. On a
+    /// busy node the scheduler can hold a normal thread back for a few milliseconds, which is
+    /// most of the time between the kernel's notification and the eviction; a real-time
+    /// agent is not held back by the very pods it is about to evict. Pods and other child
+    /// processes never inherit it (`SCHED_RESET_ON_FORK`). Needs `CAP_SYS_NICE`.
+    pub realtime_priority: u8,
     /// The node this agent models.
     pub node: NodeConfig,
     /// Which kernel sources the agent listens to.
@@ -258,6 +264,7 @@ impl Default for Config {
             cpu_cfs_quota: true,
             cpu_cfs_quota_period: GoDuration(Duration::from_millis(100)),
             housekeeping_interval: GoDuration(Duration::from_secs(10)),
+            realtime_priority: 0,
             node: NodeConfig {
                 nodefs_path: PathBuf::from("/var/lib/reactor"),
                 ..NodeConfig::default()
@@ -442,6 +449,15 @@ impl Config {
             return Err(ConfigError::invalid(
                 "cgroupRoot",
                 "must be an absolute cgroup path",
+            ));
+        }
+        if self.realtime_priority > 99 {
+            return Err(ConfigError::invalid(
+                "realtimePriority",
+                format!(
+                    "{} is not a SCHED_FIFO priority (1..=99, or 0 for normal scheduling)",
+                    self.realtime_priority
+                ),
             ));
         }
         if self.housekeeping_interval.0.is_zero() {

@@ -15,6 +15,7 @@ pub mod images;
 pub mod node;
 pub mod observe;
 pub mod plan;
+pub mod priority;
 pub mod reactor;
 pub mod record;
 pub mod sense;

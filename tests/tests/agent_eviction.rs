@@ -34,11 +34,29 @@ fn ready() -> bool {
 
 /// A 512 MiB node whose pods may use all of it (no reservations: kubepods is limited to
 /// 512 MiB), evicting when less than 128 MiB of it is left; eBPF and the memcg notification
-/// wake the loop, the tick is the fallback.
+/// wake the loop, the tick is the fallback; the agent's threads run SCHED_FIFO.
 const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
                     evictionHard: {allocatableMemory.available: 128Mi}\n\
                     housekeepingInterval: 1s\n\
+                    realtimePriority: 10\n\
                     sense: {ebpf: true, psi: false, memcgThreshold: true}\n";
+
+/// The scheduling policy of every thread of `pid` (`/proc/<pid>/task/*/stat` field 41:
+/// 0 normal, 1 FIFO).
+fn policies(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command (which may hold spaces) start after the last ')'.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            rest.split_whitespace().nth(38)?.parse().ok()
+        })
+        .collect()
+}
 
 fn pod(name: &str, resources: Value, args: &[&str]) -> Value {
     let mut command = vec![memhog_bin().display().to_string()];
@@ -151,6 +169,22 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
     }
     let steady = agent.pod("default/steady").unwrap();
     assert_eq!(steady["phase"], "Running", "the Burstable pod is untouched");
+    // The agent's threads run SCHED_FIFO; the pods it started do not.
+    let agent_policies = policies(agent.pid());
+    assert!(
+        !agent_policies.is_empty() && agent_policies.iter().all(|&p| p == 1),
+        "{agent_policies:?}"
+    );
+    let steady_cgroup = steady["cgroup"].as_str().unwrap().trim_start_matches('/');
+    let steady_pids = agent.procs(&format!("{steady_cgroup}/app"));
+    assert!(!steady_pids.is_empty(), "{steady}");
+    for pid in steady_pids {
+        assert_eq!(
+            policies(pid),
+            [0],
+            "pod process {pid} keeps normal scheduling"
+        );
+    }
 
     // The event stream carries the eviction with its message and reaction time.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -55,7 +55,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::logging::LogFormat;
 use super::sense_args::SenseArgs;
 use super::shutdown::Shutdown;
-use super::watch::{load_config_reporting, runtime};
+use super::watch::{load_config_reporting, runtime_with_priority};
 use super::Failure;
 
 /// How long the metrics endpoint may take to finish its connections at shutdown.
@@ -95,11 +95,22 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     let mut opts = args.sense.options(&config)?;
     let settings = ReactorSettings::from_config(&config)
         .map_err(|e| Failure::Input(format!("eviction thresholds: {e}")))?;
+    // The main thread (which drives the top-level future); the runtime's threads set it
+    // themselves as they start.
+    if config.realtime_priority > 0 {
+        match reactor::priority::set_realtime(config.realtime_priority) {
+            Ok(()) => tracing::info!(
+                priority = config.realtime_priority,
+                "agent threads on SCHED_FIFO (pods keep normal scheduling)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "agent threads keep normal scheduling"),
+        }
+    }
     let metrics_address = match config.metrics_address.as_str() {
         "" => None,
         text => Some(parse_address(text).map_err(|e| Failure::Input(e.to_string()))?),
     };
-    runtime()?.block_on(async move {
+    runtime_with_priority(config.realtime_priority)?.block_on(async move {
         let mut shutdown = Shutdown::install()
             .map_err(|e| anyhow::anyhow!("cannot install signal handlers: {e}"))?;
         let metrics = Arc::new(Metrics::new());
