@@ -26,8 +26,19 @@ pub struct TestAgent {
 
 impl TestAgent {
     /// Writes a config (`extra` YAML appended) and starts `reactor run`; returns once the API
-    /// socket answers.
+    /// socket answers. Only the housekeeping tick senses pressure (no eBPF, PSI or memcg
+    /// notification), so tests do not depend on them unless they say so.
     pub fn start(name: &str, extra: &str) -> TestAgent {
+        TestAgent::start_sensing(
+            name,
+            "sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n",
+            extra,
+        )
+    }
+
+    /// Like [`TestAgent::start`] with `sense` as the config's `sense:` block (the benchmark
+    /// runs the agent with every source on).
+    pub fn start_sensing(name: &str, sense: &str, extra: &str) -> TestAgent {
         let root = TestCgroupRoot::v1(name).expect("test cgroup root");
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
@@ -48,8 +59,7 @@ impl TestAgent {
                 "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
                  metricsAddress: '127.0.0.1:0'\n\
-                 sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n\
-                 log:\n  level: info\n{extra}",
+                 {sense}log:\n  level: info\n{extra}",
                 root = root.name,
                 d = d.display(),
                 sock = socket.display(),

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 pub mod agent;
 pub mod cgroup_root;
 pub mod containerd;
+pub mod node;
 pub mod oci;
 
 pub use containerd::{containerd_available, Containerd, TestCgroupTree};
@@ -110,6 +111,15 @@ impl TestMemcg {
         let pid = child.id();
         self.children.push(child);
         Ok(pid)
+    }
+
+    /// Kills (by pid) and reaps every child started here so far, so the cgroup can be used
+    /// again from empty.
+    pub fn kill_all(&mut self) {
+        for mut child in self.children.drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// Waits for every child started here to exit, up to `timeout`; returns their statuses.
