@@ -16,7 +16,10 @@ use crate::{cargo, sh};
 fn out_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(t) => PathBuf::from(t).join("bench"),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench"),
+        None => {
+            let xtask = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            xtask.parent().unwrap_or(xtask).join("target/bench")
+        }
     }
 }
 

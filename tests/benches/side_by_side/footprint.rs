@@ -89,15 +89,8 @@ fn measure(agent: &TestAgent, length: Duration) -> Result<Window> {
 /// Holder above most of the limit, a reader thrashing the page cache, and hogs OOM-killed
 /// one after another, until `stop`.
 fn storm(cg: &mut TestMemcg, file: &std::path::Path, stop: &AtomicBool) -> Result<usize> {
-    cg.spawn(
-        Command::new(memhog_bin())
-            .args(["52", "0", "3600"])
-            .stdout(Stdio::null()),
-    )
-    .context("starting the holder")?;
-    let script = format!("while :; do cat '{}' > /dev/null; done", file.display());
-    cg.spawn(Command::new("sh").args(["-c", &script]))
-        .context("starting the reader")?;
+    crate::lag::spawn_holder(cg)?;
+    crate::lag::spawn_reader(cg, file)?;
     let mut rounds = 0;
     while !stop.load(Ordering::SeqCst) {
         let before = cg.wait_all(Duration::ZERO).len();
@@ -135,7 +128,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     std::thread::sleep(Duration::from_secs(2));
     let idle = measure(&agent, length)?;
 
-    let mut cg = TestMemcg::new("bench-footprint-storm", 64 * MI).context("storm memcg")?;
+    let mut cg = TestMemcg::new("bench-footprint-storm", 96 * MI).context("storm memcg")?;
     let dir = tempfile::tempdir_in("/var/tmp").context("temp dir on disk")?;
     let file = crate::lag::working_set_file(dir.path())?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -179,7 +172,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         ]);
     }
     t.note(format!(
-        "peak RSS (VmHWM) {}; storm: {rounds} hog rounds in a 64 MiB memcg with page-cache \
+        "peak RSS (VmHWM) {}; storm: {rounds} hog rounds in a 96 MiB memcg with page-cache \
          thrash; CPU is % of one core",
         mib(hwm)
     ));

@@ -1,7 +1,7 @@
 //! Part 1: detection lag by source, on one storm.
 //!
-//! A test memory cgroup (v1, 64 MiB limit) goes through pressure episodes: a holder crosses
-//! the 48 MiB threshold and stays above it, a reader streams a file through the rest (page
+//! A test memory cgroup (v1, 96 MiB limit) goes through pressure episodes: a holder crosses
+//! the 64 MiB threshold and stays above it, a reader streams a file through the rest (page
 //! cache thrash: reclaim stalls, PSI), and hogs are OOM-killed one after another. Every source
 //! listens to the same episodes at once:
 //!
@@ -29,8 +29,11 @@ use crate::report::{ratio, ratio_json, Dist, Part, Table};
 use crate::Opts;
 
 const MI: u64 = 1 << 20;
-const LIMIT: u64 = 64 * MI;
-const THRESHOLD: u64 = 48 * MI;
+const LIMIT: u64 = 96 * MI;
+const THRESHOLD: u64 = 64 * MI;
+/// What the holder keeps, MiB: above the threshold, with room below the limit for the
+/// reader and each hog to start.
+pub const HOLD_MIB: &str = "72";
 
 /// One poller's readings: (monotonic ns, usage bytes).
 type Readings = Arc<Mutex<Vec<(u64, u64)>>>;
@@ -42,6 +45,9 @@ struct Episode {
     seen_by_workload_ns: u64,
     end_ns: u64,
     oom_rounds: usize,
+    /// Times the holder itself was OOM-killed (a hog starting while the last one was still
+    /// being torn down) and started again.
+    holder_restarts: usize,
 }
 
 pub fn usage(cg: &TestMemcg) -> u64 {
@@ -108,6 +114,34 @@ fn poller(
     Ok((task, readings, seen))
 }
 
+/// Starts the holder: the first child of every episode.
+pub fn spawn_holder(cg: &mut TestMemcg) -> Result<()> {
+    cg.spawn(
+        Command::new(memhog_bin())
+            .args([HOLD_MIB, "0", "3600"])
+            .stdout(Stdio::null()),
+    )
+    .context("starting the holder")?;
+    Ok(())
+}
+
+/// Starts the page-cache reader (a willing OOM victim); returns its index among the
+/// cgroup's children.
+pub fn spawn_reader(cg: &mut TestMemcg, file: &std::path::Path) -> Result<usize> {
+    let index = cg.wait_all(Duration::ZERO).len();
+    let script = format!(
+        "echo 1000 > /proc/self/oom_score_adj && while :; do cat '{}' > /dev/null; done",
+        file.display()
+    );
+    cg.spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .stderr(Stdio::null()),
+    )
+    .context("starting the reader")?;
+    Ok(index)
+}
+
 /// The storm: `episodes` episodes, each held until both pollers saw it (or `cap`).
 fn storm(
     cg: &mut TestMemcg,
@@ -119,12 +153,7 @@ fn storm(
     let mut out = Vec::new();
     for _ in 0..episodes {
         let start_ns = monotonic_ns();
-        cg.spawn(
-            Command::new(memhog_bin())
-                .args(["52", "0", "3600"])
-                .stdout(Stdio::null()),
-        )
-        .context("starting the holder")?;
+        spawn_holder(cg)?;
         let t = Instant::now();
         while usage(cg) < THRESHOLD {
             if t.elapsed() > Duration::from_secs(10) {
@@ -133,14 +162,23 @@ fn storm(
             std::thread::sleep(Duration::from_millis(2));
         }
         let seen_by_workload_ns = monotonic_ns();
-        let script = format!("while :; do cat '{}' > /dev/null; done", file.display());
-        cg.spawn(Command::new("sh").args(["-c", &script]))
-            .context("starting the reader")?;
-        // OOM rounds until both pollers saw the episode. The hog volunteers as the OOM
-        // victim (oom_score_adj 1000), so the holder keeps usage above the threshold.
+        let mut reader = spawn_reader(cg, file)?;
+        // OOM rounds until both pollers saw the episode. The hog and the reader volunteer as
+        // OOM victims (oom_score_adj 1000), so the holder keeps usage above the threshold.
         let mut oom_rounds = 0;
+        let mut holder_restarts = 0;
         let began = Instant::now();
         while began.elapsed() < cap && !seen.iter().all(|s| s.load(Ordering::SeqCst) > start_ns) {
+            let status = cg.wait_all(Duration::ZERO);
+            if status.first().is_some_and(Option::is_some) {
+                // The holder (always the first child of the episode) was killed after all.
+                holder_restarts += 1;
+                cg.kill_all();
+                spawn_holder(cg)?;
+                reader = spawn_reader(cg, file)?;
+            } else if status.get(reader).is_some_and(Option::is_some) {
+                reader = spawn_reader(cg, file)?;
+            }
             let before = cg.wait_all(Duration::ZERO).len();
             let hog = format!(
                 "echo 1000 > /proc/self/oom_score_adj && exec '{}' 256 0 60",
@@ -175,6 +213,7 @@ fn storm(
             seen_by_workload_ns,
             end_ns,
             oom_rounds,
+            holder_restarts,
         });
     }
     Ok(out)
@@ -364,7 +403,8 @@ fn summarise(
             "p99 ×eBPF",
             "max ×eBPF",
         ],
-    );
+    )
+    .text_columns(2);
     let mut rows_json = Vec::new();
     for (name, what, d, miss) in &dists {
         let v = |f: fn(&Dist) -> u64| (d.n > 0).then(|| f(d));
@@ -393,10 +433,12 @@ fn summarise(
         }));
     }
     let oom_rounds: usize = episodes.iter().map(|e| e.oom_rounds).sum();
+    let restarts: usize = episodes.iter().map(|e| e.holder_restarts).sum();
     t.note(format!(
-        "{} pressure episodes in a 64 MiB v1 memcg (threshold 48 MiB): holder above the \
+        "{} pressure episodes in a 96 MiB v1 memcg (threshold 64 MiB): holder above the \
          threshold, page-cache thrash, {oom_rounds} hog rounds ({ebpf_ooms} OOM kills seen by \
-         eBPF); each episode held until both pollers saw it{}",
+         eBPF; the holder itself killed {restarts} times); each episode held until both pollers saw \
+         it{}",
         episodes.len(),
         if quick { " (--quick)" } else { "" }
     ));
@@ -419,6 +461,7 @@ fn summarise(
         tables: vec![t],
         json: json!({
             "episodes": episodes.len(), "hog_rounds": oom_rounds, "ebpf_oom_kills": ebpf_ooms,
+            "holder_restarts": restarts,
             "limit_bytes": LIMIT, "threshold_bytes": THRESHOLD, "sources": rows_json,
         }),
         samples,

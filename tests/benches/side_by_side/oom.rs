@@ -377,7 +377,8 @@ fn summarise(rows: &[Row], reps: usize) -> Part {
             "crossing→released p99",
             "woken by",
         ],
-    );
+    )
+    .text_columns(2);
     let mut out = Vec::new();
     let mut samples = 0;
     for r in rows {

@@ -102,6 +102,8 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
     /// Lines printed under the table (what was measured, how, caveats).
     pub notes: Vec<String>,
+    /// How many leading columns hold words (left-aligned); the rest are figures.
+    pub text_columns: usize,
 }
 
 impl Table {
@@ -112,7 +114,14 @@ impl Table {
             header: header.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
             notes: Vec::new(),
+            text_columns: 1,
         }
+    }
+
+    /// The same table with its first `n` columns left-aligned.
+    pub fn text_columns(mut self, n: usize) -> Table {
+        self.text_columns = n;
+        self
     }
 
     /// Adds a row.
@@ -141,12 +150,12 @@ impl Table {
     pub fn text(&self) -> String {
         let w = self.widths();
         let line = |cells: &[String]| -> String {
-            let mut s = String::from(" ");
+            let mut s = String::new();
             for (i, c) in cells.iter().enumerate() {
                 let pad = w.get(i).copied().unwrap_or(0);
                 // First column left-aligned (names), figures right-aligned.
-                if i == 0 {
-                    s.push_str(&format!(" {c:<pad$}"));
+                if i < self.text_columns {
+                    s.push_str(&format!("  {c:<pad$}"));
                 } else {
                     s.push_str(&format!("  {c:>pad$}"));
                 }
@@ -171,7 +180,7 @@ impl Table {
         let mut out = format!("#### {}\n\n", self.title);
         out.push_str(&format!("| {} |\n", self.header.join(" | ")));
         let align: Vec<&str> = (0..self.header.len())
-            .map(|i| if i == 0 { "---" } else { "---:" })
+            .map(|i| if i < self.text_columns { "---" } else { "---:" })
             .collect();
         out.push_str(&format!("| {} |\n", align.join(" | ")));
         for r in &self.rows {
