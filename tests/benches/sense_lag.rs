@@ -2,8 +2,10 @@
 //! (threshold and OOM) and the PSI trigger, in one run on the real kernel, plus what the
 //! housekeeping tick alone would have added.
 //!
-//!     cargo xtask bench        (or: cargo build --release -p reactor-tests --bins &&
-//!                               cargo bench -p reactor-tests --bench sense_lag)
+//!     cargo build --release -p reactor-tests --bins &&
+//!     cargo bench -p reactor-tests --bench sense_lag
+//!
+//! (`cargo xtask bench` runs the fuller side-by-side comparison, eBPF and polling included.)
 //!
 //! Environment: `SENSE_BENCH_ROUNDS` (OOM rounds, default 30), `SENSE_BENCH_PSI_SECS`
 //! (seconds of page-cache thrash for PSI, default 20), `SENSE_BENCH_INTERVAL` (the tick,

@@ -32,6 +32,17 @@ impl TestAgent {
     /// image GC is off (100): the kubelet's default disk thresholds must never evict a test's
     /// pods or delete its images because the machine's disk happens to be full.
     pub fn start(name: &str, extra: &str) -> TestAgent {
+        let sense = if has_key(extra, "sense") {
+            ""
+        } else {
+            "sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n"
+        };
+        TestAgent::start_sensing(name, sense, extra)
+    }
+
+    /// Like [`TestAgent::start`] with `sense` as the config's `sense:` block (the benchmark
+    /// runs the agent with every source on).
+    pub fn start_sensing(name: &str, sense: &str, extra: &str) -> TestAgent {
         let root = TestCgroupRoot::v1(name).expect("test cgroup root");
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
@@ -57,11 +68,6 @@ impl TestAgent {
                 d = d.display(),
                 sock = socket.display(),
                 st = static_dir.display(),
-                sense = if has_key(extra, "sense") {
-                    ""
-                } else {
-                    "sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n"
-                },
                 hard = if has_key(extra, "evictionHard") {
                     ""
                 } else {

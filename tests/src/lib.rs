@@ -10,6 +10,7 @@ pub mod agent;
 pub mod cgroup_root;
 pub mod containerd;
 pub mod exposition;
+pub mod node;
 pub mod oci;
 
 pub use containerd::{containerd_available, Containerd, TestCgroupTree};
@@ -113,6 +114,34 @@ impl TestMemcg {
         Ok(pid)
     }
 
+    /// Kills (by pid) and reaps every child started here so far, so the cgroup can be used
+    /// again from empty.
+    pub fn kill_all(&mut self) {
+        for mut child in self.children.drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.kill_leftovers();
+    }
+
+    /// Kills (by pid) whatever the children left in the cgroup (a shell's own children):
+    /// only this test's processes can be in a cgroup unique to it.
+    fn kill_leftovers(&self) {
+        for _ in 0..50 {
+            let text = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
+            let pids: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Waits for every child started here to exit, up to `timeout`; returns their statuses.
     pub fn wait_all(
         &mut self,
@@ -136,10 +165,7 @@ impl TestMemcg {
 
 impl Drop for TestMemcg {
     fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill_all();
         for _ in 0..100 {
             if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
                 return;

@@ -1,0 +1,469 @@
+//! Part 1: detection lag by source, on one storm.
+//!
+//! A test memory cgroup (v1, 96 MiB limit) goes through pressure episodes: a holder crosses
+//! the 64 MiB threshold and stays above it, a reader streams a file through the rest (page
+//! cache thrash: reclaim stalls, PSI), and hogs are OOM-killed one after another. Every source
+//! listens to the same episodes at once:
+//!
+//! - eBPF ring buffer, memcg threshold eventfd, PSI trigger: the sense layer's own lag for
+//!   each event, `CLOCK_MONOTONIC` at take-up minus the event's timestamp (the kernel's
+//!   `bpf_ktime_get_ns()` for eBPF; the source's wake-up for the others);
+//! - polling at 1 s and at 10 s (the kubelet's housekeeping): a tick reads the cgroup's usage
+//!   as the kubelet reads its stats; the lag is from the threshold crossing (the memcg
+//!   eventfd's wake-up) to the first tick that read usage above the threshold. An episode
+//!   lasts until both pollers have seen it, as pressure lasts until someone acts.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use reactor::config::Config;
+use reactor::sense::{monotonic_ns, Kind, MemcgTarget, Received, Sense, SenseOptions, Source};
+use reactor_tests::{memhog_bin, TestMemcg};
+use serde_json::json;
+
+use crate::report::{ratio, ratio_json, Dist, Part, Table};
+use crate::Opts;
+
+const MI: u64 = 1 << 20;
+const LIMIT: u64 = 96 * MI;
+const THRESHOLD: u64 = 64 * MI;
+/// What the holder keeps, MiB: above the threshold, with room below the limit for the
+/// reader and each hog to start.
+pub const HOLD_MIB: &str = "72";
+
+/// One poller's readings: (monotonic ns, usage bytes).
+type Readings = Arc<Mutex<Vec<(u64, u64)>>>;
+
+/// A pressure episode as the workload ran it.
+struct Episode {
+    start_ns: u64,
+    /// When the workload itself first read usage above the threshold (a fallback origin).
+    seen_by_workload_ns: u64,
+    end_ns: u64,
+    oom_rounds: usize,
+    /// Times the holder itself was OOM-killed (a hog starting while the last one was still
+    /// being torn down) and started again.
+    holder_restarts: usize,
+}
+
+pub fn usage(cg: &TestMemcg) -> u64 {
+    std::fs::read_to_string(cg.path.join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A 64 MiB file whose page cache is dropped, so reading it charges the reader's cgroup.
+pub fn working_set_file(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let path = dir.join("working-set.bin");
+    let mut f = std::fs::File::create(&path).context("creating the working-set file")?;
+    let chunk = vec![7u8; MI as usize];
+    for _ in 0..64 {
+        f.write_all(&chunk)?;
+    }
+    f.sync_all()?;
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)
+        .context("dropping the file's page cache")?;
+    Ok(path)
+}
+
+/// Starts a sense layer with only the housekeeping tick at `interval`; every tick reads the
+/// cgroup's usage, and `seen` keeps the time of the last reading above the threshold.
+fn poller(
+    interval: Duration,
+    usage_file: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+) -> Result<(tokio::task::JoinHandle<()>, Readings, Arc<AtomicU64>)> {
+    let mut o = SenseOptions::from_config(&Config::default(), Vec::new());
+    o.ebpf = false;
+    o.psi = false;
+    o.memcg = false;
+    o.poll = true;
+    o.poll_interval = interval;
+    let mut sense = Sense::start(&o).context("starting a poll-only sense layer")?;
+    let readings: Readings = Arc::default();
+    let seen = Arc::new(AtomicU64::new(0));
+    let (r, s) = (readings.clone(), seen.clone());
+    let task = tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(200), sense.next()).await
+            else {
+                continue;
+            };
+            if ev.event.kind != Kind::Tick {
+                continue;
+            }
+            let u = std::fs::read_to_string(&usage_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            let now = monotonic_ns();
+            if let Ok(mut v) = r.lock() {
+                v.push((now, u));
+            }
+            if u >= THRESHOLD {
+                s.store(now, Ordering::SeqCst);
+            }
+        }
+        sense.shutdown().await;
+    });
+    Ok((task, readings, seen))
+}
+
+/// Starts the holder: the first child of every episode.
+pub fn spawn_holder(cg: &mut TestMemcg) -> Result<()> {
+    cg.spawn(
+        Command::new(memhog_bin())
+            .args([HOLD_MIB, "0", "3600"])
+            .stdout(Stdio::null()),
+    )
+    .context("starting the holder")?;
+    Ok(())
+}
+
+/// Starts the page-cache reader (a willing OOM victim); returns its index among the
+/// cgroup's children.
+pub fn spawn_reader(cg: &mut TestMemcg, file: &std::path::Path) -> Result<usize> {
+    let index = cg.wait_all(Duration::ZERO).len();
+    let script = format!(
+        "echo 1000 > /proc/self/oom_score_adj && while :; do cat '{}' > /dev/null; done",
+        file.display()
+    );
+    cg.spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .stderr(Stdio::null()),
+    )
+    .context("starting the reader")?;
+    Ok(index)
+}
+
+/// The storm: `episodes` episodes, each held until both pollers saw it (or `cap`).
+fn storm(
+    cg: &mut TestMemcg,
+    file: &std::path::Path,
+    episodes: usize,
+    cap: Duration,
+    seen: [Arc<AtomicU64>; 2],
+) -> Result<Vec<Episode>> {
+    let mut out = Vec::new();
+    for _ in 0..episodes {
+        let start_ns = monotonic_ns();
+        spawn_holder(cg)?;
+        let t = Instant::now();
+        while usage(cg) < THRESHOLD {
+            if t.elapsed() > Duration::from_secs(10) {
+                bail!("the holder never crossed the threshold");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let seen_by_workload_ns = monotonic_ns();
+        let mut reader = spawn_reader(cg, file)?;
+        // OOM rounds until both pollers saw the episode. The hog and the reader volunteer as
+        // OOM victims (oom_score_adj 1000), so the holder keeps usage above the threshold.
+        let mut oom_rounds = 0;
+        let mut holder_restarts = 0;
+        let began = Instant::now();
+        while began.elapsed() < cap && !seen.iter().all(|s| s.load(Ordering::SeqCst) > start_ns) {
+            let status = cg.wait_all(Duration::ZERO);
+            if status.first().is_some_and(Option::is_some) {
+                // The holder (always the first child of the episode) was killed after all.
+                holder_restarts += 1;
+                cg.kill_all();
+                spawn_holder(cg)?;
+                reader = spawn_reader(cg, file)?;
+            } else if status.get(reader).is_some_and(Option::is_some) {
+                reader = spawn_reader(cg, file)?;
+            }
+            let before = cg.wait_all(Duration::ZERO).len();
+            let hog = format!(
+                "echo 1000 > /proc/self/oom_score_adj && exec '{}' 256 0 60",
+                memhog_bin().display()
+            );
+            cg.spawn(Command::new("sh").args(["-c", &hog]).stdout(Stdio::null()))
+                .context("starting a hog")?;
+            let t = Instant::now();
+            while cg
+                .wait_all(Duration::ZERO)
+                .get(before)
+                .is_some_and(Option::is_none)
+                && t.elapsed() < Duration::from_secs(5)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            oom_rounds += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let end_ns = monotonic_ns();
+        cg.kill_all();
+        // Drop the page cache the reader left charged, so the next episode crosses again.
+        let _ = std::fs::write(cg.path.join("memory.force_empty"), "0");
+        let t = Instant::now();
+        while usage(cg) >= THRESHOLD / 2 && t.elapsed() < Duration::from_secs(5) {
+            let _ = std::fs::write(cg.path.join("memory.force_empty"), "0");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        out.push(Episode {
+            start_ns,
+            seen_by_workload_ns,
+            end_ns,
+            oom_rounds,
+            holder_restarts,
+        });
+    }
+    Ok(out)
+}
+
+/// Run part 1.
+pub fn run(opts: &Opts) -> Result<Part> {
+    let episodes_wanted = if opts.quick { 2 } else { 10 };
+    // The 10 s poller sees an episode within one interval; the cap only bounds a broken run.
+    let cap = Duration::from_secs(13);
+    let mut cg = TestMemcg::new("bench-lag", LIMIT).context("creating the test memcg")?;
+    let dir = tempfile::tempdir_in("/var/tmp").context("temp dir on disk")?;
+    let file = working_set_file(dir.path())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cgroup = cg.cgroup.clone();
+    let usage_file = cg.path.join("memory.usage_in_bytes");
+
+    let (events, episodes) = rt.block_on(async {
+        let mut o = SenseOptions::from_config(
+            &Config::default(),
+            vec![MemcgTarget {
+                cgroup: cgroup.clone(),
+                threshold_bytes: Some(THRESHOLD),
+            }],
+        );
+        o.poll = false;
+        let mut sense = Sense::start(&o).context("starting the sense layer")?;
+        for s in [Source::Ebpf, Source::Psi, Source::MemcgThreshold] {
+            if !sense.report().has(s) {
+                let why: Vec<String> = sense
+                    .report()
+                    .missing
+                    .iter()
+                    .map(|m| format!("{}: {}", m.source, m.reason))
+                    .collect();
+                bail!("source {s} did not attach: {}", why.join("; "));
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p1, r1, s1) = poller(Duration::from_secs(1), usage_file.clone(), stop.clone())?;
+        let (p10, r10, s10) = poller(Duration::from_secs(10), usage_file.clone(), stop.clone())?;
+        let flag = stop.clone();
+        let collector = tokio::spawn(async move {
+            let mut got: Vec<Received> = Vec::new();
+            while !flag.load(Ordering::SeqCst) {
+                if let Ok(Some(r)) =
+                    tokio::time::timeout(Duration::from_millis(200), sense.next()).await
+                {
+                    got.push(r);
+                }
+            }
+            sense.shutdown().await;
+            got
+        });
+        let path = file.clone();
+        let workload = tokio::task::spawn_blocking(move || {
+            let r = storm(&mut cg, &path, episodes_wanted, cap, [s1, s10]);
+            drop(cg); // kills what is left, removes the cgroup
+            r
+        });
+        let episodes = workload.await.context("the storm thread")?;
+        stop.store(true, Ordering::SeqCst);
+        let events = collector.await.context("the event collector")?;
+        let _ = p1.await;
+        let _ = p10.await;
+        let episodes = episodes?;
+        let readings = [
+            r1.lock().map(|v| v.clone()).unwrap_or_default(),
+            r10.lock().map(|v| v.clone()).unwrap_or_default(),
+        ];
+        Ok::<_, anyhow::Error>(((events, readings), episodes))
+    })?;
+    let (events, readings) = events;
+    Ok(summarise(
+        &cgroup, &events, &readings, &episodes, opts.quick,
+    ))
+}
+
+fn summarise(
+    cgroup: &str,
+    events: &[Received],
+    readings: &[Vec<(u64, u64)>; 2],
+    episodes: &[Episode],
+    quick: bool,
+) -> Part {
+    let ours = |r: &&Received| r.event.cgroup.as_deref() == Some(cgroup);
+    let ebpf: Vec<u64> = events
+        .iter()
+        .filter(|r| r.event.source == Source::Ebpf && !matches!(r.event.kind, Kind::Dropped { .. }))
+        .filter(ours)
+        .map(|r| r.lag_ns)
+        .collect();
+    let memcg: Vec<u64> = events
+        .iter()
+        .filter(|r| r.event.source == Source::MemcgThreshold)
+        .filter(ours)
+        .map(|r| r.lag_ns)
+        .collect();
+    let psi: Vec<u64> = events
+        .iter()
+        .filter(|r| r.event.source == Source::Psi)
+        .map(|r| r.lag_ns)
+        .collect();
+    let ebpf_ooms = events
+        .iter()
+        .filter(ours)
+        .filter(|r| r.event.source == Source::Ebpf && matches!(r.event.kind, Kind::OomKill { .. }))
+        .count();
+    // Each episode's crossing: the memcg eventfd's wake-up on the way up, else the
+    // workload's own reading.
+    let mut from_eventfd = 0;
+    let crossings: Vec<u64> = episodes
+        .iter()
+        .map(|e| {
+            let up = events.iter().find(|r| {
+                r.event.source == Source::MemcgThreshold
+                    && r.event.cgroup.as_deref() == Some(cgroup)
+                    && r.event.at_ns >= e.start_ns
+                    && r.event.at_ns <= e.end_ns
+                    && matches!(r.event.kind, Kind::ThresholdCrossed { usage_bytes, .. }
+                        if usage_bytes.is_none_or(|u| u >= THRESHOLD))
+            });
+            match up {
+                Some(r) => {
+                    from_eventfd += 1;
+                    r.event.at_ns
+                }
+                None => e.seen_by_workload_ns,
+            }
+        })
+        .collect();
+    let mut poll_lags: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    let mut missed = [0usize; 2];
+    for (i, r) in readings.iter().enumerate() {
+        for (e, &c) in episodes.iter().zip(&crossings) {
+            match r
+                .iter()
+                .find(|&&(t, u)| t >= c && t <= e.end_ns && u >= THRESHOLD)
+            {
+                Some(&(t, _)) => poll_lags[i].push(t - c),
+                None => missed[i] += 1,
+            }
+        }
+    }
+    let dists = [
+        (
+            "eBPF ring buffer",
+            "kernel timestamp → taken",
+            Dist::of(&ebpf),
+            None,
+        ),
+        (
+            "memcg threshold eventfd",
+            "wake-up → taken",
+            Dist::of(&memcg),
+            None,
+        ),
+        ("PSI trigger", "wake-up → taken", Dist::of(&psi), None),
+        (
+            "poll 1 s",
+            "crossing → tick that saw it",
+            Dist::of(&poll_lags[0]),
+            Some(missed[0]),
+        ),
+        (
+            "poll 10 s (kubelet)",
+            "crossing → tick that saw it",
+            Dist::of(&poll_lags[1]),
+            Some(missed[1]),
+        ),
+    ];
+    let base = dists[0].2;
+    let b = |f: fn(&Dist) -> u64| (base.n > 0).then(|| f(&base));
+    let mut t = Table::new(
+        "1. Detection lag by source, same storm",
+        &[
+            "source",
+            "measured",
+            "n",
+            "p50",
+            "p99",
+            "max",
+            "p50 ×eBPF",
+            "p99 ×eBPF",
+            "max ×eBPF",
+        ],
+    )
+    .text_columns(2);
+    let mut rows_json = Vec::new();
+    for (name, what, d, miss) in &dists {
+        let v = |f: fn(&Dist) -> u64| (d.n > 0).then(|| f(d));
+        let n = match miss {
+            Some(m) if *m > 0 => format!("{} ({m} missed)", d.n),
+            _ => d.n.to_string(),
+        };
+        t.row(vec![
+            name.to_string(),
+            what.to_string(),
+            n,
+            d.p50_text(),
+            d.p99_text(),
+            d.max_text(),
+            ratio(v(|d| d.p50), b(|d| d.p50)),
+            ratio(v(|d| d.p99), b(|d| d.p99)),
+            ratio(v(|d| d.max), b(|d| d.max)),
+        ]);
+        rows_json.push(json!({
+            "source": name, "measured": what, "lag": d.json(), "missed_episodes": miss,
+            "ratio_to_ebpf": {
+                "p50": ratio_json(v(|d| d.p50), b(|d| d.p50)),
+                "p99": ratio_json(v(|d| d.p99), b(|d| d.p99)),
+                "max": ratio_json(v(|d| d.max), b(|d| d.max)),
+            },
+        }));
+    }
+    let oom_rounds: usize = episodes.iter().map(|e| e.oom_rounds).sum();
+    let restarts: usize = episodes.iter().map(|e| e.holder_restarts).sum();
+    t.note(format!(
+        "{} pressure episodes in a 96 MiB v1 memcg (threshold 64 MiB): holder above the \
+         threshold, page-cache thrash, {oom_rounds} hog rounds ({ebpf_ooms} OOM kills seen by \
+         eBPF; the holder itself killed {restarts} times); each episode held until both pollers saw \
+         it{}",
+        episodes.len(),
+        if quick { " (--quick)" } else { "" }
+    ));
+    t.note(
+        "eBPF/memcg/PSI: lag of every event of the storm as the sense layer measures it (eBPF \
+         from the kernel's own timestamp; memcg and PSI from the source's wake-up, and PSI \
+         fires only once stall time fills its threshold within the 2 s window); PSI is \
+         node-wide"
+            .to_string(),
+    );
+    t.note(format!(
+        "polls: from the threshold crossing (memcg eventfd wake-up, {from_eventfd}/{} \
+         episodes; else the workload's own reading) to the first tick that read usage above \
+         the threshold, one sample per episode",
+        episodes.len()
+    ));
+    let samples = base.n + dists[1].2.n + poll_lags[0].len();
+    Part {
+        key: "lag",
+        tables: vec![t],
+        json: json!({
+            "episodes": episodes.len(), "hog_rounds": oom_rounds, "ebpf_oom_kills": ebpf_ooms,
+            "holder_restarts": restarts,
+            "limit_bytes": LIMIT, "threshold_bytes": THRESHOLD, "sources": rows_json,
+        }),
+        samples,
+    }
+}

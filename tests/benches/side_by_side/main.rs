@@ -1,0 +1,245 @@
+//! `cargo xtask bench`: the agent measured side by side with the kubelet's mechanisms on the
+//! same pressure, on the real kernel (root), in one run on one machine.
+//!
+//! 1. `lag` — detection lag by source on one storm (eBPF ring buffer, memcg threshold
+//!    eventfd, PSI trigger, polling at 1 s and at 10 s, the kubelet's housekeeping).
+//! 2. `oom` — OOM avoidance: a BestEffort hog beside a Guaranteed and a Burstable pod on a
+//!    modelled 512 MiB node, the reactor loop with every source and with each one alone.
+//! 3. `cost` — ranking, preemption and image-GC planning at 100 … 100,000 pods/images.
+//! 4. `ring` — the eBPF ring buffer: the highest event rate with no drops, and drop
+//!    accounting when it overflows.
+//! 5. `footprint` — the release `reactor run`: RSS and CPU idle and during a storm.
+//!
+//! ```text
+//! cargo xtask bench [--quick]
+//! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
+//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint] [--oom-rates 350,150]
+//!     [--oom-reps 20]
+//! ```
+//!
+//! Prints one table per part and writes every figure as JSON (and the tables as markdown
+//! with a line describing the machine). The figures are reported, never judged: the run
+//! fails only when the harness breaks (a part errors out or measures nothing). Every memory
+//! storm runs inside a memory cgroup with a limit created for the run and removed after it.
+
+mod cost;
+mod footprint;
+mod lag;
+mod oom;
+mod report;
+mod ring;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use report::Part;
+use serde_json::{json, Value};
+
+/// Options from the command line.
+pub struct Opts {
+    /// The short run for CI.
+    pub quick: bool,
+    json: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+    only: Option<Vec<String>>,
+    /// BestEffort allocation rates of the OOM part, MiB/s.
+    pub oom_rates: Option<Vec<u64>>,
+    /// Repetitions per mode and rate of the OOM part.
+    pub oom_reps: Option<usize>,
+}
+
+const PARTS: [&str; 5] = ["lag", "oom", "cost", "ring", "footprint"];
+
+fn parse_args() -> Result<Opts> {
+    let mut opts = Opts {
+        quick: false,
+        json: None,
+        markdown: None,
+        only: None,
+        oom_rates: None,
+        oom_reps: None,
+    };
+    let mut args = std::env::args().skip(1);
+    let list = |v: Option<String>, what: &str| -> Result<String> {
+        v.with_context(|| format!("{what} needs a value"))
+    };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            // What `cargo bench` passes to every bench target.
+            "--bench" => {}
+            "--quick" => opts.quick = true,
+            "--json" => opts.json = Some(list(args.next(), "--json")?.into()),
+            "--markdown" => opts.markdown = Some(list(args.next(), "--markdown")?.into()),
+            "--only" => {
+                let v = list(args.next(), "--only")?;
+                let parts: Vec<String> = v.split(',').map(str::to_string).collect();
+                if let Some(bad) = parts.iter().find(|p| !PARTS.contains(&p.as_str())) {
+                    bail!("--only: unknown part {bad:?} (parts: {})", PARTS.join(","));
+                }
+                opts.only = Some(parts);
+            }
+            "--oom-rates" => {
+                let v = list(args.next(), "--oom-rates")?;
+                let rates = v
+                    .split(',')
+                    .map(|r| match r.parse::<u64>() {
+                        Ok(n) if n > 0 => Ok(n),
+                        _ => bail!("--oom-rates: {r:?} is not a positive whole number of MiB/s"),
+                    })
+                    .collect::<Result<Vec<u64>>>()?;
+                opts.oom_rates = Some(rates);
+            }
+            "--oom-reps" => {
+                let v = list(args.next(), "--oom-reps")?;
+                match v.parse::<usize>() {
+                    Ok(n) if n > 0 => opts.oom_reps = Some(n),
+                    _ => bail!("--oom-reps: {v:?} is not a positive whole number"),
+                }
+            }
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(opts)
+}
+
+/// The machine, as one line for the report: the figures mean little without it.
+fn machine() -> (String, Value) {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or_else(|| "?".to_string(), |m| m.trim().to_string());
+    let mem_kib: u64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
+    let load = read("/proc/loadavg");
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    let line = format!(
+        "{cores} cores ({model}), {:.1} GiB memory, Linux {kernel}, load average at start {}",
+        mem_kib as f64 / (1 << 20) as f64,
+        load.join(" ")
+    );
+    let value = json!({
+        "cores": cores, "cpu_model": model, "memory_bytes": mem_kib * 1024,
+        "kernel": kernel, "loadavg_at_start": load,
+    });
+    (line, value)
+}
+
+fn preflight() -> Result<()> {
+    if !reactor_tests::is_root() {
+        bail!("the benchmark needs root (cgroups, eBPF, PSI triggers)");
+    }
+    if !std::path::Path::new(reactor_tests::MEMCG_V1_ROOT)
+        .join("cgroup.event_control")
+        .exists()
+    {
+        bail!("the cgroup v1 memory controller is not mounted at /sys/fs/cgroup/memory");
+    }
+    for bin in [reactor_tests::memhog_bin(), reactor_tests::reactor_bin()] {
+        if !bin.exists() {
+            bail!(
+                "{} missing: cargo build --release -p reactor -p reactor-tests --bins",
+                bin.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    // The ring-buffer part re-runs this binary as its page-faulting child.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(ring::CHILD_FLAG) {
+        return ring::child(&args[2..]);
+    }
+    let opts = parse_args()?;
+    preflight()?;
+    let (machine_line, machine_json) = machine();
+    let command = if opts.quick {
+        "cargo xtask bench --quick"
+    } else {
+        "cargo xtask bench"
+    };
+    println!("reactor bench: {machine_line}");
+    let started = Instant::now();
+    let wanted = |p: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == p));
+    let mut parts: Vec<Part> = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    let mut timings = serde_json::Map::new();
+    for key in PARTS.into_iter().filter(|p| wanted(p)) {
+        let t = Instant::now();
+        eprintln!("bench: part {key} ...");
+        let result = match key {
+            "lag" => lag::run(&opts),
+            "oom" => oom::run(&opts),
+            "cost" => cost::run(&opts),
+            "ring" => ring::run(&opts),
+            _ => footprint::run(&opts),
+        };
+        let secs = t.elapsed().as_secs_f64();
+        timings.insert(key.to_string(), json!(secs));
+        match result {
+            Ok(part) => {
+                for table in &part.tables {
+                    println!("\n{}", table.text());
+                }
+                println!("  ({key}: {secs:.1} s)");
+                if part.samples == 0 {
+                    failures.push(format!("{key}: no samples"));
+                }
+                parts.push(part);
+            }
+            Err(e) => {
+                eprintln!("bench: part {key} failed: {e:#}");
+                failures.push(format!("{key}: {e:#}"));
+            }
+        }
+    }
+    let total = started.elapsed().as_secs_f64();
+    println!("\nreactor bench: {} parts in {total:.1} s", parts.len());
+
+    let mut doc = serde_json::Map::new();
+    doc.insert("command".into(), json!(command));
+    doc.insert("quick".into(), json!(opts.quick));
+    doc.insert("machine".into(), machine_json);
+    doc.insert("seconds".into(), json!({"total": total, "parts": timings}));
+    doc.insert("failures".into(), json!(failures));
+    for p in &parts {
+        doc.insert(p.key.to_string(), p.json.clone());
+    }
+    if let Some(path) = &opts.json {
+        write(path, &serde_json::to_string_pretty(&Value::Object(doc))?)?;
+        println!("figures: {}", path.display());
+    }
+    if let Some(path) = &opts.markdown {
+        let mut md =
+            format!("Measured with `{command}` on {machine_line} (run took {total:.0} s).\n\n");
+        for p in &parts {
+            for t in &p.tables {
+                md.push_str(&t.markdown());
+                md.push('\n');
+            }
+        }
+        write(path, &md)?;
+        println!("tables: {}", path.display());
+    }
+    if !failures.is_empty() {
+        bail!("the harness broke: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+fn write(path: &std::path::Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,54 @@
+//! `cargo xtask bench [--quick]`: the agent measured side by side with the kubelet's
+//! mechanisms on the same pressure (the `side_by_side` bench of `reactor-tests`, see its
+//! module doc). Prints one table per part and writes `target/bench/bench.json` (every
+//! figure) and `target/bench/report.md` (the tables and the machine, for the README).
+//!
+//! The figures are never judged here: the run fails only when the harness itself breaks (a
+//! part errors out or measures nothing), so `cargo xtask test` can run `--quick` in CI.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::{cargo, sh};
+
+/// Where the results go: `target/bench/` of the workspace (or of `CARGO_TARGET_DIR`).
+fn out_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t).join("bench"),
+        None => {
+            let xtask = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            xtask.parent().unwrap_or(xtask).join("target/bench")
+        }
+    }
+}
+
+/// Builds the release agent and helpers, then runs every part; `extra` goes to the bench
+/// (`--quick`, `--only lag,oom`, `--oom-rates 350,150`, `--oom-reps 20`).
+pub(crate) fn run(extra: &[String]) -> Result<()> {
+    // The bench starts the release `reactor run` and `memhog` beside it.
+    sh(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "reactor",
+        "-p",
+        "reactor-tests",
+        "--bins",
+    ]))?;
+    let out = out_dir();
+    sh(cargo()
+        .args([
+            "bench",
+            "-p",
+            "reactor-tests",
+            "--bench",
+            "side_by_side",
+            "--",
+            "--json",
+        ])
+        .arg(out.join("bench.json"))
+        .arg("--markdown")
+        .arg(out.join("report.md"))
+        .args(extra))
+}
