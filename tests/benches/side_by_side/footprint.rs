@@ -122,7 +122,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let agent = TestAgent::start_sensing(
         "bench-footprint",
         "sense:\n  ebpf: true\n  psi: true\n  memcgThreshold: true\n  poll: true\n",
-        "",
+        "realtimePriority: 10\n",
     );
     // Let it settle (programs attached, first tick done).
     std::thread::sleep(Duration::from_secs(2));
