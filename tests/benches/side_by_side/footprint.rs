@@ -7,14 +7,13 @@
 //! CPU is the on-CPU time of every agent thread (`/proc/<pid>/task/*/schedstat`) over the
 //! window; RSS is `VmRSS` sampled every 250 ms, and the peak is `VmHWM`.
 
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use reactor_tests::agent::TestAgent;
-use reactor_tests::{memhog_bin, TestMemcg};
+use reactor_tests::TestMemcg;
 use serde_json::json;
 
 use crate::report::{Part, Table};
@@ -93,23 +92,7 @@ fn storm(cg: &mut TestMemcg, file: &std::path::Path, stop: &AtomicBool) -> Resul
     crate::lag::spawn_reader(cg, file)?;
     let mut rounds = 0;
     while !stop.load(Ordering::SeqCst) {
-        let before = cg.wait_all(Duration::ZERO).len();
-        let hog = format!(
-            "echo 1000 > /proc/self/oom_score_adj && exec '{}' 256 0 60",
-            memhog_bin().display()
-        );
-        cg.spawn(Command::new("sh").args(["-c", &hog]).stdout(Stdio::null()))
-            .context("starting a hog")?;
-        let t = Instant::now();
-        while cg
-            .wait_all(Duration::ZERO)
-            .get(before)
-            .is_some_and(Option::is_none)
-            && t.elapsed() < Duration::from_secs(5)
-            && !stop.load(Ordering::SeqCst)
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        crate::lag::hog_until_killed(cg, &|| stop.load(Ordering::SeqCst))?;
         rounds += 1;
         std::thread::sleep(Duration::from_millis(100));
     }

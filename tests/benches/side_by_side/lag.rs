@@ -179,22 +179,7 @@ fn storm(
             } else if status.get(reader).is_some_and(Option::is_some) {
                 reader = spawn_reader(cg, file)?;
             }
-            let before = cg.wait_all(Duration::ZERO).len();
-            let hog = format!(
-                "echo 1000 > /proc/self/oom_score_adj && exec '{}' 256 0 60",
-                memhog_bin().display()
-            );
-            cg.spawn(Command::new("sh").args(["-c", &hog]).stdout(Stdio::null()))
-                .context("starting a hog")?;
-            let t = Instant::now();
-            while cg
-                .wait_all(Duration::ZERO)
-                .get(before)
-                .is_some_and(Option::is_none)
-                && t.elapsed() < Duration::from_secs(5)
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            hog_until_killed(cg, &|| false)?;
             oom_rounds += 1;
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -466,4 +451,27 @@ fn summarise(
         }),
         samples,
     }
+}
+
+/// Starts a 256 MiB hog (the OOM killer's first choice, `oom_score_adj` 1000) in `cg` and
+/// waits until it is gone, at most 5 s or until `stop` says so.
+pub fn hog_until_killed(cg: &mut TestMemcg, stop: &dyn Fn() -> bool) -> Result<()> {
+    let before = cg.wait_all(Duration::ZERO).len();
+    let hog = format!(
+        "echo 1000 > /proc/self/oom_score_adj && exec '{}' 256 0 60",
+        memhog_bin().display()
+    );
+    cg.spawn(Command::new("sh").args(["-c", &hog]).stdout(Stdio::null()))
+        .context("starting a hog")?;
+    let t = Instant::now();
+    while cg
+        .wait_all(Duration::ZERO)
+        .get(before)
+        .is_some_and(Option::is_none)
+        && t.elapsed() < Duration::from_secs(5)
+        && !stop()
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
 }
