@@ -515,9 +515,12 @@ impl<P: PodControl + 'static> Reactor<P> {
                 if let Some(reclaimer) = self.reclaimer.clone() {
                     let outcome = reclaimer.reclaim_steps(steps).await;
                     let again = self.observer.observe().observations();
+                    // As the kubelet: every threshold, grace periods ignored and minimum
+                    // reclaim enforced, must be clear for the reclaim to stand in for an
+                    // eviction.
                     let resolved = thresholds_met(
                         &self.settings.thresholds,
-                        [reclaim.threshold],
+                        0..self.settings.thresholds.len(),
                         &again,
                         true,
                     )
