@@ -364,6 +364,37 @@ impl ImageGcManager {
     }
 
     /// Carries out `deletions`, drops the records of deleted images, saves, counts.
+    /// Deletes the images a plan chose (indices into `input`), in its order; a round the
+    /// runtime interrupted is an error that says how far it got.
+    async fn delete_planned(
+        &self,
+        state: &mut State,
+        input: &[image_gc::ImageRecord],
+        delete: &[(usize, image_gc::DeleteReason)],
+        changed: bool,
+    ) -> Result<Executed, ImageGcError> {
+        let deletions = delete
+            .iter()
+            .filter_map(|&(i, reason)| {
+                let image = input.get(i)?;
+                Some(Deletion {
+                    id: image.id.clone(),
+                    size_bytes: u64::try_from(image.size_bytes).unwrap_or(0),
+                    reason,
+                })
+            })
+            .collect();
+        let mut executed = self.execute(state, deletions, changed).await;
+        if let Some(source) = executed.aborted.take() {
+            return Err(ImageGcError::Interrupted {
+                source,
+                deleted: executed.deleted.len(),
+                freed_bytes: executed.freed_bytes(),
+            });
+        }
+        Ok(executed)
+    }
+
     async fn execute(
         &self,
         state: &mut State,
@@ -476,24 +507,10 @@ impl ImageGcManager {
                 policy.low_threshold_percent
             );
         }
-        let deletions = plan
-            .delete
-            .iter()
-            .map(|&(i, reason)| Deletion {
-                id: input[i].id.clone(),
-                size_bytes: u64::try_from(input[i].size_bytes).unwrap_or(0),
-                reason,
-            })
-            .collect();
-        let executed = self.execute(&mut state, deletions, changed).await;
+        let executed = self
+            .delete_planned(&mut state, &input, &plan.delete, changed)
+            .await?;
         let freed_bytes = executed.freed_bytes();
-        if let Some(source) = executed.aborted {
-            return Err(ImageGcError::Interrupted {
-                source,
-                deleted: executed.deleted.len(),
-                freed_bytes,
-            });
-        }
         let shortfall = plan.bytes_to_free.and_then(|need| {
             let freed = executed.freed_for_space();
             if i128::from(freed) >= i128::from(need) {
@@ -574,24 +591,10 @@ impl ImageGcManager {
         let changed = self.detect_locked(&mut state, &seen, now);
         let input = state.records.plan_input(&seen.in_use);
         let plan = image_gc::plan_reclaim(&self.inner.settings.policy, &input, now);
-        let deletions = plan
-            .delete
-            .iter()
-            .map(|&(i, reason)| Deletion {
-                id: input[i].id.clone(),
-                size_bytes: u64::try_from(input[i].size_bytes).unwrap_or(0),
-                reason,
-            })
-            .collect();
-        let executed = self.execute(&mut state, deletions, changed).await;
+        let executed = self
+            .delete_planned(&mut state, &input, &plan.delete, changed)
+            .await?;
         let freed_bytes = executed.freed_bytes();
-        if let Some(source) = executed.aborted {
-            return Err(ImageGcError::Interrupted {
-                source,
-                deleted: executed.deleted.len(),
-                freed_bytes,
-            });
-        }
         let mut errors = dead.errors;
         errors.extend(executed.errors);
         Ok(Reclaimed {
