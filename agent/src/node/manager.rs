@@ -10,7 +10,8 @@
 //!   grace, removes its pod cgroup and recomputes the QoS tiers; the pod stays listed as
 //!   Failed (as the kubelet leaves an evicted pod object) until it is removed. With grace 0
 //!   the pod's processes get SIGKILL from the stopping task itself, right after the runtime
-//!   was told to stop (so nothing restarts them), and the moment is reported back.
+//!   was told to stop (so nothing restarts them), and the moment is reported back
+//!   (`reactor::pods::stop_and_kill`, shared with the runtime-only adapter).
 //! - [`PodManager::active`] is the loop's hot-path view: the running pods with their cgroups,
 //!   republished by the owner task after every change, read without a round trip.
 //! - [`PodManager::events`] is the hub the loop publishes its own events on (evictions with
@@ -41,11 +42,10 @@ use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
 use crate::decide::summary::FsStats;
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
 use crate::reactor::pods::{
-    kill_cgroup, writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus, PodContainer,
-    PodControl,
+    stop_and_kill, writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus,
+    PodContainer, PodControl,
 };
 use crate::record::checkpoint::Checkpoint;
-use crate::sense::monotonic_ns;
 
 /// The kubelet's status message for a pod preempted by a critical pod.
 pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
@@ -944,9 +944,10 @@ impl<R: Runtime + 'static> Actor<R> {
         tokio::spawn(async move {
             let (mut killed_at_ns, mut killed) = (None, 0);
             let status = if live {
-                let stopped = stop_now(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
-                (killed_at_ns, killed) = (stopped.1, stopped.2);
-                match stopped.0 {
+                let (status, evicted) =
+                    stop_and_kill(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
+                (killed_at_ns, killed) = (evicted.killed_at_ns, evicted.killed);
+                match status {
                     Ok(s) => Ok(Some(s)),
                     Err(RuntimeError::NotFound { .. }) => Ok(None),
                     Err(e) => Err(e),
@@ -1380,42 +1381,6 @@ pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
         ContainerState::Running { .. } => ("running", String::new()),
         ContainerState::Terminated(t) => ("terminated", t.reason.clone()),
     }
-}
-
-/// Stops a pod through the runtime. With grace 0 the runtime is first told to stop (its first
-/// poll, so no supervisor restarts what dies next), then every process in the pod cgroup gets
-/// SIGKILL from here at once — not whenever the runtime's own tasks are scheduled — and that
-/// moment is returned; with a grace period the moment is when the runtime reports the stop.
-async fn stop_now<R: Runtime>(
-    rt: &R,
-    uid: &str,
-    grace: Duration,
-    cgroup: Option<&CgroupPath>,
-    cgroups: &CgroupManager,
-) -> (
-    Result<crate::act::runtime::PodStatus, RuntimeError>,
-    Option<u64>,
-    usize,
-) {
-    let mut stop = std::pin::pin!(rt.stop_pod(uid, grace));
-    let first = std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(std::future::Future::poll(stop.as_mut(), cx))
-    })
-    .await;
-    let mut killed_at = None;
-    let mut killed = 0;
-    if let (true, Some(cg)) = (grace.is_zero(), cgroup) {
-        killed = kill_cgroup(cgroups, cg);
-        killed_at = Some(monotonic_ns());
-    }
-    let result = match first {
-        std::task::Poll::Ready(r) => r,
-        std::task::Poll::Pending => stop.await,
-    };
-    if killed_at.is_none() {
-        killed_at = Some(monotonic_ns());
-    }
-    (result, killed_at, killed)
 }
 
 /// The reactor loop drives eviction through the pod manager, so an evicted pod ends with its

@@ -943,11 +943,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             );
         }
-        for c in [
-            NodeCondition::MemoryPressure,
-            NodeCondition::DiskPressure,
-            NodeCondition::PidPressure,
-        ] {
+        for c in status::CONDITIONS {
             m.set_condition(c, on.contains(&c));
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
-use crate::act::runtime::{RestartPolicy, Runtime, RuntimeError};
+use crate::act::runtime::{PodStatus, RestartPolicy, Runtime, RuntimeError};
 use crate::decide::pod::PodInfo;
 use crate::decide::summary::FsStats;
 use crate::sense::monotonic_ns;
@@ -193,23 +193,8 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
             }
             .into());
         };
-        let mut stop = std::pin::pin!(self.runtime.stop_pod(uid, grace));
-        // The first poll tells the runtime's supervisors to stop (so a killed container is
-        // not restarted); for grace 0 the processes are then killed here at once, without
-        // waiting for the supervisors to be scheduled, and the moment is recorded.
-        let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
-        let mut out = Evicted::default();
-        if grace.is_zero() {
-            out.killed = kill_cgroup(&self.cgroups, &pod.cgroup);
-            out.killed_at_ns = Some(monotonic_ns());
-        }
-        let result = match first {
-            Poll::Ready(r) => r,
-            Poll::Pending => stop.await,
-        };
-        if !grace.is_zero() {
-            out.killed_at_ns = Some(monotonic_ns());
-        }
+        let (result, out) =
+            stop_and_kill(&*self.runtime, uid, grace, Some(&pod.cgroup), &self.cgroups).await;
         // The pod is gone from the node whatever the runtime says about its last moments.
         lock(&self.pods).remove(uid);
         lock(&self.evicted).insert(uid.to_string(), status);
@@ -272,4 +257,33 @@ pub fn kill_cgroup(cgroups: &CgroupManager, cgroup: &CgroupPath) -> usize {
         }
     }
     n
+}
+
+/// Stops a pod through the runtime, the eviction's way. With grace 0 the runtime is first
+/// told to stop (its first poll, so no supervisor restarts what dies next), then every
+/// process in `cgroup` gets SIGKILL from here at once — not whenever the runtime's own tasks
+/// are scheduled — and that moment is the kill time; with a grace period (or no cgroup) it
+/// is when the runtime reports the stop.
+pub async fn stop_and_kill<R: Runtime>(
+    rt: &R,
+    uid: &str,
+    grace: Duration,
+    cgroup: Option<&CgroupPath>,
+    cgroups: &CgroupManager,
+) -> (Result<PodStatus, RuntimeError>, Evicted) {
+    let mut stop = std::pin::pin!(rt.stop_pod(uid, grace));
+    let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
+    let mut out = Evicted::default();
+    if let (true, Some(cg)) = (grace.is_zero(), cgroup) {
+        out.killed = kill_cgroup(cgroups, cg);
+        out.killed_at_ns = Some(monotonic_ns());
+    }
+    let result = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => stop.await,
+    };
+    if out.killed_at_ns.is_none() {
+        out.killed_at_ns = Some(monotonic_ns());
+    }
+    (result, out)
 }
