@@ -25,6 +25,11 @@ pub const KIND_OOM: u32 = 1;
 pub const KIND_STALL: u32 = 2;
 /// Record kind: a memcg event counter moved ([`MemcgEvent`]).
 pub const KIND_MEMCG: u32 = 3;
+/// Record kind: a watched memory cgroup's usage crossed its armed level ([`ThresholdEvent`]).
+pub const KIND_THRESHOLD: u32 = 4;
+
+/// How many usage thresholds the programs check ([`ThresholdTable::slots`]).
+pub const MAX_THRESHOLDS: usize = 8;
 
 /// Length of the kernel's `task_struct.comm`.
 pub const COMM_LEN: usize = 16;
@@ -125,6 +130,115 @@ pub struct MemcgEvent {
     pub _pad: u32,
     /// Sum of the counter increments since the previous record for this (cgroup, item).
     pub count: u64,
+}
+
+/// A watched memory cgroup's page-counter usage reached its armed level.
+///
+/// Written by the charge programs (raw tracepoints `mod_memcg_lruvec_state` and
+/// `mod_memcg_state`) once per upward crossing: the slot then waits until usage falls below
+/// its re-arm level (hysteresis) before it can fire again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThresholdEvent {
+    /// Common header (`kind` = [`KIND_THRESHOLD`], `cgroup_id` = the *watched* cgroup,
+    /// `pid` = the task whose charge crossed it).
+    pub header: Header,
+    /// The watched cgroup's usage when the crossing was seen, in pages.
+    pub usage_pages: u64,
+    /// The armed level, in pages.
+    pub threshold_pages: u64,
+    /// The memory cgroup that was charged (the watched one or a descendant of it).
+    pub charged_cgroup_id: u64,
+    /// Which slot of the [`ThresholdTable`] fired.
+    pub slot: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+
+/// One watched cgroup in the [`ThresholdTable`].
+///
+/// User space fills `cgroup_id`, `level`, `threshold_pages`, `rearm_pages` and `armed`; the
+/// programs learn `cgroup_ptr`/`memcg_ptr` the first time they see the cgroup (after checking
+/// its id) and flip `armed` on each crossing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThresholdSlot {
+    /// The watched cgroup's id (kernfs inode of its directory); 0 = empty slot.
+    pub cgroup_id: u64,
+    /// Its depth in its hierarchy (`cgroup.level`: the root is 0).
+    pub level: u32,
+    /// 1: armed (usage was below the level); 0: fired, waiting for usage to fall below
+    /// `rearm_pages`.
+    pub armed: u32,
+    /// The armed level, pages of `mem_cgroup.memory.usage`.
+    pub threshold_pages: u64,
+    /// Usage below which a fired slot is armed again.
+    pub rearm_pages: u64,
+    /// `bpf_ktime_get_ns()` of the last crossing: a slot re-arms no sooner than
+    /// `MIN_INTERVAL_NS` after it, so usage hovering at the level cannot flood the ring.
+    pub last_fired_ns: u64,
+    /// Learned in the kernel: the watched `struct cgroup *` (0 = not seen yet).
+    pub cgroup_ptr: u64,
+    /// Learned in the kernel: the watched `struct mem_cgroup *`.
+    pub memcg_ptr: u64,
+}
+
+/// Every usage threshold, in one array-map value so a charge costs one map lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThresholdTable {
+    /// Slots `0..count` are in use.
+    pub slots: [ThresholdSlot; MAX_THRESHOLDS],
+    /// How many slots are in use (0 = the programs return at once).
+    pub count: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+
+/// Kernel struct offsets (bytes) for the usage-threshold programs, from BTF.
+///
+/// Passed as the global `THRESHOLD_OFFSETS`; `valid` = 0 keeps the programs idle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThresholdOffsets {
+    /// `mem_cgroup.css` (0 on every kernel so far; read, not assumed).
+    pub memcg_css: u64,
+    /// `mem_cgroup.memory` + `page_counter.usage`: the usage counter, in pages.
+    pub memcg_usage: u64,
+    /// `cgroup_subsys_state.cgroup`.
+    pub css_cgroup: u64,
+    /// `cgroup.level` (an `int`).
+    pub cgroup_level: u64,
+    /// `cgroup.ancestors` (a flexible array of `struct cgroup *`, `[0..=level]`).
+    pub cgroup_ancestors: u64,
+    /// `cgroup.subsys` (an array of `struct cgroup_subsys_state *`).
+    pub cgroup_subsys: u64,
+    /// `enum cgroup_subsys_id::memory_cgrp_id`: index into `cgroup.subsys`.
+    pub memory_cgrp_id: u64,
+    /// `cgroup.kn`.
+    pub cgroup_kn: u64,
+    /// `kernfs_node.id`.
+    pub kn_id: u64,
+    /// 1 when every offset above was found.
+    pub valid: u64,
+}
+
+impl ThresholdOffsets {
+    /// All zero: the programs stay idle until user space fills the offsets in.
+    pub const fn zeroed() -> Self {
+        ThresholdOffsets {
+            memcg_css: 0,
+            memcg_usage: 0,
+            css_cgroup: 0,
+            cgroup_level: 0,
+            cgroup_ancestors: 0,
+            cgroup_subsys: 0,
+            memory_cgrp_id: 0,
+            cgroup_kn: 0,
+            kn_id: 0,
+            valid: 0,
+        }
+    }
 }
 
 /// Kernel struct offsets (bytes) for the in-kernel memory-cgroup walk, from BTF.
@@ -333,6 +447,10 @@ mod pod {
     unsafe impl aya::Pod for super::CgroupOffsets {}
     unsafe impl aya::Pod for super::RateState {}
     unsafe impl aya::Pod for super::MemcgKey {}
+    unsafe impl aya::Pod for super::ThresholdEvent {}
+    unsafe impl aya::Pod for super::ThresholdSlot {}
+    unsafe impl aya::Pod for super::ThresholdTable {}
+    unsafe impl aya::Pod for super::ThresholdOffsets {}
 }
 
 // The layouts are part of the kernel/user contract: pin their sizes.
@@ -341,3 +459,7 @@ const _: () = assert!(core::mem::size_of::<OomEvent>() == 96);
 const _: () = assert!(core::mem::size_of::<StallEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<MemcgEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 64);
+const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 56);
+const _: () = assert!(core::mem::size_of::<ThresholdSlot>() == 56);
+const _: () = assert!(core::mem::size_of::<ThresholdTable>() == 56 * MAX_THRESHOLDS + 8);
+const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 80);

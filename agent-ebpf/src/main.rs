@@ -12,6 +12,20 @@
 //! | `memcg_reclaim_begin` / `_end` | `vmscan:mm_vmscan_memcg_reclaim_{begin,end}` | `StallEvent` |
 //! | `direct_reclaim_begin` / `_end` | `vmscan:mm_vmscan_direct_reclaim_{begin,end}` | `StallEvent` |
 //! | `count_memcg_events` | `memcg:count_memcg_events` | `MemcgEvent` |
+//! | `charge_lruvec` / `charge_state` | raw tracepoints `mod_memcg_lruvec_state` / `mod_memcg_state` | `ThresholdEvent` |
+//!
+//! **Usage thresholds in the kernel.** cgroup v2 has no "usage crossed X" notification and
+//! the v1 one needs an eventfd per threshold; the charge programs give both one. The memcg
+//! stat tracepoints fire on every charge-side stat update and their raw form passes the
+//! `struct mem_cgroup *` itself, so the program reads the watched cgroup's page counter
+//! (`mem_cgroup.memory.usage`) directly. A charge in a descendant counts for the watched
+//! ancestor: `cgroup.ancestors[level]` finds it in one read, without a loop over parents.
+//! Cost on the charge path: an early return for decreases, one array-map lookup, and three
+//! probe reads per watched slot (the ancestor's pointers are learned once, after checking its
+//! kernfs id). One record per upward crossing; a fired slot re-arms only when usage falls below
+//! its re-arm level and `MIN_INTERVAL_NS` has passed, so a cgroup hovering at its level cannot
+//! flood the ring. Usage is charged in per-CPU batches (64 pages), so a crossing is seen
+//! within about 256 KiB per CPU of the level.
 
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 
@@ -22,8 +36,9 @@ fn main() {}
 mod programs {
     use agent_ebpf::{
         layout, CgroupOffsets, Header, MemcgEvent, MemcgKey, OomEvent, RateState, StallEvent,
-        COMM_LEN, DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, OOM_CGROUP_FROM_RAW_TP,
-        OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
+        ThresholdEvent, ThresholdOffsets, ThresholdSlot, ThresholdTable, COMM_LEN,
+        DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, KIND_THRESHOLD, MAX_THRESHOLDS,
+        OOM_CGROUP_FROM_RAW_TP, OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
     };
     use aya_ebpf::{
         helpers::{
@@ -31,10 +46,11 @@ mod programs {
             bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
         },
         macros::{map, raw_tracepoint, tracepoint},
-        maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+        maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
         programs::{RawTracePointContext, TracePointContext},
         EbpfContext,
     };
+    use aya_log_ebpf::debug;
 
     /// Offsets for the memory-cgroup walk, set by user space from BTF.
     #[unsafe(no_mangle)]
@@ -74,6 +90,15 @@ mod programs {
     /// The `vm_event_item`s that mean pressure (filled by user space from BTF names).
     #[map]
     static WATCH_ITEMS: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+
+    /// Offsets for the usage-threshold programs, set by user space from BTF.
+    #[unsafe(no_mangle)]
+    static THRESHOLD_OFFSETS: ThresholdOffsets = ThresholdOffsets::zeroed();
+
+    /// The watched cgroups and their armed levels: one value (index 0), written by user
+    /// space, whose `armed`/learned fields the charge programs update.
+    #[map]
+    static THRESHOLDS: Array<ThresholdTable> = Array::with_max_entries(1, 0);
 
     const MEMCG_FLAG: u64 = 1 << 32;
 
@@ -388,6 +413,169 @@ mod programs {
         });
         entry.submit(0);
         Ok(())
+    }
+
+    #[inline(always)]
+    fn threshold_offsets() -> ThresholdOffsets {
+        // SAFETY: see `min_interval`.
+        unsafe { core::ptr::read_volatile(&THRESHOLD_OFFSETS) }
+    }
+
+    /// Raw tracepoint `mod_memcg_lruvec_state(memcg, item, val)`: per-node memcg stats (anon,
+    /// file, LRU sizes, slab) move; fires on nearly every charge.
+    #[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
+    pub fn charge_lruvec(ctx: RawTracePointContext) -> i32 {
+        check_thresholds(&ctx);
+        0
+    }
+
+    /// Raw tracepoint `mod_memcg_state(memcg, item, val)`: memcg-wide stats (kernel memory,
+    /// sockets, swap) move.
+    #[raw_tracepoint(tracepoint = "mod_memcg_state")]
+    pub fn charge_state(ctx: RawTracePointContext) -> i32 {
+        check_thresholds(&ctx);
+        0
+    }
+
+    /// Checks every armed slot that `memcg` (arg 0) is inside of, on increases (arg 2 > 0).
+    #[inline(always)]
+    fn check_thresholds(ctx: &RawTracePointContext) {
+        let val: u64 = ctx.arg(2);
+        if (val as i32) <= 0 {
+            return;
+        }
+        let Some(table) = THRESHOLDS.get_ptr_mut(0) else {
+            return;
+        };
+        // SAFETY: an array-map value; two CPUs may update a slot at once, which at worst
+        // reports one crossing twice or re-learns a pointer.
+        let table = unsafe { &mut *table };
+        let count = table.count as usize;
+        if count == 0 {
+            return;
+        }
+        let o = threshold_offsets();
+        if o.valid == 0 {
+            return;
+        }
+        let memcg: u64 = ctx.arg(0);
+        let Some(cgrp) = read_ptr(memcg, o.memcg_css + o.css_cgroup) else {
+            return;
+        };
+        // SAFETY: bpf_probe_read_kernel checks the address.
+        let Ok(level) = (unsafe { bpf_probe_read_kernel((cgrp + o.cgroup_level) as *const i32) })
+        else {
+            return;
+        };
+        if level < 0 {
+            debug!(
+                ctx,
+                "threshold: cgroup level {} < 0: unexpected layout", level
+            );
+            return;
+        }
+        let level = level as u32;
+        let at_ns = now();
+        for i in 0..MAX_THRESHOLDS {
+            if i >= count {
+                break;
+            }
+            let slot = &mut table.slots[i];
+            if slot.cgroup_id == 0 || level < slot.level {
+                continue;
+            }
+            let Some(ancestor) = read_ptr(cgrp, o.cgroup_ancestors + 8 * u64::from(slot.level))
+            else {
+                continue;
+            };
+            if slot.cgroup_ptr != ancestor {
+                if slot.cgroup_ptr != 0 {
+                    continue; // another subtree
+                }
+                if !learn(ctx, slot, ancestor, &o) {
+                    continue;
+                }
+            }
+            // SAFETY: bpf_probe_read_kernel checks the address.
+            let Ok(usage) =
+                (unsafe { bpf_probe_read_kernel((slot.memcg_ptr + o.memcg_usage) as *const u64) })
+            else {
+                continue;
+            };
+            if slot.armed == 1 {
+                if usage >= slot.threshold_pages {
+                    // The learned pointer could in principle belong to a newer cgroup at the
+                    // same address: confirm the id once per crossing.
+                    if cgroup_id_of(ancestor, &o) != slot.cgroup_id {
+                        slot.cgroup_ptr = 0;
+                        slot.memcg_ptr = 0;
+                        continue;
+                    }
+                    slot.armed = 0;
+                    slot.last_fired_ns = at_ns;
+                    emit_threshold(i as u32, slot, usage, cgroup_id_of(cgrp, &o), at_ns);
+                }
+            } else if usage < slot.rearm_pages
+                && at_ns.saturating_sub(slot.last_fired_ns) >= min_interval()
+            {
+                slot.armed = 1;
+            }
+        }
+    }
+
+    /// The kernfs id of a `struct cgroup *`, or 0.
+    #[inline(always)]
+    fn cgroup_id_of(cgrp: u64, o: &ThresholdOffsets) -> u64 {
+        read_ptr(cgrp, o.cgroup_kn)
+            .and_then(|kn| read_ptr(kn, o.kn_id))
+            .unwrap_or(0)
+    }
+
+    /// Remembers `ancestor` (and its memcg) in `slot` when it is the watched cgroup.
+    #[inline(always)]
+    fn learn(
+        ctx: &RawTracePointContext,
+        slot: &mut ThresholdSlot,
+        ancestor: u64,
+        o: &ThresholdOffsets,
+    ) -> bool {
+        if cgroup_id_of(ancestor, o) != slot.cgroup_id {
+            return false;
+        }
+        let Some(css) = read_ptr(ancestor, o.cgroup_subsys + 8 * o.memory_cgrp_id) else {
+            debug!(
+                ctx,
+                "threshold: cannot read the memory css of cgroup {}", slot.cgroup_id
+            );
+            return false;
+        };
+        if css == 0 {
+            return false;
+        }
+        slot.memcg_ptr = css - o.memcg_css;
+        slot.cgroup_ptr = ancestor;
+        true
+    }
+
+    fn emit_threshold(index: u32, slot: &ThresholdSlot, usage: u64, charged: u64, at_ns: u64) {
+        let Some(mut entry) = EVENTS.reserve::<ThresholdEvent>(0) else {
+            count_drop();
+            return;
+        };
+        entry.write(ThresholdEvent {
+            header: Header {
+                at_ns,
+                cgroup_id: slot.cgroup_id,
+                kind: KIND_THRESHOLD,
+                pid: current_tid(),
+            },
+            usage_pages: usage,
+            threshold_pages: slot.threshold_pages,
+            charged_cgroup_id: charged,
+            slot: index,
+            _pad: 0,
+        });
+        entry.submit(0);
     }
 
     #[panic_handler]

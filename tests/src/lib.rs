@@ -99,6 +99,21 @@ impl TestMemcg {
         Ok(memcg)
     }
 
+    /// A child cgroup `name` of this one, without a limit of its own (the parent's applies);
+    /// drop it before the parent.
+    pub fn child(&self, name: &str) -> std::io::Result<TestMemcg> {
+        let path = self.path.join(name);
+        if path.exists() {
+            let _ = std::fs::remove_dir(&path);
+        }
+        std::fs::create_dir(&path)?;
+        Ok(TestMemcg {
+            path,
+            cgroup: format!("{}/{name}", self.cgroup),
+            children: Vec::new(),
+        })
+    }
+
     /// Starts a command inside this cgroup (it joins before it execs).
     pub fn spawn(&mut self, cmd: &mut std::process::Command) -> std::io::Result<u32> {
         use std::os::unix::process::CommandExt;

@@ -10,6 +10,7 @@
 //! | `oom_mark_victim` | `oom:mark_victim` | [`Kind::OomKill`] |
 //! | `{memcg,direct}_reclaim_{begin,end}` | `vmscan:mm_vmscan_{memcg,direct}_reclaim_{begin,end}` | [`Kind::ReclaimStall`] (duration timed in the kernel) |
 //! | `count_memcg_events` | `memcg:count_memcg_events` (pressure items only) | [`Kind::MemcgEvent`] |
+//! | `charge_lruvec`, `charge_state` | raw tracepoints `mod_memcg_lruvec_state`, `mod_memcg_state` | [`Kind::ThresholdCrossed`] for a watched cgroup ([`threshold`]) |
 //!
 //! Each program needs its tracepoint with the layout in `agent_ebpf::layout` (checked at
 //! attach; `memcg:count_memcg_events` is a recent addition that older kernels lack, and
@@ -57,13 +58,14 @@
 pub mod btf;
 pub mod cgroup;
 pub mod record;
+pub mod threshold;
 pub mod tracefs;
 
 use std::collections::HashMap as StdHashMap;
 use std::time::Duration;
 
-use agent_ebpf::{layout, CgroupOffsets, Field};
-use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use agent_ebpf::{layout, CgroupOffsets, Field, ThresholdOffsets};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{RawTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use tokio::io::unix::AsyncFd;
@@ -73,6 +75,7 @@ use tokio::sync::mpsc::Sender;
 use self::btf::Btf;
 use self::cgroup::CgroupNames;
 use self::record::{comm_str, Record};
+use self::threshold::{UsageThresholds, UsageWatch};
 use super::{Kind, PressureEvent, Source};
 
 /// The programs, built by `build.rs` from the `agent-ebpf` crate (empty with AYA_BUILD_SKIP).
@@ -93,9 +96,13 @@ pub struct TracepointSpec {
     pub raw: bool,
 }
 
+/// The programs that check usage thresholds on the charge path; attached only when
+/// [`EbpfOptions::usage_thresholds`] asks for them (they run on every charge).
+pub const CHARGE_PROGRAMS: [&str; 2] = ["charge_lruvec", "charge_state"];
+
 /// Every program the source attaches, in attach order (the raw `mark_victim` program before
 /// the classic one so it runs first; stall `begin`s before `end`s).
-pub const TRACEPOINTS: [TracepointSpec; 7] = [
+pub const TRACEPOINTS: [TracepointSpec; 9] = [
     TracepointSpec {
         program: "oom_victim_cgroup",
         category: "oom",
@@ -145,6 +152,20 @@ pub const TRACEPOINTS: [TracepointSpec; 7] = [
         fields: layout::count_memcg_events::ALL,
         raw: false,
     },
+    TracepointSpec {
+        program: "charge_lruvec",
+        category: "memcg",
+        name: "mod_memcg_lruvec_state",
+        fields: layout::NONE,
+        raw: true,
+    },
+    TracepointSpec {
+        program: "charge_state",
+        category: "memcg",
+        name: "mod_memcg_state",
+        fields: layout::NONE,
+        raw: true,
+    },
 ];
 
 /// The `vm_event_item`s reported by default: scanning and stealing by direct (including
@@ -171,6 +192,9 @@ pub struct EbpfOptions {
     pub memcg_items: Vec<String>,
     /// How often [`EbpfSource::run`] checks the drop counter.
     pub drop_check_interval: Duration,
+    /// Attach the charge programs that check usage thresholds in the kernel
+    /// ([`CHARGE_PROGRAMS`]); cgroups are then watched with [`EbpfSource::watch_usage`].
+    pub usage_thresholds: bool,
 }
 
 impl Default for EbpfOptions {
@@ -180,6 +204,7 @@ impl Default for EbpfOptions {
             min_interval: Duration::from_millis(10),
             memcg_items: DEFAULT_MEMCG_ITEMS.iter().map(|s| s.to_string()).collect(),
             drop_check_interval: Duration::from_millis(250),
+            usage_thresholds: false,
         }
     }
 }
@@ -227,13 +252,26 @@ fn missing_summary(missing: &[(&'static str, String)]) -> String {
 pub use super::monotonic_ns;
 
 /// Kernel facts from BTF: the cgroup-walk offsets and the watched `vm_event_item` numbers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct KernelFacts {
     offsets: CgroupOffsets,
     /// item number → lower-case name (`pgscan_direct`, as in `/proc/vmstat`).
     items: StdHashMap<u32, String>,
+    /// Offsets for the charge programs, or why there are none.
+    thresholds: Result<ThresholdOffsets, String>,
     /// Why the facts are incomplete, if they are.
     btf_problem: Option<String>,
+}
+
+impl Default for KernelFacts {
+    fn default() -> Self {
+        KernelFacts {
+            offsets: CgroupOffsets::default(),
+            items: StdHashMap::new(),
+            thresholds: Err("no BTF".into()),
+            btf_problem: None,
+        }
+    }
 }
 
 impl KernelFacts {
@@ -258,7 +296,10 @@ fn kernel_facts(wanted_items: &[String]) -> KernelFacts {
             }
         }
     };
-    let mut facts = KernelFacts::default();
+    let mut facts = KernelFacts {
+        thresholds: threshold::offsets(&btf),
+        ..Default::default()
+    };
     match cgroup_offsets(&btf) {
         Some(offsets) => facts.offsets = offsets,
         None => {
@@ -329,6 +370,10 @@ pub struct EbpfSource {
     drops: PerCpuArray<MapData, u64>,
     /// OOM victim pid → memcg id, from the raw `mark_victim` program.
     victims: HashMap<MapData, u32, u64>,
+    /// The usage-threshold table, when the charge programs attached.
+    usage: Option<UsageThresholds>,
+    /// The programs' log ring (aya-log), when it could be opened.
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     attached: Vec<&'static str>,
     missing: Vec<(&'static str, String)>,
     items: StdHashMap<u32, String>,
@@ -365,6 +410,14 @@ impl EbpfSource {
         let mut ebpf = EbpfLoader::new()
             .override_global("CGROUP_OFFSETS", &facts.offsets, true)
             .override_global("MIN_INTERVAL_NS", &min_interval_ns, true)
+            .override_global(
+                "THRESHOLD_OFFSETS",
+                facts
+                    .thresholds
+                    .as_ref()
+                    .unwrap_or(&ThresholdOffsets::zeroed()),
+                true,
+            )
             .map_max_entries("EVENTS", opts.ring_buffer_bytes)
             .load(OBJECT)
             .map_err(|e| EbpfError::Load {
@@ -390,9 +443,23 @@ impl EbpfSource {
             }
         }
 
+        // The programs' rare diagnostics (a failed read, an unexpected layout), relayed to the
+        // agent's log at debug.
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                tracing::debug!("eBPF: program log not relayed: {e}");
+                None
+            }
+        };
+
         let root = tracefs::root();
         let mut attached = Vec::new();
         for spec in TRACEPOINTS {
+            let charge = CHARGE_PROGRAMS.contains(&spec.program);
+            if charge && !opts.usage_thresholds {
+                continue;
+            }
             let result = (|| -> Result<(), String> {
                 let root = root
                     .as_deref()
@@ -404,7 +471,11 @@ impl EbpfSource {
                         None => "none of the configured memcg items exists in this kernel".into(),
                     });
                 }
-                if spec.raw && !facts.offsets_valid() {
+                if charge {
+                    if let Err(why) = &facts.thresholds {
+                        return Err(format!("{why}: cannot read memcg usage"));
+                    }
+                } else if spec.raw && !facts.offsets_valid() {
                     return Err(format!(
                         "{}: cannot read the victim's cgroup",
                         facts.btf_problem.as_deref().unwrap_or("no BTF offsets")
@@ -468,11 +539,23 @@ impl EbpfSource {
                 name: "VICTIM_CGROUP",
                 reason: e.to_string(),
             })?;
+        let usage = if CHARGE_PROGRAMS.iter().any(|p| attached.contains(p)) {
+            let table =
+                Array::try_from(take(&mut ebpf, "THRESHOLDS")?).map_err(|e| EbpfError::Map {
+                    name: "THRESHOLDS",
+                    reason: e.to_string(),
+                })?;
+            Some(UsageThresholds::new(table))
+        } else {
+            None
+        };
         Ok(EbpfSource {
             _ebpf: ebpf,
             ring,
             drops,
             victims,
+            usage,
+            logger,
             attached,
             missing,
             items: facts.items,
@@ -498,6 +581,30 @@ impl EbpfSource {
         self.in_kernel_cgroups
     }
 
+    /// Has the kernel check `watch`'s usage threshold on every charge: one
+    /// [`Kind::ThresholdCrossed`] per upward crossing, re-armed as the level moves. `Ok`
+    /// describes the armed watch, `Err` says why it is not (charge programs missing, the root
+    /// cgroup, no free slot).
+    pub fn watch_usage(&mut self, watch: UsageWatch) -> Result<String, String> {
+        match &mut self.usage {
+            Some(usage) => usage.add(watch),
+            None => {
+                let why = self
+                    .missing
+                    .iter()
+                    .find(|(p, _)| CHARGE_PROGRAMS.contains(p))
+                    .map_or_else(
+                        || "the charge programs were not asked for".to_string(),
+                        |(p, why)| format!("{p}: {why}"),
+                    );
+                Err(format!(
+                    "{}: eBPF usage threshold not armed ({why})",
+                    watch.cgroup
+                ))
+            }
+        }
+    }
+
     /// Records lost so far because the ring buffer was full (sum over CPUs).
     pub fn drops(&self) -> u64 {
         read_drops(&self.drops)
@@ -519,8 +626,27 @@ impl EbpfSource {
             items,
             mut names,
             opts,
+            usage,
+            logger,
             ..
         } = self;
+        let mut usage = usage;
+        let slot_paths = usage
+            .as_ref()
+            .map(UsageThresholds::paths)
+            .unwrap_or_default();
+        let mut logger = match logger {
+            // SAFETY: the logger owns its ring buffer's map fd (a `MapData`) and keeps it open,
+            // unchanged, for as long as the AsyncFd owns the logger.
+            Some(l) => match unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) } {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    tracing::debug!("eBPF: program log not relayed: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
         // SAFETY: the RingBuf owns its map fd (a `MapData`) and keeps it open, unchanged,
         // for as long as the AsyncFd owns the RingBuf.
         let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
@@ -555,12 +681,15 @@ impl EbpfSource {
                             let _ = victims.remove(&pid);
                             id
                         };
-                        let event = to_event(&rec, &items, &mut names, &mut victim_cgroup);
+                        let event =
+                            to_event(&rec, &items, &slot_paths, &mut names, &mut victim_cgroup);
                         if tx.send(event).await.is_err() {
                             return Ok(());
                         }
                     }
                 }
+                () = follow_usage(usage.as_mut()) => {}
+                () = flush_log(logger.as_mut()) => {}
                 _ = tick.tick() => {
                     let now = read_drops(&drops);
                     if now > reported {
@@ -586,6 +715,28 @@ impl EbpfSource {
     }
 }
 
+/// Moves usage thresholds as their levels move (never returns without any).
+async fn follow_usage(usage: Option<&mut UsageThresholds>) {
+    match usage {
+        Some(u) => u.follow().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Relays the programs' log records to the agent's log (never returns without a log ring).
+async fn flush_log(logger: Option<&mut AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>>) {
+    let Some(logger) = logger else {
+        return std::future::pending().await;
+    };
+    match logger.readable_mut().await {
+        Ok(mut guard) => {
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
 fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
     match drops.get(&0, 0) {
         Ok(values) => values.iter().copied().fold(0u64, u64::saturating_add),
@@ -601,6 +752,7 @@ fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
 fn to_event(
     rec: &Record,
     items: &StdHashMap<u32, String>,
+    slot_paths: &[String],
     names: &mut CgroupNames,
     victim_cgroup: &mut dyn FnMut(u32) -> Option<u64>,
 ) -> PressureEvent {
@@ -654,6 +806,18 @@ fn to_event(
             };
             (names.by_id(header.cgroup_id), kind)
         }
+        Record::Threshold(e) => {
+            let page = rustix::param::page_size() as u64;
+            let cgroup = usize::try_from(e.slot)
+                .ok()
+                .and_then(|i| slot_paths.get(i).cloned())
+                .or_else(|| names.by_id(header.cgroup_id));
+            let kind = Kind::ThresholdCrossed {
+                threshold_bytes: Some(e.threshold_pages.saturating_mul(page)),
+                usage_bytes: Some(e.usage_pages.saturating_mul(page)),
+            };
+            (cgroup, kind)
+        }
     };
     PressureEvent {
         at_ns: header.at_ns,
@@ -701,7 +865,7 @@ mod tests {
             _pad: 0,
             count: 32,
         });
-        let ev = to_event(&memcg, &items, &mut names, &mut |_| None);
+        let ev = to_event(&memcg, &items, &[], &mut names, &mut |_| None);
         assert_eq!(ev.at_ns, 11);
         assert_eq!(ev.source, Source::Ebpf);
         assert_eq!(
@@ -718,7 +882,7 @@ mod tests {
                 _ => unreachable!(),
             }
         });
-        let ev = to_event(&unknown, &items, &mut names, &mut |_| None);
+        let ev = to_event(&unknown, &items, &[], &mut names, &mut |_| None);
         assert!(matches!(ev.kind, Kind::MemcgEvent { ref item, .. } if item == "item99"));
     }
 

@@ -37,8 +37,9 @@ use super::{monotonic_ns, Kind, PressureEvent, Source};
 /// inactive_file` on every housekeeping pass, because usage counts inactive page cache that
 /// the working set (what eviction compares) does not: a threshold at `capacity - level` fires
 /// early, by exactly the inactive file pages, and the decision it wakes finds nothing met.
-/// Cheap to clone; a target that was not armed (no threshold, v1 registration refused) is
-/// ignored.
+/// The same levels drive the eBPF charge programs' in-kernel thresholds
+/// ([`super::ebpf::threshold`]). Cheap to clone; a target that was not armed (no threshold,
+/// v1 registration refused) is ignored.
 #[derive(Clone, Debug, Default)]
 pub struct MemcgThresholds {
     armed: Arc<Vec<(MemcgTarget, watch::Sender<u64>)>>,
@@ -80,8 +81,12 @@ pub(crate) struct ThresholdsBuilder {
 }
 
 impl ThresholdsBuilder {
-    /// A receiver for `target`'s threshold, starting at `bytes`.
+    /// A receiver for `target`'s threshold, starting at `bytes`; every source that checks
+    /// the same target (the memcg notification, the eBPF charge programs) follows one level.
     pub(crate) fn add(&mut self, target: &MemcgTarget, bytes: u64) -> watch::Receiver<u64> {
+        if let Some((_, tx)) = self.armed.iter().find(|(t, _)| t == target) {
+            return tx.subscribe();
+        }
         let (tx, rx) = watch::channel(bytes);
         self.armed.push((target.clone(), tx));
         rx

@@ -388,7 +388,7 @@ impl Sense {
             None => MemoryHierarchy::detect(),
         };
         if opts.ebpf {
-            attaching.ebpf();
+            attaching.ebpf(&opts.targets, &hierarchy);
         } else {
             attaching.missing(Source::Ebpf, "switched off (sense.ebpf: false)".into());
         }
@@ -508,14 +508,45 @@ impl Attaching {
     }
 
     /// The eBPF programs: whatever subset attaches runs as one task on the ring buffer; each
-    /// program that did not attach is reported with the kernel's reason.
-    fn ebpf(&mut self) {
-        match ebpf::EbpfSource::attach(ebpf::EbpfOptions::default()) {
-            Ok(source) => {
+    /// program that did not attach is reported with the kernel's reason. Targets with a usage
+    /// threshold are checked in the kernel on every charge (the charge programs), following
+    /// the same levels as the memcg notification.
+    fn ebpf(&mut self, targets: &[MemcgTarget], hierarchy: &Result<MemoryHierarchy, String>) {
+        let wanted: Vec<(&MemcgTarget, u64)> = targets
+            .iter()
+            .filter_map(|t| t.threshold_bytes.map(|b| (t, b)))
+            .collect();
+        let options = ebpf::EbpfOptions {
+            usage_thresholds: !wanted.is_empty(),
+            ..Default::default()
+        };
+        match ebpf::EbpfSource::attach(options) {
+            Ok(mut source) => {
                 for (program, reason) in source.missing() {
                     self.missing(Source::Ebpf, format!("{program}: {reason}"));
                 }
-                let what = format!("eBPF ring buffer: {}", source.attached().join(", "));
+                let mut what = format!("eBPF ring buffer: {}", source.attached().join(", "));
+                for (target, bytes) in wanted {
+                    let dir = hierarchy
+                        .as_ref()
+                        .map_err(Clone::clone)
+                        .and_then(|h| h.dir(&target.cgroup));
+                    let armed = dir.and_then(|dir| {
+                        let moves = self.thresholds.add(target, bytes);
+                        source.watch_usage(ebpf::threshold::UsageWatch {
+                            cgroup: target.cgroup.clone(),
+                            dir,
+                            bytes: moves,
+                        })
+                    });
+                    match armed {
+                        Ok(described) => {
+                            what.push_str("; ");
+                            what.push_str(&described);
+                        }
+                        Err(reason) => self.missing(Source::Ebpf, reason),
+                    }
+                }
                 let tx = self.tx.clone();
                 let task = async move {
                     if let Err(e) = source.run(tx).await {

@@ -3,7 +3,10 @@
 //! Pure: no I/O, so the decoding rules (kind tag, minimum length, unaligned reads) are tested
 //! without a kernel.
 
-use agent_ebpf::{Header, MemcgEvent, OomEvent, StallEvent, KIND_MEMCG, KIND_OOM, KIND_STALL};
+use agent_ebpf::{
+    Header, MemcgEvent, OomEvent, StallEvent, ThresholdEvent, KIND_MEMCG, KIND_OOM, KIND_STALL,
+    KIND_THRESHOLD,
+};
 
 /// One decoded record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +17,8 @@ pub enum Record {
     Stall(StallEvent),
     /// An aggregated memcg event counter.
     Memcg(MemcgEvent),
+    /// A watched cgroup's usage crossed its level.
+    Threshold(ThresholdEvent),
 }
 
 impl Record {
@@ -23,6 +28,7 @@ impl Record {
             Record::Oom(e) => &e.header,
             Record::Stall(e) => &e.header,
             Record::Memcg(e) => &e.header,
+            Record::Threshold(e) => &e.header,
         }
     }
 }
@@ -67,6 +73,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
         KIND_OOM => read(bytes, KIND_OOM).map(Record::Oom),
         KIND_STALL => read(bytes, KIND_STALL).map(Record::Stall),
         KIND_MEMCG => read(bytes, KIND_MEMCG).map(Record::Memcg),
+        KIND_THRESHOLD => read(bytes, KIND_THRESHOLD).map(Record::Threshold),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }

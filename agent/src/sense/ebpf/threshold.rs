@@ -1,0 +1,249 @@
+//! Usage thresholds checked in the kernel: the user-space half of the charge programs
+//! (`charge_lruvec`, `charge_state` in `agent-ebpf`).
+//!
+//! cgroup v2 offers no "usage crossed X bytes" notification (`memory.events` moves only on
+//! `high`/`max`/`oom`), and v1's needs one eventfd registration per threshold. The charge
+//! programs read the watched cgroup's page counter on the charge path and write one
+//! [`agent_ebpf::ThresholdEvent`] per upward crossing, with the kernel's timestamp; the same
+//! program serves v1 and v2 because it reads `struct mem_cgroup`, not a cgroup file.
+//!
+//! User space owns the [`agent_ebpf::ThresholdTable`] (one array-map value): which cgroups,
+//! at what level, and whether each slot is armed. A level moves when the reactor loop moves
+//! the memcg thresholds ([`crate::sense::memcg::MemcgThresholds`], the same handle), and each
+//! write re-reads the cgroup's usage so a slot armed below its usage waits for the next
+//! crossing instead of firing at once (what a v1 eventfd registration does too).
+//!
+//! Minimum kernel: the `memcg:mod_memcg_state`/`mod_memcg_lruvec_state` tracepoints (Linux
+//! 6.14) and BTF for the offsets.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use agent_ebpf::{ThresholdOffsets, ThresholdSlot, ThresholdTable, MAX_THRESHOLDS};
+use aya::maps::{Array, MapData};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tokio_stream::{StreamExt as _, StreamMap};
+
+use super::btf::Btf;
+
+/// A slot that fired re-arms once usage falls this far below its level: at least 4 MiB (16
+/// per-CPU charge batches), or 1% of the level on large cgroups, so usage hovering at the
+/// level (page cache coming and going) cannot turn into a stream of crossings.
+pub const MIN_HYSTERESIS_BYTES: u64 = 4 << 20;
+
+/// The offsets the charge programs need, from BTF; `None` names the first one missing.
+pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, String> {
+    let member = |s: &str, m: &str| {
+        btf.member_offset(s, m)
+            .ok_or_else(|| format!("BTF has no {s}.{m}"))
+    };
+    let memory_cgrp_id = btf
+        .enum_value("cgroup_subsys_id", "memory_cgrp_id")
+        .and_then(|v| u64::try_from(v).ok())
+        .ok_or("BTF has no memory_cgrp_id (no memory controller?)")?;
+    Ok(ThresholdOffsets {
+        memcg_css: member("mem_cgroup", "css")?,
+        memcg_usage: member("mem_cgroup", "memory")? + member("page_counter", "usage")?,
+        css_cgroup: member("cgroup_subsys_state", "cgroup")?,
+        cgroup_level: member("cgroup", "level")?,
+        cgroup_ancestors: member("cgroup", "ancestors")?,
+        cgroup_subsys: member("cgroup", "subsys")?,
+        memory_cgrp_id,
+        cgroup_kn: member("cgroup", "kn")?,
+        kn_id: member("kernfs_node", "id")?,
+        valid: 1,
+    })
+}
+
+/// One cgroup whose usage threshold the kernel should check.
+#[derive(Debug)]
+pub struct UsageWatch {
+    /// The cgroup as a path inside the memory hierarchy (`/kubepods`).
+    pub cgroup: String,
+    /// Its directory (where `memory.current` or `memory.usage_in_bytes` is).
+    pub dir: PathBuf,
+    /// Where the threshold is now and where it moves to.
+    pub bytes: watch::Receiver<u64>,
+}
+
+/// A watch placed in a slot.
+#[derive(Debug)]
+struct Placed {
+    cgroup: String,
+    dir: PathBuf,
+    id: u64,
+    level: u32,
+}
+
+/// The table's user-space owner: places watches in slots and rewrites a slot when its level
+/// moves.
+pub(crate) struct UsageThresholds {
+    map: Array<MapData, ThresholdTable>,
+    placed: Vec<Placed>,
+    moves: StreamMap<usize, WatchStream<u64>>,
+    page: u64,
+}
+
+impl std::fmt::Debug for UsageThresholds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageThresholds")
+            .field("placed", &self.placed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UsageThresholds {
+    pub(crate) fn new(map: Array<MapData, ThresholdTable>) -> Self {
+        UsageThresholds {
+            map,
+            placed: Vec::new(),
+            moves: StreamMap::new(),
+            page: rustix::param::page_size() as u64,
+        }
+    }
+
+    /// Places `watch` in the next slot and arms it; `Ok` describes it, `Err` says why not.
+    pub(crate) fn add(&mut self, watch: UsageWatch) -> Result<String, String> {
+        let slot = self.placed.len();
+        if slot >= MAX_THRESHOLDS {
+            return Err(format!(
+                "{}: eBPF usage threshold not armed: all {MAX_THRESHOLDS} slots are in use",
+                watch.cgroup
+            ));
+        }
+        let level = cgroup_level(&watch.cgroup);
+        if level == 0 {
+            // The root memcg's page counter misses the root cgroup's own tasks and its v1
+            // usage file reports global counters instead: a different quantity.
+            return Err(format!(
+                "{}: eBPF usage threshold not armed on the root cgroup (its page counter is not \
+                 the node's usage); memcg notification, PSI and the tick cover it",
+                watch.cgroup
+            ));
+        }
+        let id = std::fs::metadata(&watch.dir)
+            .map_err(|e| format!("{}: cannot stat {}: {e}", watch.cgroup, watch.dir.display()))?
+            .ino();
+        let bytes = *watch.bytes.borrow();
+        self.placed.push(Placed {
+            cgroup: watch.cgroup.clone(),
+            dir: watch.dir,
+            id,
+            level,
+        });
+        self.arm(slot, bytes)
+            .inspect_err(|_| {
+                self.placed.pop();
+            })
+            .map_err(|e| format!("{}: {e}", watch.cgroup))?;
+        self.moves.insert(slot, WatchStream::new(watch.bytes));
+        Ok(format!(
+            "eBPF usage threshold {bytes} bytes on {} (checked on every charge)",
+            watch.cgroup
+        ))
+    }
+
+    /// The cgroup path of each slot, by slot index.
+    pub(crate) fn paths(&self) -> Vec<String> {
+        self.placed.iter().map(|p| p.cgroup.clone()).collect()
+    }
+
+    /// Rewrites slot `index` at `bytes`, keeping the other slots as the kernel left them.
+    fn arm(&mut self, index: usize, bytes: u64) -> Result<(), String> {
+        let placed = &self.placed[index];
+        let usage = read_usage(&placed.dir);
+        let mut table = self.map.get(&0, 0).unwrap_or_default();
+        table.slots[index] = slot_for(placed.id, placed.level, bytes, usage, self.page);
+        table.count = u32::try_from(self.placed.len()).unwrap_or(0);
+        self.map
+            .set(0, table, 0)
+            .map_err(|e| format!("cannot write the eBPF threshold table: {e}"))
+    }
+
+    /// Moves slots as their levels move; returns when every level's sender is gone.
+    pub(crate) async fn follow(&mut self) {
+        while let Some((index, bytes)) = self.moves.next().await {
+            if let Err(e) = self.arm(index, bytes) {
+                let cgroup = &self.placed[index].cgroup;
+                tracing::warn!(%cgroup, bytes, error = %e, "eBPF usage threshold not moved");
+            }
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Depth of a cgroup path in its hierarchy (`/` = 0, `/kubepods/burstable` = 2).
+pub fn cgroup_level(cgroup: &str) -> u32 {
+    let n = Path::new(cgroup)
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The slot for a cgroup at `threshold_bytes`, armed only when usage is below it now: a
+/// crossing is a change from below to at-or-above, as with a v1 eventfd.
+pub fn slot_for(
+    id: u64,
+    level: u32,
+    threshold_bytes: u64,
+    usage_bytes: Option<u64>,
+    page: u64,
+) -> ThresholdSlot {
+    let page = page.max(1);
+    let threshold_pages = threshold_bytes.div_ceil(page);
+    let hysteresis = MIN_HYSTERESIS_BYTES.max(threshold_bytes / 100) / page;
+    ThresholdSlot {
+        cgroup_id: id,
+        level,
+        armed: u32::from(usage_bytes.is_none_or(|u| u < threshold_bytes)),
+        threshold_pages,
+        rearm_pages: threshold_pages.saturating_sub(hysteresis),
+        last_fired_ns: 0,
+        cgroup_ptr: 0,
+        memcg_ptr: 0,
+    }
+}
+
+/// The cgroup's page-counter usage from its own file (v2 `memory.current`, v1
+/// `memory.usage_in_bytes`, which for a non-root cgroup is the same counter).
+fn read_usage(dir: &Path) -> Option<u64> {
+    ["memory.current", "memory.usage_in_bytes"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+        .and_then(|t| t.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_count_path_components() {
+        assert_eq!(cgroup_level("/"), 0);
+        assert_eq!(cgroup_level(""), 0);
+        assert_eq!(cgroup_level("/kubepods"), 1);
+        assert_eq!(cgroup_level("/kubepods/burstable/"), 2);
+    }
+
+    #[test]
+    fn slots_arm_below_usage_and_rearm_below_the_hysteresis() {
+        let mib = 1 << 20;
+        let s = slot_for(7, 2, 100 * mib, Some(50 * mib), 4096);
+        assert_eq!((s.cgroup_id, s.level, s.armed), (7, 2, 1));
+        assert_eq!(s.threshold_pages, 100 * 256);
+        assert_eq!(s.rearm_pages, 96 * 256, "4 MiB below the level");
+        // Armed above usage: wait for the next crossing.
+        assert_eq!(slot_for(7, 2, 100 * mib, Some(100 * mib), 4096).armed, 0);
+        // Usage unknown: armed.
+        assert_eq!(slot_for(7, 2, 100 * mib, None, 4096).armed, 1);
+        // Large levels re-arm 1% below.
+        let big = slot_for(7, 1, 1000 * 1024 * mib, None, 4096);
+        assert_eq!(big.rearm_pages, big.threshold_pages - 10 * 1024 * 256);
+        // A level below the hysteresis re-arms at 0, never underflows.
+        assert_eq!(slot_for(7, 1, mib, None, 4096).rearm_pages, 0);
+        // Bytes round up to whole pages.
+        assert_eq!(slot_for(7, 1, 4097, None, 4096).threshold_pages, 2);
+    }
+}

@@ -1,0 +1,202 @@
+//! Usage thresholds checked in the kernel, through `reactor watch` with eBPF alone: a process
+//! that allocates past a memcg's threshold (far from its limit) produces exactly one
+//! `threshold-crossed` event from `ebpf` for that cgroup, and no reclaim or OOM event; a
+//! process in a child cgroup crosses the parent's threshold the same way.
+//!
+//! Needs root, tracefs, BTF and the `memcg:` tracepoints; in CI (`CI=true`) a missing piece
+//! fails instead of skipping.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use reactor::sense::ebpf::tracefs;
+use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard, TestMemcg};
+
+const MIB: u64 = 1 << 20;
+const LIMIT: u64 = 1 << 30;
+const THRESHOLD: u64 = 100 * MIB;
+
+fn can_run() -> bool {
+    require(is_root(), "root (to load eBPF programs)")
+        && require(
+            tracefs::root().is_some_and(|r| r.join("events/memcg/mod_memcg_lruvec_state").exists()),
+            "tracefs with the memcg:mod_memcg_lruvec_state tracepoint (Linux 6.14+)",
+        )
+        && require(
+            std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "kernel BTF at /sys/kernel/btf/vmlinux",
+        )
+        && require(memhog_bin().exists(), "the memhog binary")
+}
+
+/// `reactor watch --json` with eBPF alone on `cgroup` at [`THRESHOLD`]; its stdout lines
+/// arrive on the receiver, parsed.
+fn watch(cgroup: &str) -> (ChildGuard, mpsc::Receiver<serde_json::Value>) {
+    let mut child = Command::new(reactor_bin())
+        .args(["watch", "--json", "--no-psi", "--no-memcg", "--no-poll"])
+        .args(["--cgroup", cgroup, "--threshold", "100Mi"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("reactor watch");
+    let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("watch printed a line that is not JSON ({e}): {line}"));
+            if tx.send(value).is_err() {
+                return;
+            }
+        }
+    });
+    // The attach report goes to stderr; wait until the threshold is armed before starting
+    // the workload, and fail with the report if it never is.
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("eBPF usage threshold") && line.contains("attached") {
+                let _ = ready_tx.send(Ok(()));
+            }
+            if line.contains("sense running") {
+                let _ = ready_tx.send(Err(seen.clone()));
+            }
+        }
+        let _ = ready_tx.send(Err(seen));
+    });
+    match ready_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(())) => {}
+        Ok(Err(report)) => panic!("the eBPF usage threshold was not armed:\n{report}"),
+        Err(_) => panic!("reactor watch did not report its sources within 60 s"),
+    }
+    (ChildGuard(child), rx)
+}
+
+/// Everything `watch` prints until `quiet` has passed after `until` said stop.
+fn collect(
+    rx: &mpsc::Receiver<serde_json::Value>,
+    timeout: Duration,
+    mut until: impl FnMut(&serde_json::Value) -> bool,
+    quiet: Duration,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut stop_at: Option<Instant> = None;
+    loop {
+        let end = stop_at.unwrap_or(deadline).min(deadline);
+        let Some(left) = end.checked_duration_since(Instant::now()) else {
+            return out;
+        };
+        match rx.recv_timeout(left) {
+            Ok(v) => {
+                if stop_at.is_none() && until(&v) {
+                    stop_at = Some(Instant::now() + quiet);
+                }
+                out.push(v);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => return out,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return out,
+        }
+    }
+}
+
+fn is_crossing(v: &serde_json::Value, cgroup: &str) -> bool {
+    v["source"] == "ebpf" && v["cgroup"] == cgroup && v["kind"]["type"] == "threshold-crossed"
+}
+
+/// Runs memhog (150 MiB, then held) in `run_in` while watching `watched`, and checks the one
+/// crossing.
+fn one_crossing(watched: &str, run_in: &mut TestMemcg) {
+    let (mut agent, rx) = watch(watched);
+    let hog = run_in
+        .spawn(Command::new(memhog_bin()).args(["150", "300", "600"]))
+        .expect("memhog");
+    // Until the hog holds its 150 MiB, then 2 s more: a second crossing, a reclaim or an OOM
+    // would show up by then.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut events = collect(
+        &rx,
+        Duration::from_secs(120),
+        |v| is_crossing(v, watched),
+        Duration::ZERO,
+    );
+    while Instant::now() < deadline {
+        let usage: u64 = std::fs::read_to_string(run_in.path.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        if usage >= 150 * MIB {
+            break;
+        }
+        events.extend(rx.try_iter());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    events.extend(collect(
+        &rx,
+        Duration::from_secs(2),
+        |_| false,
+        Duration::ZERO,
+    ));
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
+        rustix::process::Signal::TERM,
+    );
+    agent.wait_exit("reactor watch", Duration::from_secs(20));
+
+    let ours: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|v| v["cgroup"] == watched || v["cgroup"] == run_in.cgroup.as_str())
+        .collect();
+    let crossings: Vec<&&serde_json::Value> =
+        ours.iter().filter(|v| is_crossing(v, watched)).collect();
+    assert_eq!(
+        crossings.len(),
+        1,
+        "one threshold-crossed from ebpf for {watched} (hog pid {hog}); events for our cgroups: \
+         {ours:#?}"
+    );
+    let kind = &crossings[0]["kind"];
+    assert_eq!(kind["threshold_bytes"], THRESHOLD);
+    let usage = kind["usage_bytes"].as_u64().expect("usage_bytes");
+    // Charged in per-CPU batches: seen within a few batches of the level, never below it.
+    assert!(
+        (THRESHOLD..THRESHOLD + 8 * MIB).contains(&usage),
+        "usage at the crossing {usage} should be just above {THRESHOLD}"
+    );
+    eprintln!("crossing: {}", crossings[0]);
+    let lag = crossings[0]["lag_ns"].as_u64().expect("lag_ns");
+    assert!(lag < 30_000_000_000, "lag {lag} ns is not sane");
+    for v in &ours {
+        let t = v["kind"]["type"].as_str().unwrap_or_default();
+        assert!(
+            !matches!(t, "reclaim-stall" | "oom-kill"),
+            "the limit is far away, yet: {v}"
+        );
+    }
+}
+
+#[test]
+fn a_process_crossing_the_threshold_makes_one_ebpf_event() {
+    if !can_run() {
+        return;
+    }
+    let mut memcg = TestMemcg::new("ebpf-threshold", LIMIT).expect("test memcg");
+    let watched = memcg.cgroup.clone();
+    one_crossing(&watched, &mut memcg);
+}
+
+#[test]
+fn a_process_in_a_child_crosses_the_parents_threshold() {
+    if !can_run() {
+        return;
+    }
+    let parent = TestMemcg::new("ebpf-threshold-parent", LIMIT).expect("test memcg");
+    let mut child = parent.child("pod").expect("child memcg");
+    one_crossing(&parent.cgroup, &mut child);
+}
