@@ -108,12 +108,12 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                     if let Some(l) = d.reaction_lag_ns {
                         lags.push(l);
                     }
-                    sources.push(
-                        d.wake
-                            .event
-                            .as_ref()
-                            .map_or("timer".to_string(), |e| e.source.name().to_string()),
-                    );
+                    // "ebpf threshold-crossed", "memcg-threshold threshold-crossed", "timer", ...
+                    sources.push(d.wake.event.as_ref().map_or("timer".to_string(), |e| {
+                        let kind = e.kind.to_string();
+                        let kind = kind.split_whitespace().next().unwrap_or_default();
+                        format!("{} {kind}", e.source.name())
+                    }));
                     evicted = true;
                     break;
                 }
@@ -214,7 +214,50 @@ async fn without_ebpf_psi_and_memcg_notifications_still_evict() {
     report("eBPF off", ok, 5, &mut lags, &sources);
     node.finish().await;
     assert!(ok >= 4, "evicted before the OOM killer in only {ok} of 5");
-    assert!(sources.iter().all(|s| s != "ebpf"), "{sources:?}");
+    assert!(
+        sources.iter().all(|s| !s.starts_with("ebpf")),
+        "{sources:?}"
+    );
+}
+
+/// eBPF alone (no PSI, no memcg notification): the in-kernel usage threshold on kubepods is
+/// what wakes the loop, and the hog is evicted before the OOM killer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebpf_alone_evicts_woken_by_the_in_kernel_usage_threshold() {
+    if !ready() {
+        return;
+    }
+    let mut node = Node::start(NodeSpec {
+        name: "reactor-ebpfonly",
+        capacity_mi: 512,
+        hard: &[("allocatableMemory.available", "128Mi")],
+        soft: &[],
+        min_reclaim: &[],
+        transition: Duration::from_secs(2),
+        ebpf: true,
+        deferred: true,
+    })
+    .await;
+    node.start_loop_with(|o, _| {
+        o.psi = false;
+        o.memcg = false;
+    });
+    if !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
+        node.finish().await;
+        return;
+    }
+    let (ok, mut lags, sources) = besteffort_storm(&mut node, 5).await;
+    report("eBPF alone", ok, 5, &mut lags, &sources);
+    node.finish().await;
+    assert!(ok >= 4, "evicted before the OOM killer in only {ok} of 5");
+    let by_threshold = sources
+        .iter()
+        .filter(|s| *s == "ebpf threshold-crossed")
+        .count();
+    assert!(
+        by_threshold >= 3,
+        "the eBPF threshold event should wake most evictions: {sources:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
