@@ -30,6 +30,8 @@ pub const KIND_THRESHOLD: u32 = 4;
 
 /// How many usage thresholds the programs check ([`ThresholdTable::slots`]).
 pub const MAX_THRESHOLDS: usize = 8;
+/// How many NUMA nodes' counters a root-cgroup threshold sums ([`ThresholdTable::node_stats`]).
+pub const MAX_NODES: usize = 8;
 
 /// Length of the kernel's `task_struct.comm`.
 pub const COMM_LEN: usize = 16;
@@ -189,6 +191,10 @@ pub struct ThresholdSlot {
 pub struct ThresholdTable {
     /// Slots `0..count` are in use.
     pub slots: [ThresholdSlot; MAX_THRESHOLDS],
+    /// Learned in the kernel: `&pglist_data.vm_stat[0]` of each NUMA node, for a root-cgroup
+    /// slot (the root's usage is the node counters `NR_ANON_MAPPED + NR_FILE_PAGES`, what its
+    /// v1 `memory.usage_in_bytes` and v2 `memory.stat` report, not its page counter).
+    pub node_stats: [u64; MAX_NODES],
     /// How many slots are in use (0 = the programs return at once).
     pub count: u32,
     /// Explicit padding.
@@ -219,6 +225,18 @@ pub struct ThresholdOffsets {
     pub cgroup_kn: u64,
     /// `kernfs_node.id`.
     pub kn_id: u64,
+    /// `mem_cgroup.nodeinfo` (a flexible array of `struct mem_cgroup_per_node *`).
+    pub memcg_nodeinfo: u64,
+    /// `mem_cgroup_per_node.lruvec` + `lruvec.pgdat`: the node's `struct pglist_data *`.
+    pub per_node_pgdat: u64,
+    /// `pglist_data.vm_stat` (an array of `atomic_long_t`, pages).
+    pub pgdat_vm_stat: u64,
+    /// `enum node_stat_item::NR_ANON_MAPPED`.
+    pub nr_anon_mapped: u64,
+    /// `enum node_stat_item::NR_FILE_PAGES`.
+    pub nr_file_pages: u64,
+    /// NUMA nodes to sum for a root-cgroup slot (highest online id + 1); 0 = root slots off.
+    pub nr_nodes: u64,
     /// 1 when every offset above was found.
     pub valid: u64,
 }
@@ -236,6 +254,12 @@ impl ThresholdOffsets {
             memory_cgrp_id: 0,
             cgroup_kn: 0,
             kn_id: 0,
+            memcg_nodeinfo: 0,
+            per_node_pgdat: 0,
+            pgdat_vm_stat: 0,
+            nr_anon_mapped: 0,
+            nr_file_pages: 0,
+            nr_nodes: 0,
             valid: 0,
         }
     }
@@ -461,5 +485,6 @@ const _: () = assert!(core::mem::size_of::<MemcgEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 64);
 const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<ThresholdSlot>() == 56);
-const _: () = assert!(core::mem::size_of::<ThresholdTable>() == 56 * MAX_THRESHOLDS + 8);
-const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 80);
+const _: () =
+    assert!(core::mem::size_of::<ThresholdTable>() == 56 * MAX_THRESHOLDS + 8 * MAX_NODES + 8);
+const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 128);

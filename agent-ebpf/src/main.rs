@@ -37,8 +37,8 @@ mod programs {
     use agent_ebpf::{
         layout, CgroupOffsets, Header, MemcgEvent, MemcgKey, OomEvent, RateState, StallEvent,
         ThresholdEvent, ThresholdOffsets, ThresholdSlot, ThresholdTable, COMM_LEN,
-        DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, KIND_THRESHOLD, MAX_THRESHOLDS,
-        OOM_CGROUP_FROM_RAW_TP, OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
+        DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, KIND_THRESHOLD, MAX_NODES,
+        MAX_THRESHOLDS, OOM_CGROUP_FROM_RAW_TP, OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
     };
     use aya_ebpf::{
         helpers::{
@@ -480,33 +480,44 @@ mod programs {
             if i >= count {
                 break;
             }
-            let slot = &mut table.slots[i];
+            let slot = table.slots[i];
             if slot.cgroup_id == 0 || level < slot.level {
                 continue;
             }
-            let Some(ancestor) = read_ptr(cgrp, o.cgroup_ancestors + 8 * u64::from(slot.level))
-            else {
-                continue;
-            };
-            if slot.cgroup_ptr != ancestor {
-                if slot.cgroup_ptr != 0 {
-                    continue; // another subtree
+            let (usage, ancestor) = if slot.level == 0 {
+                // Every memcg is inside the root: its usage is the node counters.
+                match node_usage(&mut table.node_stats, memcg, &o) {
+                    Some(usage) => (usage, 0),
+                    None => continue,
                 }
-                if !learn(ctx, slot, ancestor, &o) {
+            } else {
+                let Some(ancestor) = read_ptr(cgrp, o.cgroup_ancestors + 8 * u64::from(slot.level))
+                else {
                     continue;
+                };
+                let slot = &mut table.slots[i];
+                if slot.cgroup_ptr != ancestor {
+                    if slot.cgroup_ptr != 0 {
+                        continue; // another subtree
+                    }
+                    if !learn(ctx, slot, ancestor, &o) {
+                        continue;
+                    }
                 }
-            }
-            // SAFETY: bpf_probe_read_kernel checks the address.
-            let Ok(usage) =
-                (unsafe { bpf_probe_read_kernel((slot.memcg_ptr + o.memcg_usage) as *const u64) })
-            else {
-                continue;
+                // SAFETY: bpf_probe_read_kernel checks the address.
+                let Ok(usage) = (unsafe {
+                    bpf_probe_read_kernel((slot.memcg_ptr + o.memcg_usage) as *const u64)
+                }) else {
+                    continue;
+                };
+                (usage, ancestor)
             };
+            let slot = &mut table.slots[i];
             if slot.armed == 1 {
                 if usage >= slot.threshold_pages {
                     // The learned pointer could in principle belong to a newer cgroup at the
                     // same address: confirm the id once per crossing.
-                    if cgroup_id_of(ancestor, &o) != slot.cgroup_id {
+                    if ancestor != 0 && cgroup_id_of(ancestor, &o) != slot.cgroup_id {
                         slot.cgroup_ptr = 0;
                         slot.memcg_ptr = 0;
                         continue;
@@ -521,6 +532,34 @@ mod programs {
                 slot.armed = 1;
             }
         }
+    }
+
+    /// `NR_ANON_MAPPED + NR_FILE_PAGES` summed over the NUMA nodes, in pages: the root
+    /// cgroup's usage. Each node's counter array is found once through `memcg` (any memcg's
+    /// `nodeinfo[nid]->lruvec.pgdat` is the node's) and remembered in `stats`.
+    #[inline(always)]
+    fn node_usage(stats: &mut [u64; MAX_NODES], memcg: u64, o: &ThresholdOffsets) -> Option<u64> {
+        if o.nr_nodes == 0 {
+            return None;
+        }
+        let mut total: i64 = 0;
+        for (nid, stat) in stats.iter_mut().enumerate() {
+            if nid as u64 >= o.nr_nodes {
+                break;
+            }
+            if *stat == 0 {
+                let per_node = read_ptr(memcg, o.memcg_nodeinfo + 8 * nid as u64)?;
+                let pgdat = read_ptr(per_node, o.per_node_pgdat)?;
+                if pgdat == 0 {
+                    return None;
+                }
+                *stat = pgdat + o.pgdat_vm_stat;
+            }
+            let anon = read_ptr(*stat, 8 * o.nr_anon_mapped)? as i64;
+            let file = read_ptr(*stat, 8 * o.nr_file_pages)? as i64;
+            total += anon + file;
+        }
+        Some(total.max(0) as u64)
     }
 
     /// The kernfs id of a `struct cgroup *`, or 0.

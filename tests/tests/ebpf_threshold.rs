@@ -200,3 +200,74 @@ fn a_process_in_a_child_crosses_the_parents_threshold() {
     let mut child = parent.child("pod").expect("child memcg");
     one_crossing(&parent.cgroup, &mut child);
 }
+
+/// The root cgroup (the default `cgroupRoot`): its usage is the node's anon + file pages, the
+/// figure its `memory.usage_in_bytes` reports, so a threshold just above it is crossed when a
+/// process (in a limited test memcg) allocates past it.
+#[test]
+fn the_root_cgroup_threshold_follows_the_node_counters() {
+    if !can_run() {
+        return;
+    }
+    let root_usage = || -> u64 {
+        std::fs::read_to_string(format!(
+            "{}/memory.usage_in_bytes",
+            reactor_tests::MEMCG_V1_ROOT
+        ))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .expect("root memory.usage_in_bytes")
+    };
+    let mut memcg = TestMemcg::new("ebpf-threshold-root", LIMIT).expect("test memcg");
+    let threshold = root_usage() + 64 * MIB;
+    let mut child = Command::new(reactor_bin())
+        .args(["watch", "--json", "--no-psi", "--no-memcg", "--no-poll"])
+        .args(["--cgroup", "/", "--threshold", &threshold.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("reactor watch");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut agent = ChildGuard(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    // Give the agent time to attach before the allocation starts.
+    std::thread::sleep(Duration::from_secs(2));
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["150", "300", "600"]))
+        .expect("memhog");
+    let events = collect(
+        &rx,
+        Duration::from_secs(60),
+        |v| is_crossing(v, "/"),
+        Duration::ZERO,
+    );
+    let now = root_usage();
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
+        rustix::process::Signal::TERM,
+    );
+    agent.wait_exit("reactor watch", Duration::from_secs(20));
+    let crossing = events
+        .iter()
+        .find(|v| is_crossing(v, "/"))
+        .unwrap_or_else(|| panic!("no threshold-crossed for / at {threshold}: {events:#?}"));
+    eprintln!("root crossing: {crossing} (root usage now {now})");
+    let kind = &crossing["kind"];
+    assert_eq!(kind["threshold_bytes"], threshold.div_ceil(4096) * 4096);
+    let usage = kind["usage_bytes"].as_u64().expect("usage_bytes");
+    assert!(usage >= threshold, "{usage} below the level {threshold}");
+    // The same quantity as the root's own usage file (other processes move it meanwhile).
+    assert!(
+        usage.abs_diff(now) < now / 10,
+        "eBPF saw {usage}, memory.usage_in_bytes says {now}"
+    );
+}

@@ -211,6 +211,7 @@ fn a_flooded_ring_buffer_counts_and_reports_drops_and_keeps_going() {
         min_interval: Duration::ZERO,
         memcg_items: vec!["PGFAULT".into(), "PGSCAN_DIRECT".into()],
         drop_check_interval: Duration::from_millis(20),
+        ..EbpfOptions::default()
     };
     let source = rt
         .block_on(async { EbpfSource::attach(opts) })

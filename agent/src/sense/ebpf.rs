@@ -539,15 +539,17 @@ impl EbpfSource {
                 name: "VICTIM_CGROUP",
                 reason: e.to_string(),
             })?;
-        let usage = if CHARGE_PROGRAMS.iter().any(|p| attached.contains(p)) {
-            let table =
-                Array::try_from(take(&mut ebpf, "THRESHOLDS")?).map_err(|e| EbpfError::Map {
-                    name: "THRESHOLDS",
-                    reason: e.to_string(),
+        let usage = match &facts.thresholds {
+            Ok(offsets) if CHARGE_PROGRAMS.iter().any(|p| attached.contains(p)) => {
+                let table = Array::try_from(take(&mut ebpf, "THRESHOLDS")?).map_err(|e| {
+                    EbpfError::Map {
+                        name: "THRESHOLDS",
+                        reason: e.to_string(),
+                    }
                 })?;
-            Some(UsageThresholds::new(table))
-        } else {
-            None
+                Some(UsageThresholds::new(table, offsets))
+            }
+            _ => None,
         };
         Ok(EbpfSource {
             _ebpf: ebpf,
@@ -884,6 +886,39 @@ mod tests {
         });
         let ev = to_event(&unknown, &items, &[], &mut names, &mut |_| None);
         assert!(matches!(ev.kind, Kind::MemcgEvent { ref item, .. } if item == "item99"));
+    }
+
+    #[test]
+    fn threshold_records_name_the_watched_cgroup_in_bytes() {
+        let mut names = CgroupNames::new(None);
+        let page = rustix::param::page_size() as u64;
+        let rec = Record::Threshold(agent_ebpf::ThresholdEvent {
+            header: agent_ebpf::Header {
+                at_ns: 5,
+                cgroup_id: 42,
+                kind: agent_ebpf::KIND_THRESHOLD,
+                pid: 9,
+            },
+            usage_pages: 101,
+            threshold_pages: 100,
+            charged_cgroup_id: 43,
+            slot: 1,
+            _pad: 0,
+        });
+        let paths = ["/other".to_string(), "/kubepods".to_string()];
+        let ev = to_event(&rec, &StdHashMap::new(), &paths, &mut names, &mut |_| None);
+        assert_eq!(ev.cgroup.as_deref(), Some("/kubepods"));
+        assert_eq!(ev.at_ns, 5);
+        assert_eq!(
+            ev.kind,
+            Kind::ThresholdCrossed {
+                threshold_bytes: Some(100 * page),
+                usage_bytes: Some(101 * page),
+            }
+        );
+        // A slot the agent does not know (never written by this agent): no name, no panic.
+        let ev = to_event(&rec, &StdHashMap::new(), &[], &mut names, &mut |_| None);
+        assert_eq!(ev.cgroup, None);
     }
 
     #[test]

@@ -107,6 +107,7 @@ fn start(
         min_interval: Duration::ZERO,
         memcg_items: vec!["PGFAULT".into()],
         drop_check_interval: Duration::from_millis(50),
+        ..EbpfOptions::default()
     };
     let source = rt
         .block_on(async { EbpfSource::attach(opts) })
@@ -138,7 +139,7 @@ fn start(
 }
 
 /// One run of the child; returns (faults it made, seconds it ran).
-fn fault(cg: &TestMemcg, rate: u64, millis: u64) -> Result<(u64, f64)> {
+pub(crate) fn fault(cg: &TestMemcg, rate: u64, millis: u64) -> Result<(u64, f64)> {
     let out = Command::new(std::env::current_exe()?)
         .arg(CHILD_FLAG)
         .arg(cg.path.join("cgroup.procs"))

@@ -19,7 +19,7 @@
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use agent_ebpf::{ThresholdOffsets, ThresholdSlot, ThresholdTable, MAX_THRESHOLDS};
+use agent_ebpf::{ThresholdOffsets, ThresholdSlot, ThresholdTable, MAX_NODES, MAX_THRESHOLDS};
 use aya::maps::{Array, MapData};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
@@ -38,6 +38,11 @@ pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, String> {
         btf.member_offset(s, m)
             .ok_or_else(|| format!("BTF has no {s}.{m}"))
     };
+    let node_item = |name: &str| {
+        btf.enum_value("node_stat_item", name)
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or_else(|| format!("BTF has no node_stat_item {name}"))
+    };
     let memory_cgrp_id = btf
         .enum_value("cgroup_subsys_id", "memory_cgrp_id")
         .and_then(|v| u64::try_from(v).ok())
@@ -52,8 +57,32 @@ pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, String> {
         memory_cgrp_id,
         cgroup_kn: member("cgroup", "kn")?,
         kn_id: member("kernfs_node", "id")?,
+        memcg_nodeinfo: member("mem_cgroup", "nodeinfo")?,
+        per_node_pgdat: member("mem_cgroup_per_node", "lruvec")? + member("lruvec", "pgdat")?,
+        pgdat_vm_stat: member("pglist_data", "vm_stat")?,
+        nr_anon_mapped: node_item("NR_ANON_MAPPED")?,
+        nr_file_pages: node_item("NR_FILE_PAGES")?,
+        nr_nodes: std::fs::read_to_string(NODES_ONLINE)
+            .ok()
+            .and_then(|t| node_count(&t))
+            .unwrap_or(0),
         valid: 1,
     })
+}
+
+/// The NUMA nodes the kernel has online.
+const NODES_ONLINE: &str = "/sys/devices/system/node/online";
+
+/// Highest node id + 1 from a kernel CPU/node list (`0`, `0-1`, `0,2-3`); `None` when it does
+/// not parse or names more than [`MAX_NODES`] nodes (root-cgroup thresholds are then off).
+pub fn node_count(list: &str) -> Option<u64> {
+    let mut highest: Option<u64> = None;
+    for part in list.trim().split(',') {
+        let last = part.rsplit('-').next()?.trim().parse::<u64>().ok()?;
+        highest = highest.max(Some(last));
+    }
+    let n = highest? + 1;
+    (n <= MAX_NODES as u64).then_some(n)
 }
 
 /// One cgroup whose usage threshold the kernel should check.
@@ -80,6 +109,8 @@ struct Placed {
 /// moves.
 pub(crate) struct UsageThresholds {
     map: Array<MapData, ThresholdTable>,
+    /// Whether a root-cgroup slot can be checked (the node counters could be found).
+    root: bool,
     placed: Vec<Placed>,
     moves: StreamMap<usize, WatchStream<u64>>,
     page: u64,
@@ -94,9 +125,10 @@ impl std::fmt::Debug for UsageThresholds {
 }
 
 impl UsageThresholds {
-    pub(crate) fn new(map: Array<MapData, ThresholdTable>) -> Self {
+    pub(crate) fn new(map: Array<MapData, ThresholdTable>, offsets: &ThresholdOffsets) -> Self {
         UsageThresholds {
             map,
+            root: offsets.nr_nodes > 0,
             placed: Vec::new(),
             moves: StreamMap::new(),
             page: rustix::param::page_size() as u64,
@@ -113,12 +145,10 @@ impl UsageThresholds {
             ));
         }
         let level = cgroup_level(&watch.cgroup);
-        if level == 0 {
-            // The root memcg's page counter misses the root cgroup's own tasks and its v1
-            // usage file reports global counters instead: a different quantity.
+        if level == 0 && !self.root {
             return Err(format!(
-                "{}: eBPF usage threshold not armed on the root cgroup (its page counter is not \
-                 the node's usage); memcg notification, PSI and the tick cover it",
+                "{}: eBPF usage threshold not armed on the root cgroup: the NUMA layout in \
+                 {NODES_ONLINE} is unreadable or has more than {MAX_NODES} nodes",
                 watch.cgroup
             ));
         }
@@ -206,18 +236,40 @@ pub fn slot_for(
     }
 }
 
-/// The cgroup's page-counter usage from its own file (v2 `memory.current`, v1
-/// `memory.usage_in_bytes`, which for a non-root cgroup is the same counter).
+/// The cgroup's usage as the programs see it, from its own files: v2 `memory.current` and
+/// v1 `memory.usage_in_bytes` (for a non-root cgroup the page counter; for the v1 root, anon +
+/// file pages), or for the v2 root (no `memory.current`) `anon + file` of `memory.stat`.
 fn read_usage(dir: &Path) -> Option<u64> {
-    ["memory.current", "memory.usage_in_bytes"]
-        .iter()
-        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
-        .and_then(|t| t.trim().parse().ok())
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    if let Some(t) = read("memory.current").or_else(|| read("memory.usage_in_bytes")) {
+        return t.trim().parse().ok();
+    }
+    let stat = read("memory.stat")?;
+    let value = |key: &str| {
+        stat.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    Some(value("anon")?.saturating_add(value("file")?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_lists_give_the_node_count() {
+        assert_eq!(node_count("0\n"), Some(1));
+        assert_eq!(node_count("0-1"), Some(2));
+        assert_eq!(node_count("0,2-3"), Some(4));
+        assert_eq!(node_count("0-8"), None, "more nodes than the table holds");
+        assert_eq!(node_count(""), None);
+        assert_eq!(node_count("x"), None);
+    }
 
     #[test]
     fn levels_count_path_components() {

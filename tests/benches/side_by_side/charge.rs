@@ -1,0 +1,147 @@
+//! Part 6: what the in-kernel usage thresholds cost on the charge path. The page-faulting
+//! child of part 4 runs flat out in a child of a watched memory cgroup (every fault charges a
+//! page, and `madvise(DONTNEED)` gives them back) under three setups, in alternating rounds so
+//! drift hits them alike:
+//!
+//! - no eBPF program attached;
+//! - the agent's programs without the charge programs (what the agent attached before);
+//! - the agent's programs with the charge programs and the parent watched (the threshold far
+//!   above usage, so every charge takes the full check: map lookup, ancestor, usage read).
+//!
+//! The figure is page faults per second; the ratio to "no eBPF" is the cost.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use reactor::sense::ebpf::threshold::UsageWatch;
+use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+use reactor_tests::TestMemcg;
+use serde_json::json;
+
+use crate::report::{Part, Table};
+use crate::ring::fault;
+use crate::Opts;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    None,
+    Programs,
+    Thresholds,
+}
+
+impl Setup {
+    const ALL: [Setup; 3] = [Setup::None, Setup::Programs, Setup::Thresholds];
+
+    fn name(self) -> &'static str {
+        match self {
+            Setup::None => "no eBPF",
+            Setup::Programs => "agent programs, no charge programs",
+            Setup::Thresholds => "agent programs + charge programs, parent watched",
+        }
+    }
+}
+
+/// Attaches what `setup` asks for and drains its ring until the task is aborted.
+fn attach(
+    rt: &tokio::runtime::Runtime,
+    setup: Setup,
+    parent: &TestMemcg,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    if setup == Setup::None {
+        return Ok(None);
+    }
+    let thresholds = setup == Setup::Thresholds;
+    let mut source = rt
+        .block_on(async {
+            EbpfSource::attach(EbpfOptions {
+                usage_thresholds: thresholds,
+                ..EbpfOptions::default()
+            })
+        })
+        .context("attaching the eBPF source")?;
+    let (_keep, bytes) = tokio::sync::watch::channel(900u64 << 20);
+    if thresholds {
+        source
+            .watch_usage(UsageWatch {
+                cgroup: parent.cgroup.clone(),
+                dir: parent.path.clone(),
+                bytes,
+            })
+            .map_err(anyhow::Error::msg)
+            .context("arming the usage threshold")?;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
+    Ok(Some(rt.spawn(async move {
+        let _keep = _keep;
+        let run = tokio::spawn(source.run(tx));
+        while rx.recv().await.is_some() {}
+        run.abort();
+    })))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Run part 6.
+pub fn run(opts: &Opts) -> Result<Part> {
+    let (millis, rounds) = if opts.quick { (300, 1) } else { (2000, 5) };
+    let parent = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
+    let child = parent.child("pod").context("creating the child memcg")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); Setup::ALL.len()];
+    for _ in 0..rounds {
+        for (i, setup) in Setup::ALL.into_iter().enumerate() {
+            let task = attach(&rt, setup, &parent)?;
+            // Let the attach settle before timing.
+            std::thread::sleep(Duration::from_millis(100));
+            let (faults, secs) = fault(&child, 0, millis)?;
+            if let Some(task) = task {
+                task.abort();
+                let _ = rt.block_on(task);
+            }
+            if faults == 0 || secs <= 0.0 {
+                bail!("the faulting child made no faults under {}", setup.name());
+            }
+            rates[i].push(faults as f64 / secs);
+        }
+    }
+    drop(child);
+    drop(parent);
+    let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
+    let base = medians[0];
+    let mut t = Table::new(
+        "6. Charge-path cost of the in-kernel usage thresholds",
+        &["setup", "page faults/s (median)", "× no eBPF"],
+    )
+    .text_columns(1);
+    for (setup, m) in Setup::ALL.into_iter().zip(&medians) {
+        t.row(vec![
+            setup.name().to_string(),
+            format!("{:.0}k", m / 1e3),
+            format!("{:.3}", m / base),
+        ]);
+    }
+    t.note(format!(
+        "one faulting process flat out in a child of the watched cgroup (each fault charges a \
+         page; the 4 MiB region is dropped and faulted again); {rounds} alternating round(s) of \
+         {millis} ms per setup"
+    ));
+    Ok(Part {
+        key: "charge",
+        tables: vec![t],
+        json: json!({
+            "millis_per_round": millis,
+            "rounds": rounds,
+            "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).map(|((s, r), m)| json!({
+                "setup": s.name(), "faults_per_s": r, "median_faults_per_s": m,
+                "ratio_to_no_ebpf": m / base,
+            })).collect::<Vec<_>>(),
+        }),
+        samples: rates.iter().map(Vec::len).sum(),
+    })
+}
