@@ -239,7 +239,10 @@ mod tests {
         assert_eq!(signal_value("pid.available", "4194304"), "4194304");
         assert_eq!(signal_value("memory.available", "-1Mi"), "-1Mi");
         assert_eq!(threshold("memory.available", "100Mi", "104857600"), "100Mi");
-        assert_eq!(threshold("memory.available", "1.5Gi", "1610612736"), "1536Mi");
+        assert_eq!(
+            threshold("memory.available", "1.5Gi", "1610612736"),
+            "1536Mi"
+        );
         assert_eq!(
             threshold("memory.available", "10%", "2527651020"),
             "10% (~2.35Gi)"
