@@ -116,7 +116,8 @@ fn test(extra: &[String]) -> Result<()> {
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
-    bench::run(&["--quick".to_string()])
+    bench::run(&["--quick".to_string()])?;
+    bench::check_charts()
 }
 
 fn run(extra: &[String]) -> Result<()> {
