@@ -1,26 +1,74 @@
-//! The deployment files say what the agent will actually accept: the config shipped in the
-//! DaemonSet's ConfigMap validates, and the systemd unit runs commands that exist.
+//! The deployment is the systemd unit (`deploy/systemd/reactor.service`): the agent is the
+//! node's own agent. These tests check that the unit is what systemd will accept and that it
+//! runs commands the agent has, offline (no systemd needs to be running).
 
-use reactor::config::Config;
+use std::path::Path;
+use std::process::Command;
 
-const MANIFEST: &str = include_str!("../../deploy/kubernetes/reactor.yaml");
+use reactor_tests::{reactor_bin, require};
+
 const UNIT: &str = include_str!("../../deploy/systemd/reactor.service");
+/// Where the unit expects the binary; the tests point it at the one just built.
+const INSTALLED: &str = "/usr/local/bin/reactor";
+const ANALYZE: &str = "/usr/bin/systemd-analyze";
+
+/// `systemd-analyze verify` on `text` written as `<dir>/<name>`: its exit status and
+/// everything it printed. It exits 0 on many problems it only warns about ("Unknown key …,
+/// ignoring"), so a clean unit is one that passes and prints nothing.
+fn verify(dir: &Path, name: &str, text: &str) -> (bool, String) {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write unit");
+    let out = Command::new(ANALYZE)
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .expect("run systemd-analyze");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
 
 #[test]
-fn daemonset_config_validates() {
-    let mut found = 0;
-    for doc in MANIFEST.split("\n---\n") {
-        let value: serde_json::Value = serde_saphyr::from_str(doc).expect("manifest is YAML");
-        if value["kind"] == "ConfigMap" {
-            let text = value["data"]["config.yaml"]
-                .as_str()
-                .expect("config.yaml in the ConfigMap");
-            let config = Config::from_yaml(text).unwrap_or_else(|e| panic!("shipped config: {e}"));
-            assert_eq!(config.runtime.kind, "cri");
-            found += 1;
-        }
+fn systemd_unit_verifies_offline() {
+    if !require(
+        Path::new(ANALYZE).exists(),
+        "systemd-analyze (Debian's systemd; `cargo xtask setup` installs it)",
+    ) {
+        return;
     }
-    assert_eq!(found, 1, "one ConfigMap with the agent's config");
+    let bin = reactor_bin();
+    assert!(bin.exists(), "build the agent first: {}", bin.display());
+    assert!(UNIT.contains(INSTALLED), "the unit runs {INSTALLED}");
+    let unit = UNIT.replace(INSTALLED, bin.to_str().expect("utf-8 path"));
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    let (ok, said) = verify(dir.path(), "reactor.service", &unit);
+    assert!(
+        ok && said.trim().is_empty(),
+        "systemd-analyze verify: {said}"
+    );
+
+    // The check bites: a misspelt key, a bad value and a missing binary are each reported.
+    for (what, bad) in [
+        ("misspelt key", unit.replace("\nRestart=", "\nRestrat=")),
+        (
+            "bad value",
+            unit.replace("CPUSchedulingPolicy=fifo", "CPUSchedulingPolicy=fast"),
+        ),
+        (
+            "missing binary",
+            UNIT.replace(INSTALLED, "/nonexistent/reactor"),
+        ),
+    ] {
+        let (ok, said) = verify(dir.path(), "reactor.service", &bad);
+        assert!(
+            !ok || !said.trim().is_empty(),
+            "{what}: systemd-analyze said nothing"
+        );
+    }
 }
 
 #[test]
@@ -39,7 +87,7 @@ fn systemd_unit_runs_existing_subcommands() {
             .take_while(|a| !a.starts_with('-') && !a.starts_with('/'))
             .collect();
         assert!(!words.is_empty(), "{line}");
-        let out = std::process::Command::new(reactor_tests::reactor_bin())
+        let out = Command::new(reactor_bin())
             .args(&words)
             .arg("--help")
             .output()
@@ -50,4 +98,32 @@ fn systemd_unit_runs_existing_subcommands() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn config_the_unit_tells_to_install_passes_its_start_check() {
+    // The unit's header: `reactor config defaults > /etc/reactor/config.yaml`; its
+    // ExecStartPre: `reactor config check /etc/reactor/config.yaml`.
+    assert!(UNIT.contains("reactor config defaults > /etc/reactor/config.yaml"));
+    assert!(
+        UNIT.contains("ExecStartPre=/usr/local/bin/reactor config check /etc/reactor/config.yaml")
+    );
+    let out = Command::new(reactor_bin())
+        .args(["config", "defaults"])
+        .output()
+        .expect("run reactor");
+    assert!(out.status.success());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, &out.stdout).expect("write config");
+    let out = Command::new(reactor_bin())
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .expect("run reactor");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -16,6 +16,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use reactor::decide::quantity::Quantity;
 use reactor_tests::agent::TestAgent;
 use reactor_tests::{is_root, reactor_bin, require};
 use serde_json::{json, Value};
@@ -590,4 +591,214 @@ fn node_events_stream_and_status_report_what_exists() {
         .unwrap()
         .iter()
         .any(|s| s["attached"] == true));
+}
+
+/// Reads back a byte quantity `reactor status`/`pod ls` printed (`496Ki`, `~23.4Gi`, `1000`)
+/// and checks it against the exact bytes `--json` gave, by hand rather than through the
+/// agent's own formatter: an exact form must equal the value; a `~` form must be the value
+/// cut to the digits printed (value in [printed, printed + one unit of the last digit)).
+fn check_bytes(printed: &str, exact: u128) {
+    let (approx, text) = match printed.strip_prefix('~') {
+        Some(t) => (true, t),
+        None => (false, printed),
+    };
+    let (number, unit) = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)]
+        .iter()
+        .find_map(|(s, shift)| text.strip_suffix(s).map(|n| (n, 1u128 << shift)))
+        .unwrap_or((text, 1));
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let scale = 10u128.pow(frac.len() as u32);
+    let digits: u128 = format!("{whole}{frac}").parse().unwrap();
+    // printed = digits / scale × unit; compare in integers: exact × scale vs digits × unit.
+    let low = digits * unit;
+    if approx {
+        assert!(
+            exact * scale >= low && exact * scale < low + unit,
+            "{printed} is not {exact} cut to its digits"
+        );
+        assert!(unit > 1, "{printed}: an approximation names its unit");
+    } else {
+        assert_eq!(frac, "", "{printed}: an exact form has no fraction");
+        assert_eq!(low, exact, "{printed} is not exactly {exact}");
+    }
+}
+
+#[test]
+fn node_status_and_pod_ls_print_quantities_as_kubectl_does() {
+    if !ready() {
+        return;
+    }
+    // cpu 2 minus 100m reserved is 1900m; memory 1Gi minus 100Mi (hard) minus 28Mi reserved
+    // is 896Mi; the soft threshold is a percentage (10% of 1Gi is no exact binary quantity).
+    let agent = TestAgent::start(
+        "node-human",
+        "node: {memoryCapacity: 1Gi, cpuCapacity: '2'}\n\
+         evictionHard: {memory.available: 100Mi}\n\
+         evictionSoft: {memory.available: '10%'}\n\
+         evictionSoftGracePeriod: {memory.available: 1m30s}\n\
+         systemReserved: {cpu: 100m, memory: 28Mi}\n",
+    );
+    let doc = pod_doc(
+        "human",
+        "uid-human",
+        json!({"memory": "16Mi", "cpu": "250m"}),
+        json!({}),
+        json!({}),
+    );
+    agent.apply_ok(&doc);
+    agent.wait("the pod's working set is measured", || {
+        agent
+            .pod("default/human")
+            .is_some_and(|p| p["memoryWorkingSetBytes"].as_u64().unwrap_or(0) > 0)
+    });
+    let text = |args: &[&str]| {
+        let out = agent.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    // pod ls: the WORKING-SET column against --json's bytes, read before and after (it is
+    // live; a pass whose two readings differ is taken again).
+    let mut checked = false;
+    for _ in 0..20 {
+        let before = agent.pod("default/human").unwrap()["memoryWorkingSetBytes"]
+            .as_u64()
+            .unwrap();
+        let table = text(&["pod", "ls"]);
+        let after = agent.pod("default/human").unwrap()["memoryWorkingSetBytes"]
+            .as_u64()
+            .unwrap();
+        if before != after {
+            continue;
+        }
+        let header = table.lines().next().unwrap();
+        assert!(header.contains("WORKING-SET"), "{table}");
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("human"))
+            .unwrap_or_else(|| panic!("no row for the pod: {table}"));
+        let ws = row.split_whitespace().nth(6).unwrap();
+        assert!(
+            ws.ends_with("Ki") || ws.ends_with("Mi"),
+            "working set {ws} (of {before} bytes) has a binary unit: {table}"
+        );
+        check_bytes(ws, u128::from(before));
+        println!("{table}");
+        checked = true;
+        break;
+    }
+    assert!(
+        checked,
+        "the working set never held still across one `pod ls`"
+    );
+
+    // status: the same values as --json, with units.
+    let status: Value = serde_json::from_str(&text(&["status", "--json"])).unwrap();
+    assert_eq!(status["allocatable"]["memory"], (896u64 << 20).to_string());
+    let out = text(&["status"]);
+    assert!(
+        out.contains("resource memory: allocatable 896Mi, capacity 1Gi"),
+        "{out}"
+    );
+    assert!(
+        out.contains("resource cpu: allocatable 1900m, capacity 2"),
+        "{out}"
+    );
+    let pods = status["allocatable"]["pods"].as_str().unwrap();
+    assert!(
+        out.contains(&format!("resource pods: allocatable {pods},")),
+        "{out}"
+    );
+    // The signals, once the loop's first pass has read them.
+    let mut status = status;
+    agent.wait("the loop's first pass", || {
+        status = serde_json::from_str(&text(&["status", "--json"])).unwrap();
+        status["signals"].as_array().is_some_and(|s| s.len() >= 2)
+    });
+    // Every value of one pass (taken again if a pass ran between the JSON and the text).
+    let mut out = String::new();
+    for _ in 0..20 {
+        let before: Value = serde_json::from_str(&text(&["status", "--json"])).unwrap();
+        out = text(&["status"]);
+        status = serde_json::from_str(&text(&["status", "--json"])).unwrap();
+        if before["signals"] == status["signals"] {
+            break;
+        }
+    }
+    let signal = |name: &str| {
+        status["signals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+            .clone()
+    };
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("signal {name}: ")))
+            .unwrap_or_else(|| panic!("no {name} line: {out}"))
+            .to_string()
+    };
+    println!("{out}");
+    let mem = line("memory.available");
+    let m = signal("memory.available");
+    let available = mem
+        .split("available ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap();
+    check_bytes(
+        available,
+        m["available"]
+            .as_str()
+            .unwrap()
+            .parse::<Quantity>()
+            .unwrap()
+            .value()
+            .try_into()
+            .unwrap(),
+    );
+    assert!(mem.contains(" of 1Gi "), "{mem}");
+    assert!(mem.contains("hard 100Mi"), "{mem}");
+    let soft = m["thresholds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "soft")
+        .unwrap();
+    assert_eq!(soft["value"], "10%");
+    let th = mem
+        .split("soft 10% (")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+        .unwrap_or_else(|| panic!("a percentage threshold prints as written: {mem}"));
+    assert!(th.starts_with('~'), "10% of 1Gi is not exact: {mem}");
+    check_bytes(
+        th,
+        soft["resolved"]
+            .as_str()
+            .unwrap()
+            .parse::<Quantity>()
+            .unwrap()
+            .value()
+            .try_into()
+            .unwrap(),
+    );
+    assert!(mem.contains(") for 1m30s"), "{mem}");
+    // Counts stay plain integers.
+    let pid = signal("pid.available");
+    assert!(
+        line("pid.available").contains(&format!(
+            "available {} of {} ",
+            pid["available"].as_str().unwrap(),
+            pid["capacity"].as_str().unwrap()
+        )),
+        "{out}"
+    );
+    drop(agent);
 }

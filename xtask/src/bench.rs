@@ -1,14 +1,15 @@
 //! `cargo xtask bench [--quick]`: the agent measured side by side with the kubelet's
 //! mechanisms on the same pressure (the `side_by_side` bench of `reactor-tests`, see its
 //! module doc). Prints one table per part and writes `target/bench/bench.json` (every
-//! figure) and `target/bench/report.md` (the tables and the machine, for the README).
+//! figure) and `target/bench/report.md` (the tables and the machine, for the README), with
+//! the SVG charts it embeds beside it ([`CHARTS`]).
 //!
 //! The figures are never judged here: the run fails only when the harness itself breaks (a
 //! part errors out or measures nothing), so `cargo xtask test` can run `--quick` in CI.
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 
 use crate::{cargo, sh};
 
@@ -51,4 +52,38 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
         .arg("--markdown")
         .arg(out.join("report.md"))
         .args(extra))
+}
+
+/// The charts a full run draws next to `report.md`.
+pub(crate) const CHARTS: [&str; 4] = ["lag-cdf.svg", "oom-release.svg", "cost.svg", "ring.svg"];
+
+/// Checks that every chart exists, is SVG, and renders: `rsvg-convert` (librsvg, Debian's
+/// `librsvg2-bin`) must turn it into a PNG. An unparsable or empty drawing fails here.
+pub(crate) fn check_charts() -> Result<()> {
+    let out = out_dir();
+    for name in CHARTS {
+        let path = out.join(name);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("chart {} missing", path.display()))?;
+        if !text.contains("<svg") {
+            bail!("{}: not an SVG document", path.display());
+        }
+        let png = std::process::Command::new("rsvg-convert")
+            .arg(&path)
+            .output()
+            .with_context(|| format!("cannot run rsvg-convert on {}", path.display()))?;
+        if !png.status.success() || !png.stdout.starts_with(b"\x89PNG") {
+            bail!(
+                "{}: rsvg-convert cannot render it: {}",
+                path.display(),
+                String::from_utf8_lossy(&png.stderr).trim()
+            );
+        }
+        eprintln!(
+            "xtask: chart {} renders ({} bytes of PNG)",
+            path.display(),
+            png.stdout.len()
+        );
+    }
+    Ok(())
 }

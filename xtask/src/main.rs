@@ -15,10 +15,11 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker), mount
-               tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests;
-               idempotent
-  test         setup, then fmt check, clippy, every test (unit, integration, doc), and
-               `bench --quick` (fails only if the bench harness breaks)
+               tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
+               systemd-analyze/rsvg-convert for the offline checks; idempotent
+  test         setup, then fmt check, clippy, every test (unit, integration, doc; the
+               systemd unit verified offline), and `bench --quick` (fails only if the
+               bench harness breaks; its SVG charts must exist and render)
   bench [--quick]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
                detection lag by source, OOM avoidance, decision cost, ring buffer, footprint;
@@ -113,28 +114,10 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
-    setup::deploy_checker()?;
-    sh(Command::new("kubernetes-validate")
-        .args(["--strict", "--quiet"])
-        .args(deploy_manifests()?))?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
-    bench::run(&["--quick".to_string()])
-}
-
-/// The Kubernetes manifests under `deploy/kubernetes/`, checked offline against the schemas.
-fn deploy_manifests() -> Result<Vec<std::path::PathBuf>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        bail!("no manifests under {}", dir.display());
-    }
-    Ok(files)
+    bench::run(&["--quick".to_string()])?;
+    bench::check_charts()
 }
 
 fn run(extra: &[String]) -> Result<()> {

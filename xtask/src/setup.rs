@@ -19,6 +19,7 @@ pub(crate) fn run() -> Result<()> {
     bpf_linker()?;
     kernel_filesystems()?;
     container_runtime()?;
+    check_tools()?;
     Ok(())
 }
 
@@ -176,12 +177,31 @@ pub(crate) fn have_nextest() -> bool {
     )
 }
 
-/// `kubernetes-validate` (PyPI) checks the deployment manifests offline: it ships the
-/// Kubernetes schemas, so no cluster is needed.
-pub(crate) fn deploy_checker() -> Result<()> {
-    if quiet(Command::new("kubernetes-validate").arg("--version")) {
+/// Debian packages the test command's offline checks use: `systemd-analyze verify` for the
+/// systemd unit, `rsvg-convert` to render the bench's SVG charts.
+const CHECK_TOOLS: &[(&str, &str)] = &[
+    ("systemd", "/usr/bin/systemd-analyze"),
+    ("librsvg2-bin", "/usr/bin/rsvg-convert"),
+];
+
+/// The check tools whose binary is missing; only as root.
+fn check_tools() -> Result<()> {
+    let missing: Vec<&str> = CHECK_TOOLS
+        .iter()
+        .filter(|(_, bin)| !Path::new(bin).exists())
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
-    sh(Command::new("python3").args(["-m", "pip", "install", "--quiet", "kubernetes-validate"]))
-        .context("installing kubernetes-validate")
+    if !is_root() {
+        eprintln!("xtask: not root: not installing {}", missing.join(", "));
+        return Ok(());
+    }
+    sh(Command::new("apt-get").arg("update").arg("-qq"))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .with_context(|| format!("installing {}", missing.join(", ")))
 }

@@ -1,7 +1,10 @@
 //! `reactor events --follow`: what happens on the node, as it happens. The agent keeps no
-//! history; the stream starts at the moment of the call and runs until interrupted.
+//! history; the stream starts at the moment of the call and runs until interrupted. Text lines
+//! print sizes and times as kubectl and Go do (`reactor::record::human`); `--json` keeps the
+//! exact integers.
 
 use clap::Args;
+use reactor::record::human;
 use reactor_proto::reactor_v1 as pb;
 use serde_json::json;
 
@@ -38,7 +41,13 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
         Some(K::Pressure(p)) => (
             "pressure",
             json!({"source": p.source, "cgroup": p.cgroup, "kind": p.kind, "lagNanos": p.lag_nanos}),
-            format!("{} {} {} lag {}ns", p.source, p.kind, p.cgroup, p.lag_nanos),
+            format!(
+                "{} {} {} lag {}",
+                p.source,
+                p.kind,
+                if p.cgroup.is_empty() { "-" } else { &p.cgroup },
+                human::duration_ns(u64::try_from(p.lag_nanos).unwrap_or(0))
+            ),
         ),
         Some(K::Admission(a)) => (
             "admission",
@@ -70,7 +79,17 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
             "eviction",
             json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message,
                    "gracePeriodSeconds": v.grace_period_seconds, "reactionNanos": v.reaction_nanos}),
-            format!("{} evicted ({}): {}", name(&v.pod), v.signal, v.message),
+            if v.reaction_nanos > 0 {
+                format!(
+                    "{} evicted ({}, reaction {}): {}",
+                    name(&v.pod),
+                    v.signal,
+                    human::duration_ns(u64::try_from(v.reaction_nanos).unwrap_or(0)),
+                    v.message
+                )
+            } else {
+                format!("{} evicted ({}): {}", name(&v.pod), v.signal, v.message)
+            },
         ),
         Some(K::OomKill(o)) => (
             "oom_kill",
@@ -88,10 +107,10 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
                    "reason": g.reason, "message": g.message}),
             if g.reason.is_empty() {
                 format!(
-                    "image GC ({}): {} removed, {} bytes freed",
+                    "image GC ({}): {} removed, {} freed",
                     g.trigger,
                     g.removed.len(),
-                    g.freed_bytes
+                    human::bytes(i128::from(g.freed_bytes))
                 )
             } else {
                 format!("image GC ({}) {}: {}", g.trigger, g.reason, g.message)

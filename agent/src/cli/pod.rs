@@ -1,10 +1,13 @@
-//! `reactor pod apply|rm|ls`: pods on a running agent, over its API socket.
+//! `reactor pod apply|rm|ls`: pods on a running agent, over its API socket. `pod ls` prints
+//! the working set as kubectl does (`496Ki`, `~12.3Mi`: `reactor::record::human`); `--json`
+//! keeps the exact bytes.
 
 use std::io::Read as _;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use reactor::node::document::MAX_DOCUMENT_BYTES;
+use reactor::record::human;
 use reactor_proto::reactor_v1 as pb;
 use serde_json::{json, Value};
 
@@ -257,7 +260,9 @@ fn ls(a: LsArgs) -> Result<(), Failure> {
                     }
                 })
                 .unwrap_or_else(|| "-".into());
-            let ws = p.usage.as_ref().map_or(0, |u| u.memory_working_set_bytes);
+            let ws = human::bytes(i128::from(
+                p.usage.as_ref().map_or(0, |u| u.memory_working_set_bytes),
+            ));
             println!(
                 "{ns:<16} {name:<24} {:<11} {:<10} {:<14} {rank:>5} {ws:>12}  {}",
                 qos_name(p.qos),

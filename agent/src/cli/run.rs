@@ -46,9 +46,9 @@ use clap::Args;
 use reactor::node::{EventHub, NodeEventKind};
 use reactor::observe::{ObserveSettings, Observer};
 use reactor::reactor::{concerns_node, memcg_targets, Action, Decision, Reactor, ReactorSettings};
+use reactor::record::human;
 use reactor::record::metrics::serve::{parse_address, MetricsServer};
 use reactor::record::metrics::Metrics;
-use reactor::sense::lag::format_ns;
 use reactor::sense::{AttachReport, Kind, Received, Sense, Source};
 use tokio::sync::{broadcast, mpsc};
 
@@ -180,7 +180,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
             Ok(sense) => {
                 let lag = sense.shutdown().await;
                 for s in lag.snapshot() {
-                    tracing::info!(source = %s.source, count = s.count, p50_ns = s.p50_ns, p99_ns = s.p99_ns, max_ns = s.max_ns, "detection lag");
+                    tracing::info!(source = %s.source, count = s.count, p50 = %human::duration_ns(s.p50_ns), p99 = %human::duration_ns(s.p99_ns), max = %human::duration_ns(s.max_ns), p50_ns = s.p50_ns, p99_ns = s.p99_ns, max_ns = s.max_ns, "detection lag");
                 }
             }
             Err(e) => tracing::error!(error = %e, "reactor loop task failed"),
@@ -225,9 +225,9 @@ async fn record_events(
         });
         // The tick carries no news; it is logged at debug so an idle node stays quiet.
         if e.kind == Kind::Tick {
-            tracing::debug!(source = %e.source, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "tick");
+            tracing::debug!(source = %e.source, lag = %human::duration_ns(r.lag_ns), lag_ns = r.lag_ns, "tick");
         } else {
-            tracing::info!(source = %e.source, cgroup, kind = %e.kind, at_ns = e.at_ns, lag = %format_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
+            tracing::info!(source = %e.source, cgroup, kind = %e.kind, at_ns = e.at_ns, lag = %human::duration_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
         }
     }
 }

@@ -5,9 +5,12 @@
 //!
 //! `--json` prints the same as one object: `conditions`, `signals` (each with its
 //! `thresholds`), `sources`, `capacity`, `allocatable`, `nextToEvict`, `cgroupVersion`,
-//! `cgroupRoot`. Every value is the API's (`NodeStatus`, `ListPods`) unchanged.
+//! `cgroupRoot`. Every value is the API's (`NodeStatus`, `ListPods`) unchanged: exact
+//! integers and quantity strings. The text form prints quantities as kubectl does
+//! (`reactor::record::human`: `24Gi`, `~23.4Gi`, `1900m`, `10% (~2.35Gi)`).
 
 use clap::Args;
+use reactor::record::human;
 use reactor_proto::reactor_v1 as pb;
 use serde_json::{json, Value};
 
@@ -121,10 +124,11 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                 .thresholds
                 .iter()
                 .map(|t| {
-                    let mut text = format!("{} {}", t.kind, t.value);
-                    if !t.resolved.is_empty() && t.resolved != t.value {
-                        text.push_str(&format!(" (= {})", t.resolved));
-                    }
+                    let mut text = format!(
+                        "{} {}",
+                        t.kind,
+                        human::threshold(&sig.name, &t.value, &t.resolved)
+                    );
                     if !t.grace_period.is_empty() {
                         text.push_str(&format!(" for {}", t.grace_period));
                     }
@@ -137,8 +141,8 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
             println!(
                 "signal {}: available {} of {} (thresholds: {})",
                 sig.name,
-                sig.available,
-                sig.capacity,
+                human::signal_value(&sig.name, &sig.available),
+                human::signal_value(&sig.name, &sig.capacity),
                 if th.is_empty() { "none".into() } else { th.join(", ") }
             );
         }
@@ -152,15 +156,22 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
         }
         for (k, v) in sorted(&resources.allocatable) {
             let cap = resources.capacity.get(&k).cloned().unwrap_or_default();
-            println!("resource {k}: allocatable {v}, capacity {cap}");
+            println!(
+                "resource {k}: allocatable {}, capacity {}",
+                human::resource(&k, &v),
+                human::resource(&k, &cap)
+            );
         }
         if next.is_empty() {
             println!("next to evict (memory): none");
         }
         for (rank, n) in &next {
             println!(
-                "next to evict (memory) #{rank}: {} ({}, priority {}, working set {} bytes)",
-                n.pod, n.qos, n.priority, n.working_set
+                "next to evict (memory) #{rank}: {} ({}, priority {}, working set {})",
+                n.pod,
+                n.qos,
+                n.priority,
+                human::bytes(i128::from(n.working_set))
             );
         }
         Ok(())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use reactor::config::Config;
-use reactor::sense::lag::format_ns;
+use reactor::record::human;
 use reactor::sense::{Received, Sense};
 
 use super::sense_args::SenseArgs;
@@ -130,7 +130,7 @@ fn print_event(out: &mut impl Write, r: &Received, json: bool) -> Result<(), Fai
             r.event.source.name(),
             r.event.cgroup.as_deref().unwrap_or("-"),
             r.event.kind.to_string(),
-            format_ns(r.lag_ns)
+            human::duration_ns(r.lag_ns)
         )?;
     }
     out.flush()?;

@@ -24,6 +24,7 @@ use crate::act::cri::{ContainerFilter, ContainerState, CriClient, CriError, Imag
 use crate::decide::image_gc::{self, ImageFs};
 use crate::decide::timestamp::UnixNanos;
 use crate::record::checkpoint::Checkpoint;
+use crate::record::human;
 
 use super::containers::remove_dead_containers;
 use super::delete::{delete_in_order, Deletion, Executed};
@@ -238,12 +239,13 @@ impl ImageGcManager {
                 if errors.is_empty() {
                     tracing::info!(
                         ?trigger,
+                        freed = %human::bytes(i128::from(*freed_bytes)),
                         freed_bytes,
                         deleted = deleted.len(),
                         "image GC round finished"
                     )
                 } else {
-                    tracing::warn!(?trigger, freed_bytes, deleted = deleted.len(), errors = ?errors, "image GC round finished with deletion errors")
+                    tracing::warn!(?trigger, freed = %human::bytes(i128::from(*freed_bytes)), freed_bytes, deleted = deleted.len(), errors = ?errors, "image GC round finished with deletion errors")
                 }
             }
             ImageGcEvent::FreeDiskSpaceFailed { message } => {

@@ -4,6 +4,7 @@
 //! or acted, and one per kernel OOM kill. It goes out on a broadcast channel (for the API's
 //! event stream and for tests) and as one structured log line.
 
+use crate::record::human;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -163,7 +164,13 @@ impl Decision {
         let signals = self
             .signals
             .iter()
-            .map(|s| format!("{}={}", s.signal, s.available))
+            .map(|s| {
+                format!(
+                    "{}={}",
+                    s.signal,
+                    human::signal_value(&s.signal, &s.available)
+                )
+            })
             .collect::<Vec<_>>()
             .join(",");
         let ranking = self
@@ -173,19 +180,24 @@ impl Decision {
             .collect::<Vec<_>>()
             .join(",");
         let action = serde_json::to_string(&self.action).unwrap_or_default();
+        // The `_ns` fields are exact for machines; these are the same times for people.
+        let go = |ns: Option<u64>| ns.map_or_else(|| "-".to_string(), human::duration_ns);
         tracing::info!(
             seq = self.seq,
             source,
             kind = %kind,
             coalesced = self.wake.coalesced,
+            detection_lag = %go(self.wake.detection_lag_ns),
             detection_lag_ns = self.wake.detection_lag_ns,
             signals = %signals,
             met = %self.met.join(","),
             conditions = ?self.conditions,
             ranking = %ranking,
             action = %action,
+            reaction_lag = %go(self.reaction_lag_ns),
             reaction_lag_ns = self.reaction_lag_ns,
             decide_to_kill_ns = self.decide_to_kill_ns,
+            release = %go(self.release_ns),
             release_ns = self.release_ns,
             unprevented_ooms = self.unprevented_ooms,
             "eviction decision"

@@ -3,4 +3,5 @@
 //! as they land.
 
 pub mod checkpoint;
+pub mod human;
 pub mod metrics;

@@ -167,11 +167,14 @@ pub enum Kind {
 }
 
 impl std::fmt::Display for Kind {
-    /// One short line for logs and `reactor watch`'s table.
+    /// One short line for logs, `reactor watch`'s table and `reactor events`: sizes and times
+    /// as kubectl and Go print them (`rss=496Ki`, `12.5ms`; `crate::record::human`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
-            v.as_ref().map_or_else(|| "?".to_string(), T::to_string)
+        use crate::record::human;
+        fn opt<T>(v: &Option<T>, show: impl Fn(&T) -> String) -> String {
+            v.as_ref().map_or_else(|| "?".to_string(), show)
         }
+        let bytes = |b: &u64| human::bytes(i128::from(*b));
         match self {
             Kind::OomKill {
                 pid,
@@ -181,10 +184,10 @@ impl std::fmt::Display for Kind {
             } => write!(
                 f,
                 "oom-kill pid={} comm={} rss={} oom_score_adj={}",
-                opt(pid),
-                opt(comm),
-                opt(rss_bytes),
-                opt(oom_score_adj)
+                opt(pid, ToString::to_string),
+                opt(comm, ToString::to_string),
+                opt(rss_bytes, bytes),
+                opt(oom_score_adj, ToString::to_string)
             ),
             Kind::ReclaimStall {
                 pid,
@@ -195,12 +198,16 @@ impl std::fmt::Display for Kind {
             } => write!(
                 f,
                 "reclaim-stall pid={pid} {} memcg={memcg} folded={folded} ({})",
-                lag::format_ns(*duration_ns),
-                lag::format_ns(*folded_ns)
+                human::duration_ns(*duration_ns),
+                human::duration_ns(*folded_ns)
             ),
             Kind::MemcgEvent { item, count } => write!(f, "memcg-event {item} +{count}"),
             Kind::PsiTrigger { level, total_us } => {
-                write!(f, "psi-trigger {level} total={}us", opt(total_us))
+                write!(
+                    f,
+                    "psi-trigger {level} total={}",
+                    opt(total_us, |us| human::duration_ns(us.saturating_mul(1000)))
+                )
             }
             Kind::ThresholdCrossed {
                 threshold_bytes,
@@ -208,8 +215,8 @@ impl std::fmt::Display for Kind {
             } => write!(
                 f,
                 "threshold-crossed threshold={} usage={}",
-                opt(threshold_bytes),
-                opt(usage_bytes)
+                opt(threshold_bytes, bytes),
+                opt(usage_bytes, bytes)
             ),
             Kind::Tick => f.write_str("tick"),
             Kind::Dropped { count } => write!(f, "ring-buffer-drops +{count}"),
@@ -791,6 +798,19 @@ mod tests {
             usage_bytes: None,
         };
         assert_eq!(k.to_string(), "threshold-crossed threshold=10 usage=?");
+        let k = Kind::ThresholdCrossed {
+            threshold_bytes: Some(384 << 20),
+            usage_bytes: Some(402_661_377),
+        };
+        assert_eq!(
+            k.to_string(),
+            "threshold-crossed threshold=384Mi usage=~384Mi"
+        );
+        let k = Kind::PsiTrigger {
+            level: "some".into(),
+            total_us: Some(2_500),
+        };
+        assert_eq!(k.to_string(), "psi-trigger some total=2.5ms");
         assert_eq!(Kind::Tick.to_string(), "tick");
     }
 

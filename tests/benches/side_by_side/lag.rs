@@ -440,6 +440,12 @@ fn summarise(
          the threshold, one sample per episode",
         episodes.len()
     ));
+    // Every source's distribution, thinned, for the CDF chart (`charts.rs`).
+    let cdf: Vec<_> = [&ebpf, &memcg, &psi, &poll_lags[0], &poll_lags[1]]
+        .iter()
+        .zip(&dists)
+        .map(|(v, d)| json!({"source": d.0, "points": crate::charts::cdf_points(v)}))
+        .collect();
     let samples = base.n + dists[1].2.n + poll_lags[0].len();
     Part {
         key: "lag",
@@ -448,6 +454,7 @@ fn summarise(
             "episodes": episodes.len(), "hog_rounds": oom_rounds, "ebpf_oom_kills": ebpf_ooms,
             "holder_restarts": restarts,
             "limit_bytes": LIMIT, "threshold_bytes": THRESHOLD, "sources": rows_json,
+            "cdf": cdf,
         }),
         samples,
     }

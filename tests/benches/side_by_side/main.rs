@@ -11,6 +11,9 @@
 //! 5. `footprint` — the release `reactor run`: RSS and CPU idle and during a storm.
 //! 6. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
 //!
+//! With `--markdown`, the parts with a picture (`charts`: lag CDF, crossing → released, cost,
+//! ring buffer) are also drawn as SVG next to the markdown, which embeds them.
+//!
 //! ```text
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
@@ -24,6 +27,7 @@
 //! storm runs inside a memory cgroup with a limit created for the run and removed after it.
 
 mod charge;
+mod charts;
 mod cost;
 mod footprint;
 mod lag;
@@ -209,6 +213,26 @@ fn main() -> Result<()> {
     let total = started.elapsed().as_secs_f64();
     println!("\nreactor bench: {} parts in {total:.1} s", parts.len());
 
+    // The charts go next to the markdown that embeds them; one that cannot be drawn is a
+    // broken harness.
+    let mut charts: Vec<(&str, String, String)> = Vec::new();
+    if let Some(md) = &opts.markdown {
+        let dir = md
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        for p in &parts {
+            match charts::draw(p.key, &p.json, dir) {
+                Ok(Some((file, title))) => {
+                    println!("chart: {}", dir.join(&file).display());
+                    charts.push((p.key, file, title));
+                }
+                Ok(None) => {}
+                Err(e) => failures.push(format!("{} chart: {e:#}", p.key)),
+            }
+        }
+    }
+
     let mut doc = serde_json::Map::new();
     doc.insert("command".into(), json!(command));
     doc.insert("quick".into(), json!(opts.quick));
@@ -229,6 +253,9 @@ fn main() -> Result<()> {
             for t in &p.tables {
                 md.push_str(&t.markdown());
                 md.push('\n');
+            }
+            for (_, file, title) in charts.iter().filter(|c| c.0 == p.key) {
+                md.push_str(&format!("![{title}]({file})\n\n"));
             }
         }
         write(path, &md)?;

@@ -144,7 +144,7 @@ async fn ensure_base_pods(node: &Node) {
     }
 }
 
-/// The `realtimePriority` the shipped systemd unit and DaemonSet give the agent.
+/// The `realtimePriority` the shipped systemd unit gives the agent.
 const REALTIME_PRIORITY: u8 = 10;
 
 /// When the agent's SIGKILL went out: the waking event plus the reaction lag, else the
