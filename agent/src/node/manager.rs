@@ -51,9 +51,15 @@ use crate::record::checkpoint::Checkpoint;
 pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
 /// The kubelet's status reason for it (`events.PreemptContainer`).
 pub const PREEMPTION_REASON: &str = "Preempting";
+/// How often a pod the runtime failed to stop is tried again.
+const STOP_RETRY: Duration = Duration::from_secs(1);
 
 /// Commands queued to the owner task.
 const QUEUE: usize = 256;
+/// Evictions and stop completions, queued apart from the API's commands and taken first:
+/// however many applies and lists clients have queued, the reactor loop's eviction (and the
+/// news that a pod stopped, which it waits for) is next in line, never behind them.
+const URGENT_QUEUE: usize = 64;
 
 /// A pod as the API and the reactor loop see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,6 +213,7 @@ pub struct EvictedPod {
 #[derive(Clone)]
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
+    urgent: mpsc::Sender<Command>,
     active: watch::Receiver<Vec<ActivePod>>,
     runtime: Arc<dyn RuntimeView>,
     events: EventHub,
@@ -248,6 +255,7 @@ impl PodManager {
             .cgroups
             .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
+        let (urgent, urgent_rx) = mpsc::channel(URGENT_QUEUE);
         let (active_tx, active) = watch::channel(Vec::new());
         let runtime: Arc<dyn RuntimeView> = Arc::new(View(Arc::clone(&config.runtime)));
         let mut actor = Actor {
@@ -259,14 +267,15 @@ impl PodManager {
             events: config.events.clone(),
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
-            tx: tx.downgrade(),
+            tx: urgent.downgrade(),
             active: active_tx,
         };
         actor.reconcile(records).await?;
         actor.publish_active();
-        tokio::spawn(actor.run(rx));
+        tokio::spawn(actor.run(rx, urgent_rx));
         Ok(PodManager {
             tx,
+            urgent,
             active,
             runtime,
             events: config.events,
@@ -277,10 +286,13 @@ impl PodManager {
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, NodeError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .await
-            .map_err(|_| NodeError::Stopped)?;
+        let cmd = make(reply);
+        let queue = if matches!(cmd, Command::Evict { .. }) {
+            &self.urgent
+        } else {
+            &self.tx
+        };
+        queue.send(cmd).await.map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?
     }
 
@@ -406,6 +418,7 @@ struct Actor<R> {
     events: EventHub,
     pods: BTreeMap<String, Entry>,
     pending: BTreeMap<String, Pending>,
+    /// The urgent queue, for the stop tasks' completions.
     tx: mpsc::WeakSender<Command>,
     active: watch::Sender<Vec<ActivePod>>,
 }
@@ -417,8 +430,14 @@ fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
 }
 
 impl<R: Runtime + 'static> Actor<R> {
-    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(cmd) = rx.recv().await {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut urgent: mpsc::Receiver<Command>) {
+        loop {
+            let cmd = tokio::select! {
+                biased;
+                Some(cmd) = urgent.recv() => cmd,
+                Some(cmd) = rx.recv() => cmd,
+                else => break,
+            };
             match cmd {
                 Command::Apply {
                     checked,
@@ -824,13 +843,14 @@ impl<R: Runtime + 'static> Actor<R> {
     ) -> Result<Applied, NodeError> {
         let cgroup = CgroupPath::for_pod(&checked.info)?;
         let mut device_env = BTreeMap::new();
-        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
-            let alloc = devices
-                .allocate(&req, &self.active_uids())
-                .await
-                .map_err(|e| NodeError::Invalid(format!("device allocation: {e}")))?;
-            // The plugin's PreStartContainer (where it asked for one) before the containers
-            // start, as the kubelet does when it builds each container's run options.
+        if let (Some(devices), Some(req)) =
+            (self.devices.clone(), Self::device_request(&checked.info))
+        {
+            // A plugin that fails (or dies) in Allocate or PreStartContainer is the node's
+            // trouble, not the client's: the pod is refused as the kubelet's device admit
+            // handler refuses it (UnexpectedAdmissionError, "Allocate failed due to ...") and
+            // whatever was assigned to it is freed, so no device stays held by a pod that
+            // never ran.
             let all = || {
                 checked
                     .info
@@ -838,12 +858,31 @@ impl<R: Runtime + 'static> Actor<R> {
                     .iter()
                     .chain(&checked.info.containers)
             };
-            for c in all() {
-                devices
-                    .prepare_container(&req.uid, &c.name)
-                    .await
-                    .map_err(|e| NodeError::Invalid(format!("device pre-start: {e}")))?;
+            let allocated = async {
+                let alloc = devices.allocate(&req, &self.active_uids()).await?;
+                // The plugin's PreStartContainer (where it asked for one) before the
+                // containers start, as the kubelet does when it builds each container's run
+                // options.
+                for c in all() {
+                    devices.prepare_container(&req.uid, &c.name).await?;
+                }
+                Ok::<_, crate::devices::DeviceError>(alloc)
             }
+            .await;
+            let alloc = match allocated {
+                Ok(alloc) => alloc,
+                Err(e) => {
+                    tracing::warn!(pod = %req.uid, "device allocation failed: {e}");
+                    let refused = self.reject(
+                        *checked,
+                        source,
+                        "UnexpectedAdmissionError".to_string(),
+                        format!("Allocate failed due to {e}, which is unexpected"),
+                    );
+                    self.release_devices().await;
+                    return Ok(refused);
+                }
+            };
             for c in all() {
                 if let Some(ca) = alloc.containers.get(&c.name) {
                     device_env.insert(
@@ -901,6 +940,9 @@ impl<R: Runtime + 'static> Actor<R> {
             let _ = self.cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT);
             self.pods.remove(&uid);
             let _ = self.update_tiers();
+            // The devices allocated to it above go back at once (a runtime that is down must
+            // not leave them held by a pod that does not exist).
+            self.release_devices().await;
             return Err(e);
         }
         if let Ok(status) = self.rt.pod_status(&uid).await {
@@ -1033,10 +1075,18 @@ impl<R: Runtime + 'static> Actor<R> {
                 reply: tx,
             } => {
                 if let Some(err) = failed {
-                    let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
-                        reason: err,
-                    })));
-                    return;
+                    if killed == 0 {
+                        let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
+                            reason: err,
+                        })));
+                        return;
+                    }
+                    // The runtime failed (down, or died mid-stop), but the agent SIGKILLed
+                    // the pod's processes itself: the eviction happened. The pod ends
+                    // Evicted now, once, and the runtime is told to stop it when it answers
+                    // again, so its sandbox and cgroups do not outlive the outage.
+                    tracing::warn!(pod = %uid, "eviction: processes killed, but the runtime failed to stop the pod ({err}); retrying the stop in the background");
+                    self.finish_stop_later(&uid);
                 }
                 self.end(&uid, reason, message);
                 self.release_devices().await;
@@ -1091,6 +1141,37 @@ impl<R: Runtime + 'static> Actor<R> {
                 tracing::error!("freeing the devices of stopped pods: {e}");
             }
         }
+    }
+
+    /// Stops pod `uid` through the runtime in the background, retrying every
+    /// [`STOP_RETRY`] until the runtime stops it or no longer knows it, then removes its pod
+    /// cgroup: what an eviction during a runtime outage leaves behind (the processes are dead
+    /// already; the sandbox, its records and the cgroups are not).
+    fn finish_stop_later(&self, uid: &str) {
+        let Some(cgroup) = self.pods.get(uid).and_then(|e| e.record.cgroup.clone()) else {
+            return;
+        };
+        let (rt, cgroups, uid) = (Arc::clone(&self.rt), self.cgroups.clone(), uid.to_string());
+        tokio::spawn(async move {
+            loop {
+                match rt.stop_pod(&uid, Duration::ZERO).await {
+                    Ok(_) | Err(RuntimeError::NotFound { .. }) => break,
+                    Err(e) => tracing::debug!(pod = %uid, "stop retry: {e}"),
+                }
+                tokio::time::sleep(STOP_RETRY).await;
+            }
+            let removed = tokio::task::spawn_blocking(move || {
+                cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT)
+            })
+            .await;
+            match removed {
+                Ok(Ok(())) => {
+                    tracing::info!(pod = %uid, "runtime back: evicted pod stopped and its cgroup removed")
+                }
+                Ok(Err(e)) => tracing::error!(pod = %uid, "removing the evicted pod's cgroup: {e}"),
+                Err(e) => tracing::error!(pod = %uid, "cgroup removal task: {e}"),
+            }
+        });
     }
 
     /// Marks a stopped pod Failed with `reason`/`message` and gives its memory back to the
