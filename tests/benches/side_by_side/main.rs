@@ -9,11 +9,13 @@
 //! 4. `ring` — the eBPF ring buffer: the highest event rate with no drops, and drop
 //!    accounting when it overflows.
 //! 5. `footprint` — the release `reactor run`: RSS and CPU idle and during a storm.
+//! 6. `api-load` — the same eviction with the API idle and under 50 gRPC clients' load:
+//!    the eviction records' reaction time, p50/p99 and the ratio.
 //!
 //! ```text
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
-//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint] [--oom-rates 350,150]
+//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint,api-load] [--oom-rates 350,150]
 //!     [--oom-reps 20]
 //! ```
 //!
@@ -22,6 +24,7 @@
 //! fails only when the harness breaks (a part errors out or measures nothing). Every memory
 //! storm runs inside a memory cgroup with a limit created for the run and removed after it.
 
+mod api_load;
 mod cost;
 mod footprint;
 mod lag;
@@ -49,7 +52,7 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
 }
 
-const PARTS: [&str; 5] = ["lag", "oom", "cost", "ring", "footprint"];
+const PARTS: [&str; 6] = ["lag", "oom", "cost", "ring", "footprint", "api-load"];
 
 fn parse_args() -> Result<Opts> {
     let mut opts = Opts {
@@ -182,6 +185,7 @@ fn main() -> Result<()> {
             "oom" => oom::run(&opts),
             "cost" => cost::run(&opts),
             "ring" => ring::run(&opts),
+            "api-load" => api_load::run(&opts),
             _ => footprint::run(&opts),
         };
         let secs = t.elapsed().as_secs_f64();
