@@ -26,6 +26,8 @@ pub struct TestImage {
     pub entrypoint: Vec<String>,
     /// The image's default arguments.
     pub cmd: Vec<String>,
+    /// Files copied from the host: (host path, path in the image without the leading `/`).
+    pub host_files: Vec<(PathBuf, String)>,
 }
 
 /// An image archive on disk, ready to import.
@@ -54,7 +56,44 @@ impl TestImage {
             filler_bytes,
             entrypoint: Vec::new(),
             cmd: vec!["/bin/sh".into()],
+            host_files: Vec::new(),
         }
+    }
+
+    /// Adds a host binary at `/bin/<its name>` with the shared libraries `ldd` names for it
+    /// (at the same paths), so a dynamically linked test helper such as `memhog` runs in
+    /// the container.
+    pub fn with_host_binary(mut self, binary: &Path) -> io::Result<TestImage> {
+        let name = binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| io::Error::other(format!("{}: no file name", binary.display())))?;
+        self.host_files
+            .push((binary.to_path_buf(), format!("bin/{name}")));
+        let out = std::process::Command::new("ldd").arg(binary).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "ldd {}: {}",
+                binary.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        // Lines are `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or
+        // `/lib64/ld-linux-x86-64.so.2 (0x…)`; the vDSO has no path.
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let path = line
+                .split("=>")
+                .last()
+                .and_then(|rest| rest.split_whitespace().next())
+                .filter(|p| p.starts_with('/'));
+            if let Some(path) = path {
+                self.host_files.push((
+                    PathBuf::from(path),
+                    path.trim_start_matches('/').to_string(),
+                ));
+            }
+        }
+        Ok(self)
     }
 
     /// A pause image: sleeps until killed (the CRI stops sandboxes with SIGKILL).
@@ -64,6 +103,7 @@ impl TestImage {
             filler_bytes: 0,
             entrypoint: vec!["/bin/sleep".into(), "2147483647".into()],
             cmd: Vec::new(),
+            host_files: Vec::new(),
         }
     }
 
@@ -176,6 +216,32 @@ impl TestImage {
             tar.append_link(&mut h, format!("bin/{applet}"), "busybox")?;
         }
         append_bytes(&mut tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n")?;
+        let mut dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for (host, at) in &self.host_files {
+            // Parent directories first (the layer must not rely on the unpacker creating them).
+            let mut parent = Path::new(at).parent();
+            let mut chain = Vec::new();
+            while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+                chain.push(p.to_string_lossy().into_owned());
+                parent = p.parent();
+            }
+            for dir in chain.into_iter().rev() {
+                if ["bin", "dev", "etc", "proc", "sys", "tmp"].contains(&dir.as_str())
+                    || !dirs.insert(dir.clone())
+                {
+                    continue;
+                }
+                let mut h = tar::Header::new_ustar();
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                h.set_mtime(0);
+                tar.append_data(&mut h, format!("{dir}/"), io::empty())?;
+            }
+            let file = File::open(host)?;
+            let mut h = file_header(file.metadata()?.len(), 0o755);
+            tar.append_data(&mut h, at, file)?;
+        }
         if self.filler_bytes > 0 {
             let mut h = file_header(self.filler_bytes, 0o644);
             let filler = Filler::new(&self.name).take(self.filler_bytes);

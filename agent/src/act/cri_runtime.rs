@@ -51,7 +51,7 @@ use super::cgroups::{CgroupPath, Resources};
 use super::cri::{self, CriClient, CriError};
 use super::runtime::{
     pod_phase, ContainerExit, ContainerSpec, ContainerState, ContainerStatus, PodSpec, PodStatus,
-    Runtime, RuntimeError, Terminated,
+    RestartPolicy, Runtime, RuntimeError, Terminated,
 };
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 
@@ -904,10 +904,17 @@ impl Runtime for CriRuntime {
         let inner = &self.inner;
         let _ops = inner.ops.lock().await;
         let (sandbox_id, ids) = {
-            let pods = lock(&inner.pods);
-            let entry = pods.get(uid).ok_or_else(|| RuntimeError::NotFound {
+            let mut pods = lock(&inner.pods);
+            let entry = pods.get_mut(uid).ok_or_else(|| RuntimeError::NotFound {
                 uid: uid.to_string(),
             })?;
+            // From here on the pod never restarts, even if this stop fails midway (the
+            // runtime went down): a later relist must not bring back containers the caller
+            // killed (an eviction SIGKILLs them itself), only a later stop finishes the job.
+            entry.spec.restart_policy = RestartPolicy::Never;
+            for slot in &mut entry.slots {
+                slot.restart_at = None;
+            }
             let ids: Vec<(usize, String)> = entry
                 .slots
                 .iter()

@@ -27,6 +27,23 @@ use crate::node::{NodeError, NodeEventKind, PodManager, PodView, RemoveTarget};
 /// so an oversize pod document reaches the agent's own check and its one-line reason.
 pub const MAX_MESSAGE_BYTES: usize = crate::node::document::MAX_DOCUMENT_BYTES + (1 << 20);
 
+/// Connections served at once; the next one waits in the listen backlog until one closes.
+/// With the per-connection limits below this bounds what clients can make the agent hold
+/// (each request's body is buffered up to [`MAX_MESSAGE_BYTES`] while it is decoded), so a
+/// flood of clients slows the API down instead of growing the agent without end.
+pub const MAX_CONNECTIONS: usize = 128;
+/// HTTP/2 streams (calls) one connection may have open; more are refused by the HTTP/2
+/// layer (`REFUSED_STREAM`), which clients see as `Unavailable` and may retry.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Calls of one connection being handled at once; the rest wait their turn.
+pub const MAX_CALLS_PER_CONNECTION: usize = 16;
+/// Request headers larger than this are refused (the API's own headers are a few hundred
+/// bytes).
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// HTTP/2 pings on idle connections, and how long an answer may take before the connection
+/// is dropped: a peer that vanished without closing its socket does not keep its streams.
+pub const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(10));
+
 /// The one place domain errors become gRPC statuses.
 pub fn status(e: &NodeError) -> Status {
     let msg = e.to_string();
@@ -458,19 +475,114 @@ impl Agent for AgentService {
     }
 }
 
-/// Serves `service` on `socket` until `shutdown` resolves.
+/// An accepted connection holding one of the [`MAX_CONNECTIONS`] permits until it closes.
+struct Connection {
+    stream: tokio::net::UnixStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tonic::transport::server::Connected for Connection {
+    type ConnectInfo = <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for Connection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Connection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Gives the transport's own refusals of a request body the codes of the gRPC spec, so a
+/// client can tell its own mistake from the agent's trouble: tonic answers a message over the
+/// size limit `OutOfRange` (grpc-go and the spec: `ResourceExhausted`) and a body that is not
+/// the protobuf message it should be `Internal` (it is the client's bad input:
+/// `InvalidArgument`). Both refusals come before the handler runs, as a trailers-only response
+/// (the status in the headers); the service itself never answers `OutOfRange`, and its own
+/// `Internal` messages never start with prost's decode error.
+fn transport_refusal_codes<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    use tonic::codegen::http::HeaderValue;
+    let headers = response.headers_mut();
+    let code = headers.get("grpc-status").map(|v| v.as_bytes().to_vec());
+    let decode_error = headers.get("grpc-message").is_some_and(|m| {
+        m.as_bytes()
+            .starts_with(b"failed%20to%20decode%20Protobuf%20message")
+    });
+    match code.as_deref() {
+        Some(b"11") => {
+            headers.insert("grpc-status", HeaderValue::from_static("8"));
+        }
+        Some(b"13") if decode_error => {
+            headers.insert("grpc-status", HeaderValue::from_static("3"));
+        }
+        _ => {}
+    }
+    response
+}
+
+/// Serves `service` on `socket` until `shutdown` resolves, within the limits above: at most
+/// [`MAX_CONNECTIONS`] connections, each with at most [`MAX_STREAMS_PER_CONNECTION`] open
+/// calls of which [`MAX_CALLS_PER_CONNECTION`] are handled at once, messages up to
+/// [`MAX_MESSAGE_BYTES`] (a larger one is answered `ResourceExhausted`, a body that is not the
+/// message it claims `InvalidArgument`: [`transport_refusal_codes`]), bytes that are not HTTP/2 close that
+/// connection only), and keepalive pings that drop dead peers.
 pub async fn serve(
     socket: ApiSocket,
     service: AgentService,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<tokio::net::UnixStream>>(16);
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Connection>>(16);
     let socket = Arc::new(socket);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let accept = {
         let socket = Arc::clone(&socket);
         tokio::spawn(async move {
             loop {
-                let r = socket.listener().accept().await.map(|(s, _)| s);
+                // A free slot first, then the next connection: beyond the limit, clients
+                // wait in the kernel's backlog rather than in the agent's memory.
+                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                    return;
+                };
+                let r = socket
+                    .listener()
+                    .accept()
+                    .await
+                    .map(|(stream, _)| Connection {
+                        stream,
+                        _permit: permit,
+                    });
                 if tx.send(r).await.is_err() {
                     return;
                 }
@@ -479,6 +591,14 @@ pub async fn serve(
     };
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     let result = tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .concurrency_limit_per_connection(MAX_CALLS_PER_CONNECTION)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(KEEPALIVE.0))
+        .http2_keepalive_timeout(Some(KEEPALIVE.1))
+        .layer(tower::util::MapResponseLayer::new(
+            transport_refusal_codes::<tonic::body::Body>,
+        ))
         .add_service(
             AgentServer::new(service)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -8,7 +8,9 @@
 //! device node per device and an annotation. With `--preferred` it implements
 //! `GetPreferredAllocation` (preferring the highest-numbered free devices, so its choice is
 //! visible); with `--pre-start` it asks for `PreStartContainer`. `--journal FILE` appends one
-//! line per call it serves (`allocate dev-0,dev-1`, `prestart dev-3`, `preferred dev-3`).
+//! line per call it serves (`allocate dev-0,dev-1`, `prestart dev-3`, `preferred dev-3`). `--allocate-delay-ms N` holds every `Allocate` for N ms
+//! after journaling `allocating <ids>` (a test knob: the fault-injection suite kills the plugin
+//! there).
 //!
 //! Health is flipped by lines on stdin: `unhealthy dev-1` or `healthy dev-1`. A refused
 //! registration prints the agent's reason on stderr and exits 1, as plugins are expected to.
@@ -56,6 +58,10 @@ struct Args {
     /// NUMA node to report for every device (default: no topology).
     #[arg(long)]
     numa: Option<i64>,
+    /// Milliseconds to wait inside each `Allocate` before answering, after journaling
+    /// `allocating <ids>`: a test knob, so a test can kill the plugin while the agent waits.
+    #[arg(long, default_value_t = 0)]
+    allocate_delay_ms: u64,
 }
 
 /// Device ID → healthy.
@@ -67,6 +73,7 @@ struct Plugin {
     numa: Option<i64>,
     devices: watch::Sender<Devices>,
     journal: Option<Mutex<std::fs::File>>,
+    allocate_delay: Duration,
 }
 
 impl Plugin {
@@ -176,6 +183,10 @@ impl api::device_plugin_server::DevicePlugin for Plugin {
                 )));
             }
             let joined = ids.join(",");
+            if !self.allocate_delay.is_zero() {
+                self.note(&format!("allocating {joined}"));
+                tokio::time::sleep(self.allocate_delay).await;
+            }
             self.note(&format!("allocate {joined}"));
             out.push(api::ContainerAllocateResponse {
                 envs: [
@@ -314,6 +325,7 @@ async fn main() -> anyhow::Result<()> {
         numa: args.numa,
         devices: tx.clone(),
         journal,
+        allocate_delay: Duration::from_millis(args.allocate_delay_ms),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(

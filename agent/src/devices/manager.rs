@@ -664,9 +664,12 @@ impl DeviceManager {
                     st.book.remove(&pod.uid, container, resource);
                 }
             }
+            // Observers are told even when nothing was added: a snapshot taken while the
+            // failed call's devices were reserved (a plugin that died in Allocate also ends
+            // its ListAndWatch, which notifies) counted them allocated, and must not stay so.
             if freed {
                 self.inner.write_checkpoint_logged().await;
-            } else if !added.is_empty() {
+            } else {
                 self.inner.notify();
             }
             return Err(e);

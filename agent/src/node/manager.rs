@@ -47,13 +47,21 @@ use crate::reactor::pods::{
 };
 use crate::record::checkpoint::Checkpoint;
 
+mod admission;
+
 /// The kubelet's status message for a pod preempted by a critical pod.
 pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
 /// The kubelet's status reason for it (`events.PreemptContainer`).
 pub const PREEMPTION_REASON: &str = "Preempting";
+/// How often a pod the runtime failed to stop is tried again.
+const STOP_RETRY: Duration = Duration::from_secs(1);
 
 /// Commands queued to the owner task.
 const QUEUE: usize = 256;
+/// Evictions and stop completions, queued apart from the API's commands and taken first:
+/// however many applies and lists clients have queued, the reactor loop's eviction (and the
+/// news that a pod stopped, which it waits for) is next in line, never behind them.
+const URGENT_QUEUE: usize = 64;
 
 /// A pod as the API and the reactor loop see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,6 +215,7 @@ pub struct EvictedPod {
 #[derive(Clone)]
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
+    urgent: mpsc::Sender<Command>,
     active: watch::Receiver<Vec<ActivePod>>,
     runtime: Arc<dyn RuntimeView>,
     events: EventHub,
@@ -248,6 +257,7 @@ impl PodManager {
             .cgroups
             .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
+        let (urgent, urgent_rx) = mpsc::channel(URGENT_QUEUE);
         let (active_tx, active) = watch::channel(Vec::new());
         let runtime: Arc<dyn RuntimeView> = Arc::new(View(Arc::clone(&config.runtime)));
         let mut actor = Actor {
@@ -259,14 +269,15 @@ impl PodManager {
             events: config.events.clone(),
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
-            tx: tx.downgrade(),
+            tx: urgent.downgrade(),
             active: active_tx,
         };
         actor.reconcile(records).await?;
         actor.publish_active();
-        tokio::spawn(actor.run(rx));
+        tokio::spawn(actor.run(rx, urgent_rx));
         Ok(PodManager {
             tx,
+            urgent,
             active,
             runtime,
             events: config.events,
@@ -277,10 +288,13 @@ impl PodManager {
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, NodeError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .await
-            .map_err(|_| NodeError::Stopped)?;
+        let cmd = make(reply);
+        let queue = if matches!(cmd, Command::Evict { .. }) {
+            &self.urgent
+        } else {
+            &self.tx
+        };
+        queue.send(cmd).await.map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?
     }
 
@@ -406,6 +420,7 @@ struct Actor<R> {
     events: EventHub,
     pods: BTreeMap<String, Entry>,
     pending: BTreeMap<String, Pending>,
+    /// The urgent queue, for the stop tasks' completions.
     tx: mpsc::WeakSender<Command>,
     active: watch::Sender<Vec<ActivePod>>,
 }
@@ -417,8 +432,14 @@ fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
 }
 
 impl<R: Runtime + 'static> Actor<R> {
-    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(cmd) = rx.recv().await {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut urgent: mpsc::Receiver<Command>) {
+        loop {
+            let cmd = tokio::select! {
+                biased;
+                Some(cmd) = urgent.recv() => cmd,
+                Some(cmd) = rx.recv() => cmd,
+                else => break,
+            };
             match cmd {
                 Command::Apply {
                     checked,
@@ -591,342 +612,6 @@ impl<R: Runtime + 'static> Actor<R> {
             .map_err(|e| NodeError::Invalid(e.to_string()))
     }
 
-    fn device_request(info: &PodInfo) -> Option<PodRequest> {
-        let req = |c: &crate::decide::pod::ContainerInfo| ContainerRequest {
-            name: c.name.clone(),
-            devices: c
-                .limits
-                .iter()
-                .chain(c.requests.iter())
-                .filter(|(n, _)| is_extended(n))
-                .map(|(n, q)| (n.to_string(), u64::try_from(q.value()).unwrap_or(0)))
-                .collect(),
-            restartable: c.sidecar,
-        };
-        let pod = PodRequest {
-            uid: info.uid.clone(),
-            init_containers: info.init_containers.iter().map(req).collect(),
-            containers: info.containers.iter().map(req).collect(),
-        };
-        let any = pod
-            .containers
-            .iter()
-            .chain(&pod.init_containers)
-            .any(|c| !c.devices.is_empty());
-        any.then_some(pod)
-    }
-
-    fn active_uids(&self) -> BTreeSet<String> {
-        self.pods
-            .values()
-            .filter(|e| !e.record.is_terminal())
-            .map(|e| e.record.uid.clone())
-            .collect()
-    }
-
-    /// Admission. `None`: waiting for preempted pods to stop; `reply` was moved into the
-    /// pending admission and is answered when they are gone.
-    async fn apply(
-        &mut self,
-        checked: Box<Checked>,
-        source: PodSource,
-        reply_to: &mut Option<Reply<Applied>>,
-    ) -> Option<Result<Applied, NodeError>> {
-        if let Some(e) = self.pods.get(&checked.uid) {
-            return Some(Err(NodeError::AlreadyExists(format!(
-                "a pod with uid {} is on this node already ({})",
-                checked.uid,
-                e.record.full_name()
-            ))));
-        }
-        if self.pending.contains_key(&checked.uid) {
-            return Some(Err(NodeError::AlreadyExists(format!(
-                "a pod with uid {} is being admitted already",
-                checked.uid
-            ))));
-        }
-        let name_taken = self
-            .pods
-            .values()
-            .map(|e| (&e.record.namespace, &e.record.name, &e.record.uid))
-            .chain(
-                self.pending
-                    .values()
-                    .map(|p| (&p.checked.namespace, &p.checked.name, &p.checked.uid)),
-            )
-            .find(|(ns, n, _)| **ns == checked.namespace && **n == checked.name)
-            .map(|(_, _, uid)| uid.clone());
-        if let Some(uid) = name_taken {
-            return Some(Err(NodeError::AlreadyExists(format!(
-                "pod {}/{} is on this node already (uid {uid})",
-                checked.namespace, checked.name
-            ))));
-        }
-        // Everything that can be wrong with the document is found before the node changes.
-        if let Err(e) = self.spec_for(&checked, &BTreeMap::new()) {
-            return Some(Err(e));
-        }
-        // Devices first, as in the kubelet, whose resource-allocation admit handler runs
-        // before the predicate handler: a pod the device manager cannot serve is refused with
-        // that handler's reason and message, and preemption (which frees cpu, memory and
-        // pods, never devices) is not tried for it.
-        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
-            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
-                return Some(Ok(self.reject(
-                    *checked,
-                    source,
-                    "UnexpectedAdmissionError".to_string(),
-                    format!("Allocate failed due to {short}, which is unexpected"),
-                )));
-            }
-        }
-        let mut failures = fit(
-            &checked.info,
-            &self.holding(),
-            &self.plan.resources.allocatable,
-        );
-        if self.devices.is_none() {
-            if let Some(req) = Self::device_request(&checked.info) {
-                let (resource, n) = req
-                    .containers
-                    .iter()
-                    .chain(&req.init_containers)
-                    .flat_map(|c| c.devices.iter())
-                    .next()
-                    .map(|(r, n)| (r.clone(), *n))
-                    .unwrap_or_default();
-                failures.push(AdmitFailure::InsufficientResource {
-                    resource,
-                    requested: i64::try_from(n).unwrap_or(i64::MAX),
-                    used: 0,
-                    capacity: 0,
-                });
-            }
-        }
-        if failures.is_empty() {
-            return Some(self.admit(checked, source, Vec::new()).await);
-        }
-        let running: Vec<(String, PodInfo)> = self
-            .pods
-            .values()
-            .filter(|e| !e.record.is_terminal() && e.record.cgroup.is_some() && !e.stopping)
-            .map(|e| (e.record.uid.clone(), e.info.clone()))
-            .collect();
-        let infos: Vec<PodInfo> = running.iter().map(|(_, i)| i.clone()).collect();
-        let decision = handle_admission_failure(&checked.info, &infos, &failures);
-        if !decision.admit {
-            let (reason, message) = match &decision.error {
-                Some(e) => (
-                    "UnexpectedAdmissionError".to_string(),
-                    format!(
-                        "Unexpected error while attempting to recover from admission failure: {e}"
-                    ),
-                ),
-                None => rejection(&failures[0]),
-            };
-            return Some(Ok(self.reject(*checked, source, reason, message)));
-        }
-        if decision.preempt.is_empty() {
-            return Some(self.admit(checked, source, Vec::new()).await);
-        }
-        let victims: Vec<String> = decision
-            .preempt
-            .iter()
-            .map(|&i| running[i].0.clone())
-            .collect();
-        let preempted: Vec<String> = victims
-            .iter()
-            .filter_map(|uid| self.pods.get(uid).map(|e| e.record.full_name()))
-            .collect();
-        self.events.publish(NodeEventKind::Preemption {
-            preemptor: format!("{}/{}", checked.namespace, checked.name),
-            victims: preempted.clone(),
-            reasons: failures.iter().map(AdmitFailure::reason).collect(),
-        });
-        let uid = checked.uid.clone();
-        for v in &victims {
-            tracing::info!(victim = %v, preemptor = %uid, "preempting pod to admit critical pod");
-            // The kubelet kills preemption victims with their own grace period.
-            self.begin_stop(
-                v,
-                None,
-                After::Preempted {
-                    preemptor: uid.clone(),
-                },
-            );
-        }
-        self.pending.insert(
-            uid,
-            Pending {
-                checked,
-                source,
-                victims: victims.into_iter().collect(),
-                preempted,
-                reply: reply_to.take(),
-            },
-        );
-        None
-    }
-
-    fn reject(
-        &mut self,
-        checked: Checked,
-        source: PodSource,
-        reason: String,
-        message: String,
-    ) -> Applied {
-        tracing::info!(pod = %format!("{}/{}", checked.namespace, checked.name), %reason, %message, "pod rejected");
-        self.events.publish(NodeEventKind::Admission {
-            namespace: checked.namespace.clone(),
-            name: checked.name.clone(),
-            uid: checked.uid.clone(),
-            admitted: false,
-            reason: reason.clone(),
-            message: message.clone(),
-        });
-        let record = PodRecord {
-            uid: checked.uid.clone(),
-            namespace: checked.namespace.clone(),
-            name: checked.name.clone(),
-            document: checked.document,
-            source,
-            cgroup: None,
-            grace_period_seconds: checked.grace_period_seconds,
-            phase: PodPhase::Failed,
-            reason,
-            message,
-            ended_by_agent: true,
-            containers: Vec::new(),
-            oom_score_adj: BTreeMap::new(),
-        };
-        let entry = Entry {
-            record,
-            info: checked.info,
-            stopping: false,
-        };
-        let view = self.view(&entry, None, None);
-        self.pods.insert(entry.record.uid.clone(), entry);
-        self.save();
-        Applied {
-            pod: view,
-            admitted: false,
-            preempted: Vec::new(),
-        }
-    }
-
-    /// Tiers first, then the pod cgroup, device allocation, then the runtime; undone on a
-    /// failure so a pod that could not start leaves nothing behind.
-    async fn admit(
-        &mut self,
-        checked: Box<Checked>,
-        source: PodSource,
-        preempted: Vec<String>,
-    ) -> Result<Applied, NodeError> {
-        let cgroup = CgroupPath::for_pod(&checked.info)?;
-        let mut device_env = BTreeMap::new();
-        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
-            let alloc = devices
-                .allocate(&req, &self.active_uids())
-                .await
-                .map_err(|e| NodeError::Invalid(format!("device allocation: {e}")))?;
-            // The plugin's PreStartContainer (where it asked for one) before the containers
-            // start, as the kubelet does when it builds each container's run options.
-            let all = || {
-                checked
-                    .info
-                    .init_containers
-                    .iter()
-                    .chain(&checked.info.containers)
-            };
-            for c in all() {
-                devices
-                    .prepare_container(&req.uid, &c.name)
-                    .await
-                    .map_err(|e| NodeError::Invalid(format!("device pre-start: {e}")))?;
-            }
-            for c in all() {
-                if let Some(ca) = alloc.containers.get(&c.name) {
-                    device_env.insert(
-                        c.name.clone(),
-                        ca.envs
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.clone()))
-                            .collect(),
-                    );
-                }
-            }
-        }
-        let spec = self.spec_for(&checked, &device_env)?;
-        let record = PodRecord {
-            uid: checked.uid.clone(),
-            namespace: checked.namespace.clone(),
-            name: checked.name.clone(),
-            document: checked.document.clone(),
-            source,
-            cgroup: Some(cgroup.clone()),
-            grace_period_seconds: checked.grace_period_seconds,
-            phase: PodPhase::Pending,
-            reason: String::new(),
-            message: String::new(),
-            ended_by_agent: false,
-            containers: Vec::new(),
-            oom_score_adj: spec
-                .containers
-                .iter()
-                .map(|c| (c.name.clone(), c.oom_score_adj))
-                .collect(),
-        };
-        let uid = record.uid.clone();
-        self.pods.insert(
-            uid.clone(),
-            Entry {
-                record,
-                info: checked.info.clone(),
-                stopping: false,
-            },
-        );
-        let started = async {
-            self.update_tiers()?;
-            self.cgroups.create_pod_cgroup(
-                &cgroup,
-                &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
-            )?;
-            self.rt.run_pod(spec).await?;
-            Ok::<(), NodeError>(())
-        }
-        .await;
-        if let Err(e) = started {
-            tracing::error!(pod = %uid, "pod could not be started: {e}");
-            let _ = self.rt.stop_pod(&uid, Duration::ZERO).await;
-            let _ = self.cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT);
-            self.pods.remove(&uid);
-            let _ = self.update_tiers();
-            return Err(e);
-        }
-        if let Ok(status) = self.rt.pod_status(&uid).await {
-            if let Some(e) = self.pods.get_mut(&uid) {
-                e.record.phase = status.phase;
-                e.record.containers = status.containers;
-            }
-        }
-        self.save();
-        self.events.publish(NodeEventKind::Admission {
-            namespace: checked.namespace.clone(),
-            name: checked.name.clone(),
-            uid: uid.clone(),
-            admitted: true,
-            reason: String::new(),
-            message: String::new(),
-        });
-        tracing::info!(pod = %format!("{}/{}", checked.namespace, checked.name), %uid, qos = %checked.info.qos, %cgroup, "pod admitted");
-        let entry = &self.pods[&uid];
-        Ok(Applied {
-            pod: self.view(entry, None, None),
-            admitted: true,
-            preempted,
-        })
-    }
-
     fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
         let Some(entry) = self.pods.get_mut(uid) else {
             return;
@@ -1033,10 +718,18 @@ impl<R: Runtime + 'static> Actor<R> {
                 reply: tx,
             } => {
                 if let Some(err) = failed {
-                    let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
-                        reason: err,
-                    })));
-                    return;
+                    if killed == 0 {
+                        let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
+                            reason: err,
+                        })));
+                        return;
+                    }
+                    // The runtime failed (down, or died mid-stop), but the agent SIGKILLed
+                    // the pod's processes itself: the eviction happened. The pod ends
+                    // Evicted now, once, and the runtime is told to stop it when it answers
+                    // again, so its sandbox and cgroups do not outlive the outage.
+                    tracing::warn!(pod = %uid, "eviction: processes killed, but the runtime failed to stop the pod ({err}); retrying the stop in the background");
+                    self.finish_stop_later(&uid);
                 }
                 self.end(&uid, reason, message);
                 self.release_devices().await;
@@ -1091,6 +784,37 @@ impl<R: Runtime + 'static> Actor<R> {
                 tracing::error!("freeing the devices of stopped pods: {e}");
             }
         }
+    }
+
+    /// Stops pod `uid` through the runtime in the background, retrying every
+    /// [`STOP_RETRY`] until the runtime stops it or no longer knows it, then removes its pod
+    /// cgroup: what an eviction during a runtime outage leaves behind (the processes are dead
+    /// already; the sandbox, its records and the cgroups are not).
+    fn finish_stop_later(&self, uid: &str) {
+        let Some(cgroup) = self.pods.get(uid).and_then(|e| e.record.cgroup.clone()) else {
+            return;
+        };
+        let (rt, cgroups, uid) = (Arc::clone(&self.rt), self.cgroups.clone(), uid.to_string());
+        tokio::spawn(async move {
+            loop {
+                match rt.stop_pod(&uid, Duration::ZERO).await {
+                    Ok(_) | Err(RuntimeError::NotFound { .. }) => break,
+                    Err(e) => tracing::debug!(pod = %uid, "stop retry: {e}"),
+                }
+                tokio::time::sleep(STOP_RETRY).await;
+            }
+            let removed = tokio::task::spawn_blocking(move || {
+                cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT)
+            })
+            .await;
+            match removed {
+                Ok(Ok(())) => {
+                    tracing::info!(pod = %uid, "runtime back: evicted pod stopped and its cgroup removed")
+                }
+                Ok(Err(e)) => tracing::error!(pod = %uid, "removing the evicted pod's cgroup: {e}"),
+                Err(e) => tracing::error!(pod = %uid, "cgroup removal task: {e}"),
+            }
+        });
     }
 
     /// Marks a stopped pod Failed with `reason`/`message` and gives its memory back to the

@@ -1,4 +1,4 @@
-//! Part 6: what the in-kernel usage thresholds cost on the charge path. The page-faulting
+//! Part 7: what the in-kernel usage thresholds cost on the charge path. The page-faulting
 //! child of part 4 runs flat out in a child of a watched memory cgroup (every fault charges a
 //! page, and `madvise(DONTNEED)` gives them back) under three setups, in alternating rounds so
 //! drift hits them alike:
@@ -84,7 +84,7 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Run part 6.
+/// Run part 7.
 pub fn run(opts: &Opts) -> Result<Part> {
     let (millis, rounds) = if opts.quick { (300, 1) } else { (2000, 5) };
     let parent = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
@@ -115,7 +115,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
     let base = medians[0];
     let mut t = Table::new(
-        "6. Charge-path cost of the in-kernel usage thresholds",
+        "7. Charge-path cost of the in-kernel usage thresholds",
         &["setup", "page faults/s (median)", "× no eBPF"],
     )
     .text_columns(1);

@@ -9,7 +9,9 @@
 //! 4. `ring` — the eBPF ring buffer: the highest event rate with no drops, and drop
 //!    accounting when it overflows.
 //! 5. `footprint` — the release `reactor run`: RSS and CPU idle and during a storm.
-//! 6. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
+//! 6. `api-load` — the same eviction with the API idle and under 50 gRPC clients' load:
+//!    the eviction records' reaction time, p50/p99 and the ratio.
+//! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
 //!
 //! With `--markdown`, the parts with a picture (`charts`: lag CDF, crossing → released, cost,
 //! ring buffer) are also drawn as SVG next to the markdown, which embeds them.
@@ -17,7 +19,8 @@
 //! ```text
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
-//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint,charge] [--oom-rates 350,150]
+//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint,api-load,charge]
+//!     [--oom-rates 350,150]
 //!     [--oom-reps 20]
 //! ```
 //!
@@ -26,6 +29,7 @@
 //! fails only when the harness breaks (a part errors out or measures nothing). Every memory
 //! storm runs inside a memory cgroup with a limit created for the run and removed after it.
 
+mod api_load;
 mod charge;
 mod charts;
 mod cost;
@@ -55,7 +59,15 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
 }
 
-const PARTS: [&str; 6] = ["lag", "oom", "cost", "ring", "footprint", "charge"];
+const PARTS: [&str; 7] = [
+    "lag",
+    "oom",
+    "cost",
+    "ring",
+    "footprint",
+    "api-load",
+    "charge",
+];
 
 fn parse_args() -> Result<Opts> {
     let mut opts = Opts {
@@ -188,6 +200,7 @@ fn main() -> Result<()> {
             "oom" => oom::run(&opts),
             "cost" => cost::run(&opts),
             "ring" => ring::run(&opts),
+            "api-load" => api_load::run(&opts),
             "charge" => charge::run(&opts),
             _ => footprint::run(&opts),
         };
