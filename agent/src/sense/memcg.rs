@@ -549,6 +549,7 @@ impl EventfdWatch {
             };
             let event = PressureEvent {
                 at_ns,
+                woke_ns: Some(at_ns),
                 source: Source::MemcgThreshold,
                 cgroup: Some(self.cgroup.clone()),
                 kind,
@@ -683,6 +684,7 @@ impl EventsWatch {
             for kind in kinds {
                 let event = PressureEvent {
                     at_ns,
+                    woke_ns: Some(at_ns),
                     source: Source::MemcgThreshold,
                     cgroup: Some(self.cgroup.clone()),
                     kind,
