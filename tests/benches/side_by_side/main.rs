@@ -3,6 +3,8 @@
 //!
 //! 1. `lag` — detection lag by source on one storm (eBPF ring buffer, memcg threshold
 //!    eventfd, PSI trigger, polling at 1 s and at 10 s, the kubelet's housekeeping).
+//!    `console` — the eBPF tail with the console log level as found and lowered to 1
+//!    (`dmesg -n 1`, restored afterwards), and what one error-level kernel line costs.
 //! 2. `oom` — OOM avoidance: a BestEffort hog beside a Guaranteed and a Burstable pod on a
 //!    modelled 512 MiB node, the reactor loop with every source and with each one alone.
 //! 3. `cost` — ranking, preemption and image-GC planning at 100 … 100,000 pods/images.
@@ -13,7 +15,7 @@
 //! ```text
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
-//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint] [--oom-rates 350,150]
+//!     [--markdown PATH] [--only lag,console,oom,cost,ring,footprint] [--oom-rates 350,150]
 //!     [--oom-reps 20]
 //! ```
 //!
@@ -22,6 +24,7 @@
 //! fails only when the harness breaks (a part errors out or measures nothing). Every memory
 //! storm runs inside a memory cgroup with a limit created for the run and removed after it.
 
+mod console;
 mod cost;
 mod footprint;
 mod lag;
@@ -49,7 +52,7 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
 }
 
-const PARTS: [&str; 5] = ["lag", "oom", "cost", "ring", "footprint"];
+const PARTS: [&str; 6] = ["lag", "console", "oom", "cost", "ring", "footprint"];
 
 fn parse_args() -> Result<Opts> {
     let mut opts = Opts {
@@ -179,6 +182,7 @@ fn main() -> Result<()> {
         eprintln!("bench: part {key} ...");
         let result = match key {
             "lag" => lag::run(&opts),
+            "console" => console::run(&opts),
             "oom" => oom::run(&opts),
             "cost" => cost::run(&opts),
             "ring" => ring::run(&opts),
