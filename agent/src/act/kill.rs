@@ -33,8 +33,15 @@ pub struct Killed {
     pub reaped: usize,
 }
 
-/// Set once the kernel has said it has no `process_mrelease` (or forbids it).
+/// Set once the kernel has said it has no `process_mrelease` (or forbids it), or by
+/// [`set_reaping`]`(false)`.
 static MRELEASE_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// Turns the reap after SIGKILL off (or back on) for this process: for measuring what it
+/// buys (`cargo xtask bench -- --no-mrelease`); the agent never turns it off.
+pub fn set_reaping(on: bool) {
+    MRELEASE_MISSING.store(!on, Ordering::Relaxed);
+}
 
 /// Sends SIGKILL to each of `pids` (thread-group ids) and then reaps each one's memory with
 /// `process_mrelease` where the kernel has it. Pids already gone are skipped.

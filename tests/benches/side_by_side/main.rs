@@ -16,7 +16,7 @@
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
 //!     [--markdown PATH] [--only lag,console,oom,cost,ring,footprint] [--oom-rates 350,150]
-//!     [--oom-reps 20]
+//!     [--oom-reps 20] [--no-mrelease]
 //! ```
 //!
 //! Prints one table per part and writes every figure as JSON (and the tables as markdown
@@ -50,6 +50,8 @@ pub struct Opts {
     pub oom_rates: Option<Vec<u64>>,
     /// Repetitions per mode and rate of the OOM part.
     pub oom_reps: Option<usize>,
+    /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
+    pub no_mrelease: bool,
 }
 
 const PARTS: [&str; 6] = ["lag", "console", "oom", "cost", "ring", "footprint"];
@@ -62,6 +64,7 @@ fn parse_args() -> Result<Opts> {
         only: None,
         oom_rates: None,
         oom_reps: None,
+        no_mrelease: false,
     };
     let mut args = std::env::args().skip(1);
     let list = |v: Option<String>, what: &str| -> Result<String> {
@@ -72,6 +75,7 @@ fn parse_args() -> Result<Opts> {
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             "--quick" => opts.quick = true,
+            "--no-mrelease" => opts.no_mrelease = true,
             "--json" => opts.json = Some(list(args.next(), "--json")?.into()),
             "--markdown" => opts.markdown = Some(list(args.next(), "--markdown")?.into()),
             "--only" => {
@@ -165,6 +169,10 @@ fn main() -> Result<()> {
     }
     let opts = parse_args()?;
     preflight()?;
+    if opts.no_mrelease {
+        reactor::act::kill::set_reaping(false);
+        println!("reactor bench: process_mrelease off (--no-mrelease)");
+    }
     let (machine_line, machine_json) = machine();
     let command = if opts.quick {
         "cargo xtask bench --quick"
