@@ -8,6 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use reactor::sense::ebpf::cgroup::CgroupNames;
 use reactor::sense::ebpf::{
     monotonic_ns, tracefs, EbpfOptions, EbpfSource, CHARGE_PROGRAMS, TRACEPOINTS,
 };
@@ -45,6 +46,7 @@ fn runtime() -> tokio::runtime::Runtime {
 struct Seen {
     event: PressureEvent,
     lag_ns: i128,
+    taken_ns: u64,
 }
 
 /// Receives until `done` says so or the deadline passes; returns everything received.
@@ -61,9 +63,14 @@ fn collect_until(
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, rx.recv()).await {
                 Ok(Some(event)) => {
-                    let lag_ns = i128::from(monotonic_ns()) - i128::from(event.at_ns);
+                    let taken_ns = monotonic_ns();
+                    let lag_ns = i128::from(taken_ns) - i128::from(event.at_ns);
                     let stop = done(&event);
-                    seen.push(Seen { event, lag_ns });
+                    seen.push(Seen {
+                        event,
+                        lag_ns,
+                        taken_ns,
+                    });
                     if stop {
                         break;
                     }
@@ -179,6 +186,17 @@ fn stall_then_oom_kill_arrive_attributed_to_the_cgroup() {
         assert!(s.event.at_ns >= started, "event predates the test");
         assert!(s.lag_ns >= 0, "negative lag {} ns", s.lag_ns);
         assert!(s.lag_ns < 30_000_000_000, "lag {} ns is not sane", s.lag_ns);
+        // The reader's wake-up falls between the kernel's stamp and the take-up.
+        let woke = s
+            .event
+            .woke_ns
+            .expect("eBPF events carry their wake-up time");
+        assert!(
+            s.event.at_ns <= woke && woke <= s.taken_ns,
+            "kernel {} ≤ wake {woke} ≤ taken {}",
+            s.event.at_ns,
+            s.taken_ns
+        );
     }
     eprintln!(
         "stall lag {} µs, oom lag {} µs",
@@ -269,4 +287,29 @@ fn a_flooded_ring_buffer_counts_and_reports_drops_and_keeps_going() {
     after.wait_all(Duration::from_secs(10));
     drop(rx);
     task.abort();
+}
+
+#[test]
+fn cgroup_ids_resolve_by_file_handle_on_cgroupfs() {
+    if !can_run() {
+        return;
+    }
+    let mut names = CgroupNames::discover();
+    assert!(
+        names.resolves_by_handle(),
+        "the memory hierarchy is cgroupfs and we are root: ids resolve without a walk"
+    );
+    let memcg = TestMemcg::new("ebpf-names", LIMIT).expect("test memcg");
+    let id = names.id_of(&memcg.cgroup).expect("the test cgroup's id");
+    let cache = names.cache();
+    assert_eq!(cache.get(id), None);
+    assert_eq!(names.by_id(id).as_deref(), Some(memcg.cgroup.as_str()));
+    assert_eq!(cache.get(id).as_deref(), Some(memcg.cgroup.as_str()));
+    let root = names.id_of("/").expect("the root's id");
+    assert_eq!(names.by_id(root).as_deref(), Some("/"));
+    // A removed cgroup's id names nothing.
+    let gone = TestMemcg::new("ebpf-names-gone", LIMIT).expect("second memcg");
+    let gone_id = names.id_of(&gone.cgroup).expect("its id");
+    drop(gone);
+    assert_eq!(names.by_id(gone_id), None);
 }

@@ -4,6 +4,7 @@
 pub mod cgroups;
 pub mod cri;
 pub mod cri_runtime;
+pub mod kill;
 pub mod pod_spec;
 pub mod process;
 pub mod runtime;

@@ -195,6 +195,7 @@ enum Command {
         status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
         killed_at_ns: Option<u64>,
         killed: usize,
+        reaped: usize,
         after: After,
     },
 }
@@ -209,6 +210,8 @@ pub struct EvictedPod {
     pub killed_at_ns: Option<u64>,
     /// How many processes the agent itself sent SIGKILL (grace 0).
     pub killed: usize,
+    /// Of those, how many had their memory reaped by `process_mrelease` (Linux 5.15+).
+    pub reaped: usize,
 }
 
 /// The handle everything else uses; cheap to clone.
@@ -499,9 +502,10 @@ impl<R: Runtime + 'static> Actor<R> {
                     status,
                     killed_at_ns,
                     killed,
+                    reaped,
                     after,
                 } => {
-                    self.stopped(uid, status, (killed_at_ns, killed), after)
+                    self.stopped(uid, status, (killed_at_ns, killed, reaped), after)
                         .await
                 }
             }
@@ -627,11 +631,12 @@ impl<R: Runtime + 'static> Actor<R> {
         let tx = self.tx.clone();
         let uid = uid.to_string();
         tokio::spawn(async move {
-            let (mut killed_at_ns, mut killed) = (None, 0);
+            let (mut killed_at_ns, mut killed, mut reaped) = (None, 0, 0);
             let status = if live {
                 let (status, evicted) =
                     stop_and_kill(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
-                (killed_at_ns, killed) = (evicted.killed_at_ns, evicted.killed);
+                (killed_at_ns, killed, reaped) =
+                    (evicted.killed_at_ns, evicted.killed, evicted.reaped);
                 match status {
                     Ok(s) => Ok(Some(s)),
                     Err(RuntimeError::NotFound { .. }) => Ok(None),
@@ -663,6 +668,7 @@ impl<R: Runtime + 'static> Actor<R> {
                         status,
                         killed_at_ns,
                         killed,
+                        reaped,
                         after,
                     })
                     .await;
@@ -674,7 +680,7 @@ impl<R: Runtime + 'static> Actor<R> {
         &mut self,
         uid: String,
         status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
-        (killed_at_ns, killed): (Option<u64>, usize),
+        (killed_at_ns, killed, reaped): (Option<u64>, usize, usize),
         after: After,
     ) {
         let failed = status.as_ref().err().map(ToString::to_string);
@@ -739,6 +745,7 @@ impl<R: Runtime + 'static> Actor<R> {
                         pod,
                         killed_at_ns,
                         killed,
+                        reaped,
                     })
                     .ok_or_else(|| NodeError::NotFound(uid.clone())),
                 );
@@ -1135,6 +1142,7 @@ impl PodControl for PodManager {
         Ok(Evicted {
             killed_at_ns: done.killed_at_ns,
             killed: done.killed,
+            reaped: done.reaped,
         })
     }
 

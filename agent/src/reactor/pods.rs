@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
+use crate::act::kill::{kill_and_reap, Killed};
 use crate::act::runtime::{PodStatus, RestartPolicy, Runtime, RuntimeError};
 use crate::decide::pod::PodInfo;
 use crate::decide::summary::FsStats;
@@ -91,6 +92,9 @@ pub struct Evicted {
     pub killed_at_ns: Option<u64>,
     /// How many processes were sent SIGKILL by the eviction itself.
     pub killed: usize,
+    /// Of those, how many had their memory reaped by `process_mrelease` right after the
+    /// SIGKILL (0 where the kernel lacks it, before 5.15).
+    pub reaped: usize,
 }
 
 /// Why an eviction failed.
@@ -239,24 +243,13 @@ where
     out
 }
 
-/// Sends SIGKILL to every process in `cgroup` and below; returns how many were signalled.
-/// The eviction's own kill for grace 0: the loop does not wait for a runtime's supervisor
-/// task to be scheduled before the memory starts coming back.
-pub fn kill_cgroup(cgroups: &CgroupManager, cgroup: &CgroupPath) -> usize {
+/// Sends SIGKILL to every process in `cgroup` and below, then reaps their memory with
+/// `process_mrelease` where the kernel has it ([`crate::act::kill`]). The eviction's own kill
+/// for grace 0: the loop does not wait for a runtime's supervisor task to be scheduled, nor
+/// for the victims' exit paths, before the memory starts coming back.
+pub fn kill_cgroup(cgroups: &CgroupManager, cgroup: &CgroupPath) -> Killed {
     let pids = cgroups.procs_recursive(cgroup).unwrap_or_default();
-    let mut n = 0;
-    for pid in pids {
-        let Some(pid) = i32::try_from(pid)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-        else {
-            continue;
-        };
-        if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
-            n += 1;
-        }
-    }
-    n
+    kill_and_reap(&pids)
 }
 
 /// Stops a pod through the runtime, the eviction's way. With grace 0 the runtime is first
@@ -275,8 +268,12 @@ pub async fn stop_and_kill<R: Runtime>(
     let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
     let mut out = Evicted::default();
     if let (true, Some(cg)) = (grace.is_zero(), cgroup) {
-        out.killed = kill_cgroup(cgroups, cg);
+        let pids = cgroups.procs_recursive(cg).unwrap_or_default();
+        // The kill time is the signal's, before the reap (which frees the memory here).
+        let signalled = crate::act::kill::kill_all(&pids);
         out.killed_at_ns = Some(monotonic_ns());
+        let k = signalled.reap();
+        (out.killed, out.reaped) = (k.killed, k.reaped);
     }
     let result = match first {
         Poll::Ready(r) => r,

@@ -586,11 +586,13 @@ mod tests {
         Received {
             event: PressureEvent {
                 at_ns: 1,
+                woke_ns: None,
                 source,
                 cgroup: None,
                 kind,
             },
             lag_ns,
+            wake_lag_ns: None,
         }
     }
 

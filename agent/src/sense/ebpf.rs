@@ -25,11 +25,16 @@
 //! maps the id to a path by the cgroup directory's inode ([`cgroup::CgroupNames`]). For an
 //! OOM kill the cgroup that matters is the *victim's*, not that of the task running the OOM
 //! killer: a raw tracepoint program on `mark_victim` gets the victim's `task_struct`, does the
-//! same walk and stores victim pid → memcg id in a map, so the id is captured in the kernel
-//! before the victim can exit. If that is unavailable the record falls back to the current
-//! task's memcg when it is the victim, then to `/proc/<pid>/cgroup`, then to the OOM
-//! invoker's memcg. Without BTF the walk is off and every lookup goes through
-//! `/proc/<pid>/cgroup`.
+//! same walk and stores victim pid → memcg id in a map, which the `oom:mark_victim` program
+//! reads into its record, so the id is captured in the kernel before the victim can exit. If
+//! that is unavailable the record falls back to the current task's memcg when it is the
+//! victim, then to the map as user space sees it, `/proc/<pid>/cgroup`, and the OOM invoker's
+//! memcg. Without BTF the walk is off and every lookup goes through `/proc/<pid>/cgroup`.
+//!
+//! **The drain path.** [`EbpfSource::run`] hands each record on as it reads it, stamped with
+//! its wake-up time (`woke_ns`), and names its cgroup from a cache only; a record that needs
+//! I/O to be named (an id not cached yet, a pid, the victims map) goes to a resolver on a
+//! blocking thread, so a new cgroup never stalls the records behind it.
 //!
 //! **Flood control.** A kernel-side rate limit allows one stall record per cgroup, and one
 //! memcg-event record per (cgroup, item), per [`EbpfOptions::min_interval`]; what happens in
@@ -552,12 +557,12 @@ impl EbpfSource {
             _ => None,
         };
         Ok(EbpfSource {
+            usage,
+            logger,
             _ebpf: ebpf,
             ring,
             drops,
             victims,
-            usage,
-            logger,
             attached,
             missing,
             items: facts.items,
@@ -585,26 +590,28 @@ impl EbpfSource {
 
     /// Has the kernel check `watch`'s usage threshold on every charge: one
     /// [`Kind::ThresholdCrossed`] per upward crossing, re-armed as the level moves. `Ok`
-    /// describes the armed watch, `Err` says why it is not (charge programs missing, the root
-    /// cgroup, no free slot).
+    /// describes the armed watch, `Err` says why it is not (charge programs missing, the
+    /// NUMA layout unknown for the root cgroup, no free slot).
     pub fn watch_usage(&mut self, watch: UsageWatch) -> Result<String, String> {
-        match &mut self.usage {
-            Some(usage) => usage.add(watch),
-            None => {
-                let why = self
-                    .missing
-                    .iter()
-                    .find(|(p, _)| CHARGE_PROGRAMS.contains(p))
-                    .map_or_else(
-                        || "the charge programs were not asked for".to_string(),
-                        |(p, why)| format!("{p}: {why}"),
-                    );
-                Err(format!(
-                    "{}: eBPF usage threshold not armed ({why})",
-                    watch.cgroup
-                ))
-            }
-        }
+        let Some(usage) = &mut self.usage else {
+            let why = self
+                .missing
+                .iter()
+                .find(|(p, _)| CHARGE_PROGRAMS.contains(p))
+                .map_or_else(
+                    || "the charge programs were not asked for".to_string(),
+                    |(p, why)| format!("{p}: {why}"),
+                );
+            return Err(format!(
+                "{}: eBPF usage threshold not armed ({why})",
+                watch.cgroup
+            ));
+        };
+        let cgroup = watch.cgroup.clone();
+        let (described, id) = usage.add(watch)?;
+        // Its records then name it from the cache, on the drain path.
+        self.names.remember(id, cgroup);
+        Ok(described)
     }
 
     /// Records lost so far because the ring buffer was full (sum over CPUs).
@@ -616,27 +623,28 @@ impl EbpfSource {
     /// and a [`Kind::Dropped`] event whenever the drop counter grew.
     ///
     /// Wakes on the ring buffer's epoll readiness (no polling loop); the drop counter is
-    /// checked every [`EbpfOptions::drop_check_interval`]. A full channel blocks the reader;
-    /// records that then do not fit in the ring buffer are dropped in the kernel and counted,
-    /// so a slow consumer shows up as `Dropped` events rather than as unbounded memory.
+    /// checked every [`EbpfOptions::drop_check_interval`]. Each record is handed on as soon
+    /// as it is read, its slot given back to the kernel first. The drain does no I/O for a
+    /// name: a record whose cgroup is not in the [`cgroup::NameCache`] (a new cgroup, an id
+    /// to look up by pid, an OOM victim the kernel could not attribute) goes to a resolver
+    /// on a blocking thread, which sends it on once resolved. A full channel blocks the
+    /// reader; records that then do not fit in the ring buffer are dropped in the kernel and
+    /// counted, so a slow consumer shows up as `Dropped` events rather than as unbounded
+    /// memory.
     pub async fn run(self, tx: Sender<PressureEvent>) -> Result<(), EbpfError> {
         let EbpfSource {
             _ebpf,
             ring,
             drops,
-            mut victims,
+            victims,
             items,
-            mut names,
+            names,
             opts,
             usage,
             logger,
             ..
         } = self;
         let mut usage = usage;
-        let slot_paths = usage
-            .as_ref()
-            .map(UsageThresholds::paths)
-            .unwrap_or_default();
         let mut logger = match logger {
             // SAFETY: the logger owns its ring buffer's map fd (a `MapData`) and keeps it open,
             // unchanged, for as long as the AsyncFd owns the logger.
@@ -649,6 +657,13 @@ impl EbpfSource {
             },
             None => None,
         };
+        let cache = names.cache();
+        let items = std::sync::Arc::new(items);
+        let (slow_tx, slow_rx) = tokio::sync::mpsc::channel::<Slow>(SLOW_QUEUE);
+        {
+            let (tx, items) = (tx.clone(), items.clone());
+            tokio::task::spawn_blocking(move || resolve(slow_rx, names, victims, &items, &tx));
+        }
         // SAFETY: the RingBuf owns its map fd (a `MapData`) and keeps it open, unchanged,
         // for as long as the AsyncFd owns the RingBuf.
         let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
@@ -657,36 +672,42 @@ impl EbpfSource {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The counter starts at 0 when the object loads, so drops before `run` are reported too.
         let mut reported = 0u64;
-        let mut batch = Vec::with_capacity(64);
         loop {
             tokio::select! {
                 ready = ring.readable_mut() => {
                     let mut guard = ready?;
-                    let inner = guard.get_inner_mut();
-                    // Drain everything available, then send outside the borrow.
-                    while let Some(item) = inner.next() {
-                        match record::decode(&item) {
-                            Ok(rec) => batch.push(rec),
+                    let pass = monotonic_ns();
+                    let mut taken = 0;
+                    loop {
+                        // The item (a borrow of the ring) is dropped at the end of this
+                        // statement, giving its slot back before the event is sent.
+                        let Some(decoded) = guard.get_inner_mut().next().map(|i| record::decode(&i))
+                        else {
+                            guard.clear_ready();
+                            break;
+                        };
+                        taken += 1;
+                        match decoded {
+                            Ok(rec) => {
+                                // Written during this pass: it did not wait for a wake-up.
+                                let woke = pass.max(rec.header().at_ns);
+                                let mut fast = CacheOnly { cache: &cache, missed: false };
+                                let mut event = to_event(&rec, &items, &mut fast);
+                                let sent = if fast.missed {
+                                    slow_tx.send(Slow { rec, woke }).await.is_ok()
+                                } else {
+                                    event.woke_ns = Some(woke);
+                                    tx.send(event).await.is_ok()
+                                };
+                                if !sent {
+                                    return Ok(());
+                                }
+                            }
                             Err(e) => tracing::warn!("eBPF: {e}"),
                         }
-                        if batch.len() >= 64 {
+                        // Let the drop check have its turn under a flood (still ready).
+                        if taken >= PASS_RECORDS {
                             break;
-                        }
-                    }
-                    if batch.len() < 64 {
-                        guard.clear_ready();
-                    }
-                    drop(guard);
-                    for rec in batch.drain(..) {
-                        let mut victim_cgroup = |pid: u32| {
-                            let id = victims.get(&pid, 0).ok();
-                            let _ = victims.remove(&pid);
-                            id
-                        };
-                        let event =
-                            to_event(&rec, &items, &slot_paths, &mut names, &mut victim_cgroup);
-                        if tx.send(event).await.is_err() {
-                            return Ok(());
                         }
                     }
                 }
@@ -700,6 +721,7 @@ impl EbpfSource {
                         tracing::warn!(count, total = now, "eBPF ring buffer full: events dropped");
                         let event = PressureEvent {
                             at_ns: monotonic_ns(),
+                            woke_ns: None,
                             source: Source::Ebpf,
                             cgroup: None,
                             kind: Kind::Dropped { count },
@@ -739,6 +761,97 @@ async fn flush_log(logger: Option<&mut AsyncFd<aya_log::EbpfLogger<&'static dyn 
     }
 }
 
+/// Records read in one pass before the drain lets the drop check run.
+const PASS_RECORDS: usize = 256;
+/// Records that may wait for the resolver before the drain waits for it.
+const SLOW_QUEUE: usize = 4096;
+
+/// A record whose cgroup needs I/O to name, for the resolver.
+struct Slow {
+    rec: Record,
+    woke: u64,
+}
+
+/// How [`to_event`] names cgroups: from the cache alone on the drain path, with I/O in the
+/// resolver.
+trait Names {
+    /// The path of memory cgroup `id`.
+    fn by_id(&mut self, id: u64) -> Option<String>;
+    /// The memory cgroup of task `pid`.
+    fn by_pid(&mut self, pid: u32) -> Option<String>;
+    /// The memcg id the raw `mark_victim` program stored for OOM victim `pid`.
+    fn victim(&mut self, pid: u32) -> Option<u64>;
+}
+
+/// The drain's names: cache hits only; anything else marks the record for the resolver.
+struct CacheOnly<'a> {
+    cache: &'a cgroup::NameCache,
+    missed: bool,
+}
+
+impl Names for CacheOnly<'_> {
+    fn by_id(&mut self, id: u64) -> Option<String> {
+        let hit = self.cache.get(id);
+        self.missed |= hit.is_none() && id != 0;
+        hit
+    }
+
+    fn by_pid(&mut self, _pid: u32) -> Option<String> {
+        self.missed = true;
+        None
+    }
+
+    fn victim(&mut self, _pid: u32) -> Option<u64> {
+        self.missed = true;
+        None
+    }
+}
+
+/// The resolver's names: file handles or a walk, `/proc/<pid>/cgroup`, the victims map.
+struct Resolver<'a> {
+    names: &'a mut CgroupNames,
+    victims: Option<&'a mut HashMap<MapData, u32, u64>>,
+}
+
+impl Names for Resolver<'_> {
+    fn by_id(&mut self, id: u64) -> Option<String> {
+        self.names.by_id(id)
+    }
+
+    fn by_pid(&mut self, pid: u32) -> Option<String> {
+        self.names.by_pid(pid)
+    }
+
+    fn victim(&mut self, pid: u32) -> Option<u64> {
+        let victims = self.victims.as_mut()?;
+        let id = victims.get(&pid, 0).ok();
+        let _ = victims.remove(&pid);
+        id
+    }
+}
+
+/// The resolver: names the records the drain could not and sends them on, until either
+/// channel closes. Runs on a blocking thread (it does file I/O and map syscalls).
+fn resolve(
+    mut rx: tokio::sync::mpsc::Receiver<Slow>,
+    mut names: CgroupNames,
+    mut victims: HashMap<MapData, u32, u64>,
+    items: &StdHashMap<u32, String>,
+    tx: &Sender<PressureEvent>,
+) {
+    while let Some(Slow { rec, woke }) = rx.blocking_recv() {
+        let mut full = Resolver {
+            names: &mut names,
+            victims: Some(&mut victims),
+        };
+        let mut event = to_event(&rec, items, &mut full);
+        event.woke_ns = Some(woke);
+        if tx.blocking_send(event).is_err() {
+            return;
+        }
+    }
+}
+
 fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
     match drops.get(&0, 0) {
         Ok(values) => values.iter().copied().fold(0u64, u64::saturating_add),
@@ -749,23 +862,18 @@ fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
     }
 }
 
-/// Turns a decoded record into the agent's event, resolving its cgroup. `victim_cgroup`
-/// looks an OOM victim up in the raw tracepoint's map (and forgets it).
-fn to_event(
-    rec: &Record,
-    items: &StdHashMap<u32, String>,
-    slot_paths: &[String],
-    names: &mut CgroupNames,
-    victim_cgroup: &mut dyn FnMut(u32) -> Option<u64>,
-) -> PressureEvent {
+/// Turns a decoded record into the agent's event, naming its cgroup through `names` (whose
+/// `victim` looks an OOM victim up in the raw tracepoint's map). `woke_ns` is left for the
+/// caller.
+fn to_event(rec: &Record, items: &StdHashMap<u32, String>, names: &mut dyn Names) -> PressureEvent {
     let header = *rec.header();
     let (cgroup, kind) = match rec {
         Record::Oom(e) => {
+            // The kernel put the victim's memcg in the record unless the raw tracepoint had
+            // not run yet; only then look in its map (an LRU map: entries left there age out).
             let victims_id = if e.cgroup_from == agent_ebpf::OOM_CGROUP_OF_INVOKER {
-                victim_cgroup(header.pid)
+                names.victim(header.pid)
             } else {
-                // Already the victim's; still forget the map entry.
-                let _ = victim_cgroup(header.pid);
                 Some(header.cgroup_id)
             };
             let cgroup = victims_id
@@ -809,20 +917,18 @@ fn to_event(
             (names.by_id(header.cgroup_id), kind)
         }
         Record::Threshold(e) => {
+            // The watched cgroup (remembered when it was armed), not the charged descendant.
             let page = rustix::param::page_size() as u64;
-            let cgroup = usize::try_from(e.slot)
-                .ok()
-                .and_then(|i| slot_paths.get(i).cloned())
-                .or_else(|| names.by_id(header.cgroup_id));
             let kind = Kind::ThresholdCrossed {
                 threshold_bytes: Some(e.threshold_pages.saturating_mul(page)),
                 usage_bytes: Some(e.usage_pages.saturating_mul(page)),
             };
-            (cgroup, kind)
+            (names.by_id(header.cgroup_id), kind)
         }
     };
     PressureEvent {
         at_ns: header.at_ns,
+        woke_ns: None,
         source: Source::Ebpf,
         cgroup,
         kind,
@@ -852,8 +958,46 @@ mod tests {
     }
 
     #[test]
+    fn threshold_records_name_the_watched_cgroup_in_bytes() {
+        let mut cgroups = CgroupNames::new(None);
+        cgroups.remember(42, "/kubepods".into());
+        let mut names = Resolver {
+            names: &mut cgroups,
+            victims: None,
+        };
+        let page = rustix::param::page_size() as u64;
+        let rec = Record::Threshold(agent_ebpf::ThresholdEvent {
+            header: agent_ebpf::Header {
+                at_ns: 5,
+                cgroup_id: 42,
+                kind: agent_ebpf::KIND_THRESHOLD,
+                pid: 9,
+            },
+            usage_pages: 101,
+            threshold_pages: 100,
+            charged_cgroup_id: 43,
+            slot: 1,
+            _pad: 0,
+        });
+        let ev = to_event(&rec, &StdHashMap::new(), &mut names);
+        assert_eq!(ev.cgroup.as_deref(), Some("/kubepods"));
+        assert_eq!(ev.at_ns, 5);
+        assert_eq!(
+            ev.kind,
+            Kind::ThresholdCrossed {
+                threshold_bytes: Some(100 * page),
+                usage_bytes: Some(101 * page),
+            }
+        );
+    }
+
+    #[test]
     fn records_become_events_with_names() {
-        let mut names = CgroupNames::new(None);
+        let mut cgroups = CgroupNames::new(None);
+        let mut names = Resolver {
+            names: &mut cgroups,
+            victims: None,
+        };
         let mut items = StdHashMap::new();
         items.insert(7, "pgscan_direct".to_string());
         let memcg = Record::Memcg(agent_ebpf::MemcgEvent {
@@ -867,7 +1011,7 @@ mod tests {
             _pad: 0,
             count: 32,
         });
-        let ev = to_event(&memcg, &items, &[], &mut names, &mut |_| None);
+        let ev = to_event(&memcg, &items, &mut names);
         assert_eq!(ev.at_ns, 11);
         assert_eq!(ev.source, Source::Ebpf);
         assert_eq!(
@@ -884,41 +1028,73 @@ mod tests {
                 _ => unreachable!(),
             }
         });
-        let ev = to_event(&unknown, &items, &[], &mut names, &mut |_| None);
+        let ev = to_event(&unknown, &items, &mut names);
         assert!(matches!(ev.kind, Kind::MemcgEvent { ref item, .. } if item == "item99"));
     }
 
     #[test]
-    fn threshold_records_name_the_watched_cgroup_in_bytes() {
-        let mut names = CgroupNames::new(None);
-        let page = rustix::param::page_size() as u64;
-        let rec = Record::Threshold(agent_ebpf::ThresholdEvent {
-            header: agent_ebpf::Header {
-                at_ns: 5,
-                cgroup_id: 42,
-                kind: agent_ebpf::KIND_THRESHOLD,
-                pid: 9,
-            },
-            usage_pages: 101,
-            threshold_pages: 100,
-            charged_cgroup_id: 43,
-            slot: 1,
-            _pad: 0,
-        });
-        let paths = ["/other".to_string(), "/kubepods".to_string()];
-        let ev = to_event(&rec, &StdHashMap::new(), &paths, &mut names, &mut |_| None);
-        assert_eq!(ev.cgroup.as_deref(), Some("/kubepods"));
-        assert_eq!(ev.at_ns, 5);
+    fn the_drain_names_from_the_cache_and_hands_misses_on() {
+        let mut cgroups = CgroupNames::new(None);
+        cgroups.remember(42, "/kubepods/pod1".into());
+        let cache = cgroups.cache();
+        let stall = |cgroup_id| {
+            Record::Stall(agent_ebpf::StallEvent {
+                header: agent_ebpf::Header {
+                    at_ns: 5,
+                    cgroup_id,
+                    kind: agent_ebpf::KIND_STALL,
+                    pid: 7,
+                },
+                duration_ns: 1000,
+                memcg: 1,
+                ..Default::default()
+            })
+        };
+        let items = StdHashMap::new();
+        let mut fast = CacheOnly {
+            cache: &cache,
+            missed: false,
+        };
+        let ev = to_event(&stall(42), &items, &mut fast);
+        assert!(!fast.missed);
+        assert_eq!(ev.cgroup.as_deref(), Some("/kubepods/pod1"));
         assert_eq!(
-            ev.kind,
-            Kind::ThresholdCrossed {
-                threshold_bytes: Some(100 * page),
-                usage_bytes: Some(101 * page),
-            }
+            ev.woke_ns, None,
+            "the drain stamps the wake-up, not to_event"
         );
-        // A slot the agent does not know (never written by this agent): no name, no panic.
-        let ev = to_event(&rec, &StdHashMap::new(), &[], &mut names, &mut |_| None);
-        assert_eq!(ev.cgroup, None);
+        // An id the cache lacks needs the resolver (a lookup, then `/proc/<pid>/cgroup`).
+        let mut fast = CacheOnly {
+            cache: &cache,
+            missed: false,
+        };
+        let _ = to_event(&stall(43), &items, &mut fast);
+        assert!(fast.missed);
+        // An OOM record the kernel attributed needs no map lookup; one it could not does.
+        let oom = |from| {
+            Record::Oom(agent_ebpf::OomEvent {
+                header: agent_ebpf::Header {
+                    cgroup_id: 42,
+                    kind: agent_ebpf::KIND_OOM,
+                    pid: 9,
+                    ..Default::default()
+                },
+                cgroup_from: from,
+                ..Default::default()
+            })
+        };
+        let mut fast = CacheOnly {
+            cache: &cache,
+            missed: false,
+        };
+        let ev = to_event(&oom(agent_ebpf::OOM_CGROUP_FROM_RAW_TP), &items, &mut fast);
+        assert!(!fast.missed);
+        assert_eq!(ev.cgroup.as_deref(), Some("/kubepods/pod1"));
+        let mut fast = CacheOnly {
+            cache: &cache,
+            missed: false,
+        };
+        let _ = to_event(&oom(agent_ebpf::OOM_CGROUP_OF_INVOKER), &items, &mut fast);
+        assert!(fast.missed);
     }
 
     #[test]

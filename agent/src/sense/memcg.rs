@@ -554,6 +554,7 @@ impl EventfdWatch {
             };
             let event = PressureEvent {
                 at_ns,
+                woke_ns: Some(at_ns),
                 source: Source::MemcgThreshold,
                 cgroup: Some(self.cgroup.clone()),
                 kind,
@@ -688,6 +689,7 @@ impl EventsWatch {
             for kind in kinds {
                 let event = PressureEvent {
                     at_ns,
+                    woke_ns: Some(at_ns),
                     source: Source::MemcgThreshold,
                     cgroup: Some(self.cgroup.clone()),
                     kind,

@@ -90,6 +90,14 @@ pub struct PressureEvent {
     /// `CLOCK_MONOTONIC` nanoseconds at which the kernel saw the event (its own
     /// `bpf_ktime_get_ns()` for eBPF; the wake-up time for sources that carry no timestamp).
     pub at_ns: u64,
+    /// `CLOCK_MONOTONIC` nanoseconds at which the source's task woke to read it, where the
+    /// source knows: for eBPF, when the ring-buffer reader began the pass that took the record
+    /// (or the record's own `at_ns` if it was written during that pass); for memcg and PSI
+    /// the same stamp as `at_ns`. With it the lag splits into kernel → wake (the time the event
+    /// waited for the reader to run) and wake → taken (the agent's own path), which compare
+    /// alike across sources. `None` for the tick and `Dropped` reports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub woke_ns: Option<u64>,
     /// Which sense source delivered it.
     pub source: Source,
     /// The cgroup the event belongs to, as a path inside the memory hierarchy
@@ -365,6 +373,10 @@ pub struct Received {
     pub event: PressureEvent,
     /// `CLOCK_MONOTONIC` at take-up minus the event's `at_ns`.
     pub lag_ns: u64,
+    /// `CLOCK_MONOTONIC` at take-up minus the event's `woke_ns` (wake → taken), where the
+    /// source stamps its wake-up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_lag_ns: Option<u64>,
 }
 
 /// The running sense layer: every attached source as a task feeding one channel, and the
@@ -482,9 +494,15 @@ impl Sense {
     /// has stopped.
     pub async fn next(&mut self) -> Option<Received> {
         let event = self.rx.recv().await?;
-        let lag_ns = monotonic_ns().saturating_sub(event.at_ns);
+        let now = monotonic_ns();
+        let lag_ns = now.saturating_sub(event.at_ns);
+        let wake_lag_ns = event.woke_ns.map(|w| now.saturating_sub(w));
         self.lag.record(event.source, lag_ns);
-        Some(Received { event, lag_ns })
+        Some(Received {
+            event,
+            lag_ns,
+            wake_lag_ns,
+        })
     }
 
     /// The lag histograms so far.

@@ -23,6 +23,7 @@ pub(crate) async fn run(interval: Duration, tx: mpsc::Sender<PressureEvent>) {
         let event = PressureEvent {
             at_ns: monotonic_ns(),
             source: Source::Poll,
+            woke_ns: None,
             cgroup: None,
             kind: Kind::Tick,
         };

@@ -238,6 +238,7 @@ impl PsiWatch {
                 .map(|l| l.total_us);
             let event = PressureEvent {
                 at_ns,
+                woke_ns: Some(at_ns),
                 source: Source::Psi,
                 cgroup: self.cgroup.clone(),
                 kind: Kind::PsiTrigger {

@@ -6,12 +6,18 @@
 //! listens to the same episodes at once:
 //!
 //! - eBPF ring buffer, memcg threshold eventfd, PSI trigger: the sense layer's own lag for
-//!   each event, `CLOCK_MONOTONIC` at take-up minus the event's timestamp (the kernel's
-//!   `bpf_ktime_get_ns()` for eBPF; the source's wake-up for the others);
+//!   each event, split where the source allows: kernel → wake (the kernel's
+//!   `bpf_ktime_get_ns()` to the ring-buffer reader's wake-up, eBPF only) and wake → taken
+//!   (the source task's wake-up to the consumer taking the event, every kernel source), and
+//!   for eBPF the whole kernel → taken;
 //! - polling at 1 s and at 10 s (the kubelet's housekeeping): a tick reads the cgroup's usage
 //!   as the kubelet reads its stats; the lag is from the threshold crossing (the memcg
 //!   eventfd's wake-up) to the first tick that read usage above the threshold. An episode
 //!   lasts until both pollers have seen it, as pressure lasts until someone acts.
+//!
+//! The sense layer runs as deployed: its threads on `SCHED_FIFO` 10 (`realtimePriority`),
+//! the workload on normal scheduling. The console log level is left as found (it is the
+//! operator's) and stated in the notes; the `console` part measures what it does.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -29,8 +35,10 @@ use crate::report::{ratio, ratio_json, Dist, Part, Table};
 use crate::Opts;
 
 const MI: u64 = 1 << 20;
-const LIMIT: u64 = 96 * MI;
-const THRESHOLD: u64 = 64 * MI;
+/// The storm's memcg limit.
+pub const LIMIT: u64 = 96 * MI;
+/// The threshold the memcg eventfd and the pollers watch.
+pub const THRESHOLD: u64 = 64 * MI;
 /// What the holder keeps, MiB: above the threshold, with room below the limit for the
 /// reader and each hog to start.
 pub const HOLD_MIB: &str = "72";
@@ -39,7 +47,7 @@ pub const HOLD_MIB: &str = "72";
 type Readings = Arc<Mutex<Vec<(u64, u64)>>>;
 
 /// A pressure episode as the workload ran it.
-struct Episode {
+pub struct Episode {
     start_ns: u64,
     /// When the workload itself first read usage above the threshold (a fallback origin).
     seen_by_workload_ns: u64,
@@ -142,13 +150,30 @@ pub fn spawn_reader(cg: &mut TestMemcg, file: &std::path::Path) -> Result<usize>
     Ok(index)
 }
 
-/// The storm: `episodes` episodes, each held until both pollers saw it (or `cap`).
-fn storm(
+/// How long an episode of the storm lasts.
+pub enum Until {
+    /// Until both pollers have seen it (their last sighting after the episode's start).
+    Seen([Arc<AtomicU64>; 2]),
+    /// A fixed number of hog rounds.
+    Rounds(usize),
+}
+
+impl Until {
+    fn done(&self, start_ns: u64, rounds: usize) -> bool {
+        match self {
+            Until::Seen(seen) => seen.iter().all(|s| s.load(Ordering::SeqCst) > start_ns),
+            Until::Rounds(n) => rounds >= *n,
+        }
+    }
+}
+
+/// The storm: `episodes` episodes, each held `until` says so (or `cap`).
+pub fn storm(
     cg: &mut TestMemcg,
     file: &std::path::Path,
     episodes: usize,
     cap: Duration,
-    seen: [Arc<AtomicU64>; 2],
+    until: Until,
 ) -> Result<Vec<Episode>> {
     let mut out = Vec::new();
     for _ in 0..episodes {
@@ -168,7 +193,7 @@ fn storm(
         let mut oom_rounds = 0;
         let mut holder_restarts = 0;
         let began = Instant::now();
-        while began.elapsed() < cap && !seen.iter().all(|s| s.load(Ordering::SeqCst) > start_ns) {
+        while began.elapsed() < cap && !until.done(start_ns, oom_rounds) {
             let status = cg.wait_all(Duration::ZERO);
             if status.first().is_some_and(Option::is_some) {
                 // The holder (always the first child of the episode) was killed after all.
@@ -212,10 +237,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let mut cg = TestMemcg::new("bench-lag", LIMIT).context("creating the test memcg")?;
     let dir = tempfile::tempdir_in("/var/tmp").context("temp dir on disk")?;
     let file = working_set_file(dir.path())?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let (rt, realtime) = deployed_runtime()?;
+    let console = console_level();
     let cgroup = cg.cgroup.clone();
     let usage_file = cg.path.join("memory.usage_in_bytes");
 
@@ -258,7 +281,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         });
         let path = file.clone();
         let workload = tokio::task::spawn_blocking(move || {
-            let r = storm(&mut cg, &path, episodes_wanted, cap, [s1, s10]);
+            let r = storm(&mut cg, &path, episodes_wanted, cap, Until::Seen([s1, s10]));
             drop(cg); // kills what is left, removes the cgroup
             r
         });
@@ -276,8 +299,62 @@ pub fn run(opts: &Opts) -> Result<Part> {
     })?;
     let (events, readings) = events;
     Ok(summarise(
-        &cgroup, &events, &readings, &episodes, opts.quick,
+        &cgroup,
+        &events,
+        &readings,
+        &episodes,
+        opts.quick,
+        (realtime, console),
     ))
+}
+
+/// The `realtimePriority` the shipped systemd unit and DaemonSet give the agent.
+pub const REALTIME_PRIORITY: u8 = 10;
+
+/// A runtime whose threads run as the deployed agent's do (`SCHED_FIFO` 10, reset on fork
+/// so the workload stays on normal scheduling); also puts the calling thread there. The
+/// flag says whether the kernel allowed it.
+pub fn deployed_runtime() -> Result<(tokio::runtime::Runtime, bool)> {
+    let realtime = reactor::priority::set_realtime(REALTIME_PRIORITY).is_ok();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(|| {
+            let _ = reactor::priority::set_realtime(REALTIME_PRIORITY);
+        })
+        .build()?;
+    Ok((rt, realtime))
+}
+
+/// The console log level now (the first field of `/proc/sys/kernel/printk`).
+pub fn console_level() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/printk")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The eBPF events of `cgroup` in `events` (drop reports left out).
+pub fn ebpf_of<'a>(events: &'a [Received], cgroup: &'a str) -> impl Iterator<Item = &'a Received> {
+    events.iter().filter(move |r| {
+        r.event.source == Source::Ebpf
+            && !matches!(r.event.kind, Kind::Dropped { .. })
+            && r.event.cgroup.as_deref() == Some(cgroup)
+    })
+}
+
+/// Kernel → wake of eBPF events: the reader's wake-up minus the kernel's timestamp.
+pub fn kernel_to_wake<'a>(events: impl Iterator<Item = &'a Received>) -> Vec<u64> {
+    events
+        .filter_map(|r| r.event.woke_ns.map(|w| w.saturating_sub(r.event.at_ns)))
+        .collect()
+}
+
+/// Wake → taken of events that carry a wake-up time.
+pub fn wake_to_taken<'a>(events: impl Iterator<Item = &'a Received>) -> Vec<u64> {
+    events.filter_map(|r| r.wake_lag_ns).collect()
 }
 
 fn summarise(
@@ -286,25 +363,23 @@ fn summarise(
     readings: &[Vec<(u64, u64)>; 2],
     episodes: &[Episode],
     quick: bool,
+    (realtime, console): (bool, Option<u32>),
 ) -> Part {
     let ours = |r: &&Received| r.event.cgroup.as_deref() == Some(cgroup);
-    let ebpf: Vec<u64> = events
-        .iter()
-        .filter(|r| r.event.source == Source::Ebpf && !matches!(r.event.kind, Kind::Dropped { .. }))
-        .filter(ours)
-        .map(|r| r.lag_ns)
-        .collect();
-    let memcg: Vec<u64> = events
-        .iter()
-        .filter(|r| r.event.source == Source::MemcgThreshold)
-        .filter(ours)
-        .map(|r| r.lag_ns)
-        .collect();
-    let psi: Vec<u64> = events
-        .iter()
-        .filter(|r| r.event.source == Source::Psi)
-        .map(|r| r.lag_ns)
-        .collect();
+    let ebpf: Vec<u64> = ebpf_of(events, cgroup).map(|r| r.lag_ns).collect();
+    let ebpf_k2w = kernel_to_wake(ebpf_of(events, cgroup));
+    let ebpf_w2t = wake_to_taken(ebpf_of(events, cgroup));
+    let memcg_events = || {
+        events
+            .iter()
+            .filter(|r| r.event.source == Source::MemcgThreshold)
+            .filter(ours)
+    };
+    let memcg: Vec<u64> = memcg_events().map(|r| r.lag_ns).collect();
+    let memcg_w2t = wake_to_taken(memcg_events());
+    let psi_events = || events.iter().filter(|r| r.event.source == Source::Psi);
+    let psi: Vec<u64> = psi_events().map(|r| r.lag_ns).collect();
+    let psi_w2t = wake_to_taken(psi_events());
     let ebpf_ooms = events
         .iter()
         .filter(ours)
@@ -346,35 +421,51 @@ fn summarise(
             }
         }
     }
+    // (source, measured, distribution, missed episodes, kernel → wake, wake → taken)
+    let wake_base = Dist::of(&ebpf_w2t);
     let dists = [
         (
             "eBPF ring buffer",
             "kernel timestamp → taken",
             Dist::of(&ebpf),
             None,
+            Some(Dist::of(&ebpf_k2w)),
+            Some(wake_base),
         ),
         (
             "memcg threshold eventfd",
-            "wake-up → taken",
+            "wake → taken",
             Dist::of(&memcg),
             None,
+            None,
+            Some(Dist::of(&memcg_w2t)),
         ),
-        ("PSI trigger", "wake-up → taken", Dist::of(&psi), None),
+        (
+            "PSI trigger",
+            "wake → taken",
+            Dist::of(&psi),
+            None,
+            None,
+            Some(Dist::of(&psi_w2t)),
+        ),
         (
             "poll 1 s",
             "crossing → tick that saw it",
             Dist::of(&poll_lags[0]),
             Some(missed[0]),
+            None,
+            None,
         ),
         (
             "poll 10 s (kubelet)",
             "crossing → tick that saw it",
             Dist::of(&poll_lags[1]),
             Some(missed[1]),
+            None,
+            None,
         ),
     ];
     let base = dists[0].2;
-    let b = |f: fn(&Dist) -> u64| (base.n > 0).then(|| f(&base));
     let mut t = Table::new(
         "1. Detection lag by source, same storm",
         &[
@@ -390,30 +481,64 @@ fn summarise(
         ],
     )
     .text_columns(2);
-    let mut rows_json = Vec::new();
-    for (name, what, d, miss) in &dists {
-        let v = |f: fn(&Dist) -> u64| (d.n > 0).then(|| f(d));
-        let n = match miss {
-            Some(m) if *m > 0 => format!("{} ({m} missed)", d.n),
-            _ => d.n.to_string(),
+    // A row's figures and its ratios to `against` (`-` without one).
+    let cells = |name: String, what: &str, n: String, d: &Dist, against: Option<&Dist>| {
+        let v = |d: &Dist, f: fn(&Dist) -> u64| (d.n > 0).then(|| f(d));
+        let r = |f: fn(&Dist) -> u64| match against {
+            Some(a) => ratio(v(d, f), v(a, f)),
+            None => "-".to_string(),
         };
-        t.row(vec![
-            name.to_string(),
+        vec![
+            name,
             what.to_string(),
             n,
             d.p50_text(),
             d.p99_text(),
             d.max_text(),
-            ratio(v(|d| d.p50), b(|d| d.p50)),
-            ratio(v(|d| d.p99), b(|d| d.p99)),
-            ratio(v(|d| d.max), b(|d| d.max)),
-        ]);
+            r(|d| d.p50),
+            r(|d| d.p99),
+            r(|d| d.max),
+        ]
+    };
+    let mut rows_json = Vec::new();
+    for (name, what, d, miss, k2w, w2t) in &dists {
+        let n = match miss {
+            Some(m) if *m > 0 => format!("{} ({m} missed)", d.n),
+            _ => d.n.to_string(),
+        };
+        // memcg and PSI rows are wake → taken: compared with eBPF's wake → taken (like with
+        // like); eBPF's and the polls' whole lag with eBPF's kernel → taken.
+        let against = if *what == "wake → taken" {
+            &wake_base
+        } else {
+            &base
+        };
+        t.row(cells(name.to_string(), what, n, d, Some(against)));
+        if let (Some(k2w), Some(w2t)) = (k2w, w2t) {
+            t.row(cells(
+                format!("{name}, split"),
+                "kernel timestamp → wake",
+                k2w.n.to_string(),
+                k2w,
+                None,
+            ));
+            t.row(cells(
+                format!("{name}, split"),
+                "wake → taken",
+                w2t.n.to_string(),
+                w2t,
+                Some(&wake_base),
+            ));
+        }
+        let v = |d: &Dist, f: fn(&Dist) -> u64| (d.n > 0).then(|| f(d));
         rows_json.push(json!({
             "source": name, "measured": what, "lag": d.json(), "missed_episodes": miss,
+            "kernel_to_wake": k2w.map(|p| p.json()),
+            "wake_to_taken": w2t.map(|p| p.json()),
             "ratio_to_ebpf": {
-                "p50": ratio_json(v(|d| d.p50), b(|d| d.p50)),
-                "p99": ratio_json(v(|d| d.p99), b(|d| d.p99)),
-                "max": ratio_json(v(|d| d.max), b(|d| d.max)),
+                "p50": ratio_json(v(d, |d| d.p50), v(against, |d| d.p50)),
+                "p99": ratio_json(v(d, |d| d.p99), v(against, |d| d.p99)),
+                "max": ratio_json(v(d, |d| d.max), v(against, |d| d.max)),
             },
         }));
     }
@@ -428,12 +553,26 @@ fn summarise(
         if quick { " (--quick)" } else { "" }
     ));
     t.note(
-        "eBPF/memcg/PSI: lag of every event of the storm as the sense layer measures it (eBPF \
-         from the kernel's own timestamp; memcg and PSI from the source's wake-up, and PSI \
-         fires only once stall time fills its threshold within the 2 s window); PSI is \
-         node-wide"
+        "eBPF/memcg/PSI: lag of every event of the storm as the sense layer measures it. eBPF \
+         from the kernel's own timestamp, split at the ring-buffer reader's wake-up (the start \
+         of the pass that took the record, or the record's own time if it was written during \
+         that pass); memcg and PSI have no kernel timestamp, so their lag is wake → taken \
+         only (and PSI fires only once stall time fills its threshold within the 2 s window). \
+         Wake → taken rows are compared with eBPF's wake → taken; PSI is node-wide"
             .to_string(),
     );
+    t.note(format!(
+        "sense layer threads {}; console log level {} (as found: the operator's setting; the \
+         kernel prints each OOM kill at error level, on the console when the level is above 3)",
+        if realtime {
+            format!(
+                "SCHED_FIFO {REALTIME_PRIORITY} (realtimePriority, as deployed); workload normal"
+            )
+        } else {
+            "on normal scheduling (SCHED_FIFO refused)".to_string()
+        },
+        console.map_or_else(|| "unknown".to_string(), |l| l.to_string())
+    ));
     t.note(format!(
         "polls: from the threshold crossing (memcg eventfd wake-up, {from_eventfd}/{} \
          episodes; else the workload's own reading) to the first tick that read usage above \
@@ -455,6 +594,7 @@ fn summarise(
             "holder_restarts": restarts,
             "limit_bytes": LIMIT, "threshold_bytes": THRESHOLD, "sources": rows_json,
             "cdf": cdf,
+            "sense_realtime": realtime, "console_loglevel": console,
         }),
         samples,
     }

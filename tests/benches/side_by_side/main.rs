@@ -3,6 +3,8 @@
 //!
 //! 1. `lag` — detection lag by source on one storm (eBPF ring buffer, memcg threshold
 //!    eventfd, PSI trigger, polling at 1 s and at 10 s, the kubelet's housekeeping).
+//!    `console` — the eBPF tail with the console log level as found and lowered to 1
+//!    (`dmesg -n 1`, restored afterwards), and what one error-level kernel line costs.
 //! 2. `oom` — OOM avoidance: a BestEffort hog beside a Guaranteed and a Burstable pod on a
 //!    modelled 512 MiB node, the reactor loop with every source and with each one alone.
 //! 3. `cost` — ranking, preemption and image-GC planning at 100 … 100,000 pods/images.
@@ -19,9 +21,8 @@
 //! ```text
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
-//!     [--markdown PATH] [--only lag,oom,cost,ring,footprint,api-load,charge]
-//!     [--oom-rates 350,150]
-//!     [--oom-reps 20]
+//!     [--markdown PATH] [--only lag,console,oom,cost,ring,footprint,api-load,charge]
+//!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease]
 //! ```
 //!
 //! Prints one table per part and writes every figure as JSON (and the tables as markdown
@@ -32,6 +33,7 @@
 mod api_load;
 mod charge;
 mod charts;
+mod console;
 mod cost;
 mod footprint;
 mod lag;
@@ -57,10 +59,13 @@ pub struct Opts {
     pub oom_rates: Option<Vec<u64>>,
     /// Repetitions per mode and rate of the OOM part.
     pub oom_reps: Option<usize>,
+    /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
+    pub no_mrelease: bool,
 }
 
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 8] = [
     "lag",
+    "console",
     "oom",
     "cost",
     "ring",
@@ -77,6 +82,7 @@ fn parse_args() -> Result<Opts> {
         only: None,
         oom_rates: None,
         oom_reps: None,
+        no_mrelease: false,
     };
     let mut args = std::env::args().skip(1);
     let list = |v: Option<String>, what: &str| -> Result<String> {
@@ -87,6 +93,7 @@ fn parse_args() -> Result<Opts> {
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             "--quick" => opts.quick = true,
+            "--no-mrelease" => opts.no_mrelease = true,
             "--json" => opts.json = Some(list(args.next(), "--json")?.into()),
             "--markdown" => opts.markdown = Some(list(args.next(), "--markdown")?.into()),
             "--only" => {
@@ -178,8 +185,15 @@ fn main() -> Result<()> {
     if args.get(1).map(String::as_str) == Some(ring::CHILD_FLAG) {
         return ring::child(&args[2..]);
     }
+    if args.get(1).map(String::as_str) == Some(charge::CHILD_FLAG) {
+        return charge::child(&args[2..]);
+    }
     let opts = parse_args()?;
     preflight()?;
+    if opts.no_mrelease {
+        reactor::act::kill::set_reaping(false);
+        println!("reactor bench: process_mrelease off (--no-mrelease)");
+    }
     let (machine_line, machine_json) = machine();
     let command = if opts.quick {
         "cargo xtask bench --quick"
@@ -197,6 +211,7 @@ fn main() -> Result<()> {
         eprintln!("bench: part {key} ...");
         let result = match key {
             "lag" => lag::run(&opts),
+            "console" => console::run(&opts),
             "oom" => oom::run(&opts),
             "cost" => cost::run(&opts),
             "ring" => ring::run(&opts),

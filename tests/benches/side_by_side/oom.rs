@@ -112,6 +112,11 @@ struct Rep {
     right: bool,
     reaction_ns: Option<u64>,
     crossing_to_released_ns: Option<u64>,
+    /// The two halves of it: crossing → the agent's SIGKILL, and SIGKILL → the victim's
+    /// cgroup empty (its memory reaped by `process_mrelease` in between, where the kernel
+    /// has it).
+    crossing_to_kill_ns: Option<u64>,
+    kill_to_released_ns: Option<u64>,
     woken_by: Option<String>,
 }
 
@@ -234,6 +239,8 @@ async fn repetition(
                     .and_then(|c| c.iter().copied().find(|&c| c >= t0));
                 if let (Some(c), Some(r)) = (crossing, d.release_ns) {
                     rep.crossing_to_released_ns = Some((k + r).saturating_sub(c));
+                    rep.crossing_to_kill_ns = Some(k.saturating_sub(c));
+                    rep.kill_to_released_ns = Some(r);
                 }
             }
         }
@@ -369,10 +376,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
         node.finish().await;
         Ok::<_, anyhow::Error>(rows)
     })?;
-    Ok(summarise(&rows, reps, realtime))
+    Ok(summarise(&rows, reps, realtime, !opts.no_mrelease))
 }
 
-fn summarise(rows: &[Row], reps: usize, realtime: bool) -> Part {
+fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
     let mut t = Table::new(
         "2. OOM avoidance: BestEffort hog on a 512 MiB node, allocatableMemory.available<128Mi",
         &[
@@ -390,6 +397,7 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool) -> Part {
     .text_columns(2);
     let mut out = Vec::new();
     let mut samples = 0;
+    let mut halves_notes: Vec<String> = Vec::new();
     for r in rows {
         let oom = r.reps.iter().filter(|x| x.oom_first).count();
         let right = r.reps.iter().filter(|x| x.right && !x.oom_first).count();
@@ -411,6 +419,21 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool) -> Part {
                 .filter_map(|x| x.crossing_to_released_ns)
                 .collect::<Vec<_>>(),
         );
+        let halves =
+            |f: fn(&Rep) -> Option<u64>| Dist::of(&r.reps.iter().filter_map(f).collect::<Vec<_>>());
+        let to_kill = halves(|x| x.crossing_to_kill_ns);
+        let to_released = halves(|x| x.kill_to_released_ns);
+        if r.mode == "full agent" && to_kill.n > 0 {
+            halves_notes.push(format!(
+                "{} MiB/s full agent: crossing → SIGKILL p50 {} p99 {}, SIGKILL → cgroup empty \
+                 p50 {} p99 {}",
+                r.rate,
+                to_kill.p50_text(),
+                to_kill.p99_text(),
+                to_released.p50_text(),
+                to_released.p99_text()
+            ));
+        }
         let mut woken: BTreeMap<&str, usize> = BTreeMap::new();
         for w in r.reps.iter().filter_map(|x| x.woken_by.as_deref()) {
             *woken.entry(w).or_default() += 1;
@@ -443,6 +466,7 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool) -> Part {
             "repetitions": n, "oom_killer_first": oom, "right_pod_evicted_first": right,
             "wrong_pods_evicted": wrong,
             "reaction_lag": reaction.json(), "crossing_to_released": release.json(),
+            "crossing_to_kill": to_kill.json(), "kill_to_released": to_released.json(),
             "woken_by": woken,
         }));
     }
@@ -462,6 +486,16 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool) -> Part {
          own memcg eventfd on kubepods at 384 MiB usage → the victim's pod cgroup empty"
             .to_string(),
     );
+    for n in halves_notes {
+        t.note(if reaping {
+            format!(
+                "{n} (the agent reaps the victim's memory with process_mrelease right after \
+                 the SIGKILL; the cgroup empties when the victim has also exited)"
+            )
+        } else {
+            format!("{n} (--no-mrelease: the memory comes back through the victim's exit)")
+        });
+    }
     t.note(if realtime {
         format!("the loop's threads SCHED_FIFO {REALTIME_PRIORITY} (realtimePriority, as deploy/ configures the agent); pods normal")
     } else {
@@ -478,6 +512,7 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool) -> Part {
         tables: vec![t],
         json: json!({
             "capacity_mib": CAPACITY_MI, "hard_threshold": "allocatableMemory.available<128Mi",
+            "process_mrelease": reaping,
             "repetitions": reps, "rows": out,
         }),
         samples,

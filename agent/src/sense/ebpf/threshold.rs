@@ -135,8 +135,9 @@ impl UsageThresholds {
         }
     }
 
-    /// Places `watch` in the next slot and arms it; `Ok` describes it, `Err` says why not.
-    pub(crate) fn add(&mut self, watch: UsageWatch) -> Result<String, String> {
+    /// Places `watch` in the next slot and arms it; `Ok` describes it and gives the cgroup's
+    /// id (what its records carry), `Err` says why not.
+    pub(crate) fn add(&mut self, watch: UsageWatch) -> Result<(String, u64), String> {
         let slot = self.placed.len();
         if slot >= MAX_THRESHOLDS {
             return Err(format!(
@@ -168,15 +169,13 @@ impl UsageThresholds {
             })
             .map_err(|e| format!("{}: {e}", watch.cgroup))?;
         self.moves.insert(slot, WatchStream::new(watch.bytes));
-        Ok(format!(
-            "eBPF usage threshold {bytes} bytes on {} (checked on every charge)",
-            watch.cgroup
+        Ok((
+            format!(
+                "eBPF usage threshold {bytes} bytes on {} (checked on every charge)",
+                watch.cgroup
+            ),
+            id,
         ))
-    }
-
-    /// The cgroup path of each slot, by slot index.
-    pub(crate) fn paths(&self) -> Vec<String> {
-        self.placed.iter().map(|p| p.cgroup.clone()).collect()
     }
 
     /// Rewrites slot `index` at `bytes`, keeping the other slots as the kernel left them.

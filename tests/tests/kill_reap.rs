@@ -1,0 +1,139 @@
+//! The eviction's kill gives the victim's memory back without waiting for the victim's exit:
+//! `process_mrelease` through a pidfd, on the real kernel and a real memory cgroup.
+//!
+//! The victim is held frozen (a v1 freezer cgroup unique to the test), so after SIGKILL it
+//! cannot run its exit path: whatever memory comes back before it is thawed was reaped by
+//! the agent's call, not by the exit.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reactor::act::cgroups::{CgroupManager, CgroupPath};
+use reactor::reactor::pods::kill_cgroup;
+use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
+use reactor_tests::{is_root, memhog_bin, require, ChildGuard};
+
+const MI: u64 = 1 << 20;
+const FREEZER: &str = "/sys/fs/cgroup/freezer";
+
+/// A v1 freezer cgroup unique to the test: thawed and removed on drop.
+struct Freezer(PathBuf);
+
+impl Freezer {
+    fn new(name: &str) -> Freezer {
+        let dir = Path::new(FREEZER).join(name);
+        std::fs::create_dir(&dir).expect("creating the freezer cgroup");
+        Freezer(dir)
+    }
+
+    fn set(&self, state: &str) {
+        std::fs::write(self.0.join("freezer.state"), state).expect("writing freezer.state");
+    }
+
+    fn state(&self) -> String {
+        std::fs::read_to_string(self.0.join("freezer.state"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn usage(memcg: &Path) -> u64 {
+    std::fs::read_to_string(memcg.join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let (Some(a), Some(b)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    (a.parse::<u32>().unwrap_or(0), b.parse::<u32>().unwrap_or(0)) >= (major, minor)
+}
+
+#[test]
+fn a_killed_victims_memory_is_reaped_before_it_exits() {
+    if !require(is_root(), "root (cgroups, signals to a frozen process)")
+        || !require(
+            Path::new(FREEZER).join("cgroup.procs").exists()
+                && Path::new(MOUNT_ROOT).join("memory/cgroup.procs").exists(),
+            "cgroup v1 memory and freezer hierarchies under /sys/fs/cgroup",
+        )
+        || !require(kernel_at_least(5, 15), "Linux 5.15+ (process_mrelease)")
+    {
+        return;
+    }
+    let root = TestCgroupRoot::v1("reap").expect("test cgroup root");
+    let freezer = Freezer::new(&root.name);
+    let memcg = Path::new(MOUNT_ROOT).join("memory").join(&root.name);
+    std::fs::write(memcg.join("memory.limit_in_bytes"), (512 * MI).to_string()).unwrap();
+    let cgroups = CgroupManager::v1(
+        Path::new(MOUNT_ROOT),
+        &CgroupPath::parse(&root.name).unwrap(),
+    )
+    .expect("cgroup manager over the test root");
+
+    let procs = [memcg.join("cgroup.procs"), freezer.0.join("cgroup.procs")];
+    let mut cmd = Command::new(memhog_bin());
+    cmd.args(["160", "0", "3600"]).stdout(Stdio::null());
+    // SAFETY: the closure only writes two files with std calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for p in &procs {
+                std::fs::write(p, std::process::id().to_string())?;
+            }
+            Ok(())
+        });
+    }
+    let mut victim = ChildGuard(cmd.spawn().expect("starting memhog"));
+    let t = Instant::now();
+    while usage(&memcg) < 150 * MI {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "memhog never reached 150 MiB"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    freezer.set("FROZEN");
+    let t = Instant::now();
+    while freezer.state() != "FROZEN" {
+        assert!(t.elapsed() < Duration::from_secs(10), "victim never froze");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = usage(&memcg);
+
+    let out = kill_cgroup(&cgroups, &CgroupPath::root());
+    assert_eq!(out.killed, 1, "one process signalled: {out:?}");
+    assert_eq!(out.reaped, 1, "process_mrelease reaped it: {out:?}");
+    let after = usage(&memcg);
+    // Still there (frozen, its exit path not run), but its memory is back.
+    assert!(
+        victim.0.try_wait().expect("try_wait").is_none(),
+        "the frozen victim exited"
+    );
+    assert!(
+        after < 16 * MI && after + 130 * MI < before,
+        "memcg usage {before} → {after} bytes: the memory was not reaped"
+    );
+
+    freezer.set("THAWED");
+    let status = victim.wait_exit("the killed victim", Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+}
