@@ -1,0 +1,140 @@
+//! Eviction before the OOM killer on a small v2 node, and the eBPF usage threshold.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::agent::{apply, follow_events, pod, start};
+use super::{counter, wait_until, MOUNT};
+use crate::cgroup_root::TestCgroupRoot;
+use crate::{memhog_bin, reactor_bin, ChildGuard};
+
+/// A 256 MiB node (kubepods `memory.max` = allocatable = 256 MiB) evicting below 96 MiB
+/// available, eBPF off: PSI on `kubepods/memory.pressure` and `memory.events` wake the loop;
+/// the tick is off, so no poll can take the credit. A BestEffort hog grows past the node:
+/// the agent must evict it before the kernel's OOM killer kills anything in kubepods.
+pub fn eviction_before_oom_without_ebpf() -> String {
+    let agent = start(
+        "v2-evict",
+        "log: {level: info, format: json}\n\
+         node: {memoryCapacity: 256Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 96Mi}\n\
+         sense: {ebpf: false, psi: true, memcgThreshold: true, poll: false}\n",
+    );
+    let (_events_child, events) = follow_events(&agent);
+    let hog = vec![
+        memhog_bin().display().to_string(),
+        "400".into(),
+        "32".into(),
+    ];
+    apply(&agent, &pod("hog", &[("app", hog, json!({}))]));
+    wait_until(
+        "the BestEffort hog to be evicted or OOM-killed",
+        300,
+        || {
+            agent
+                .pod("default/hog")
+                .is_some_and(|p| p["phase"] == "Failed")
+        },
+        || agent.log(),
+    );
+    let hog = agent.pod("default/hog").unwrap_or(Value::Null);
+    let oom_kills = counter(&agent.v2_dir("kubepods").join("memory.events"), "oom_kill");
+    assert_eq!(
+        oom_kills,
+        0,
+        "the kernel's OOM killer acted first in kubepods; hog: {hog}\nlog:\n{}",
+        agent.log()
+    );
+    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let eviction = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(e) if e["kind"] == "eviction" => break e,
+            Ok(_) => {}
+            Err(_) => panic!("no eviction event: {}", agent.log()),
+        }
+    };
+    let log = agent.log();
+    let decision = log
+        .lines()
+        .find(|l| l.contains("eviction decision") && l.contains("evicted"))
+        .unwrap_or_else(|| panic!("no eviction decision in the log:\n{log}"));
+    assert!(
+        decision.contains("psi") || decision.contains("memcg-threshold"),
+        "the eviction was not woken by PSI or memory.events: {decision}"
+    );
+    format!("eviction: {eviction}\ndecision: {decision}")
+}
+
+/// `reactor watch` with only the eBPF source and a 100 MiB threshold on a v2 memcg: a
+/// 150 MiB allocation inside it yields a `threshold-crossed` event from `ebpf`.
+/// Disabled until the eBPF usage-threshold program lands ([`super::EBPF_THRESHOLD_CHECK_ENABLED`]).
+pub fn ebpf_usage_threshold() -> String {
+    let root = TestCgroupRoot::v2_at(std::path::Path::new(MOUNT), "ebpf-threshold")
+        .expect("create a cgroup");
+    let dir = root.dirs[0].clone();
+    std::fs::write(dir.join("memory.max"), (512u64 << 20).to_string()).expect("memory.max");
+    let cgroup = format!("/{}", root.name);
+    let mut watch = ChildGuard(
+        Command::new(reactor_bin())
+            .args([
+                "watch",
+                "--json",
+                "--no-psi",
+                "--no-memcg",
+                "--no-poll",
+                "--cgroup",
+            ])
+            .arg(&cgroup)
+            .args(["--threshold", "100Mi"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start reactor watch"),
+    );
+    let stdout = watch.0.stdout.take().expect("watch stdout");
+    let (tx, rx) = mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    // Give the programs time to attach under emulation, then allocate inside the cgroup.
+    std::thread::sleep(Duration::from_secs(20));
+    let procs = dir.join("cgroup.procs");
+    let mut cmd = Command::new(memhog_bin());
+    cmd.args(["150", "0", "3600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: only writes a file between fork and exec in a single-purpose child.
+        unsafe {
+            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
+        }
+    }
+    let _hog = ChildGuard(cmd.spawn().expect("start memhog"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        if let Ok(e) = rx.recv_timeout(Duration::from_millis(200)) {
+            let line = e.to_string();
+            if line.contains("threshold-crossed") && e["source"] == "ebpf" {
+                return format!("event: {line}");
+            }
+            seen.push(line);
+        }
+    }
+    panic!("no threshold-crossed event from ebpf; saw {seen:?}");
+}
