@@ -78,8 +78,7 @@ impl TestAgent {
             format!(
                 "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
-                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}\
-                 log:\n  level: info\n{extra}",
+                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}{log}{extra}",
                 root = root.name,
                 d = d.display(),
                 sock = socket.display(),
@@ -88,6 +87,11 @@ impl TestAgent {
                     ""
                 } else {
                     "evictionHard: {memory.available: 100Mi}\n"
+                },
+                log = if has_key(extra, "log") {
+                    ""
+                } else {
+                    "log:\n  level: info\n"
                 },
                 gc = if has_key(extra, "imageGCHighThresholdPercent") {
                     ""

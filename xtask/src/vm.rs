@@ -15,6 +15,12 @@
 //!   decompression). All of it lives in `$REACTOR_VM_CACHE` (default
 //!   `$HOME/.cache/reactor/vm`), outside the repository, so a fresh clone reuses it; a file
 //!   already there is not fetched again.
+//! - **Reclaimable page cache.** The guest's own filesystems live in memory, where no page
+//!   can be reclaimed without swap; a read-only 9p share (`/mnt/host`, the `9p` modules of the
+//!   same kernel package set loaded by `/init`) holds a sparse file whose pages are clean
+//!   cache, as a real node's file cache is. The eviction check needs it: reclaim of that
+//!   cache at the `kubepods` limit is what raises `memory.events` `max` and PSI before the OOM
+//!   killer would run.
 //! - **Results on their own serial port.** The console (`ttyS0`) carries the kernel's messages
 //!   and the suite's progress; the suite writes one JSON line per test (`{"name", "pass",
 //!   "output"}`, plus a `{"start": name}` line before each and `{"done": ...}` at the end) to
@@ -46,6 +52,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", "/bin/busybox"),
     ("cpio", "/usr/bin/cpio"),
     ("zstd", "/usr/bin/zstd"),
+    ("xz-utils", "/usr/bin/xz"),
     ("binutils", "/usr/bin/strip"),
 ];
 
@@ -125,14 +132,15 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let opts = parse(args)?;
     host_packages()?;
     let kernel = std::env::var("REACTOR_VM_KERNEL").unwrap_or_else(|_| KERNEL.to_string());
-    let vmlinux = fetch_kernel(&cache_dir()?, &kernel)?;
+    let kernel = fetch_kernel(&cache_dir()?, &kernel)?;
     if opts.build {
         sh(cargo().args(["build", "-p", "reactor", "-p", "reactor-tests", "--bins"]))?;
     }
     let work = target_dir().join("vm");
-    let initrd = build_initramfs(&work)?;
+    let initrd = build_initramfs(&work, &kernel.modules)?;
+    let share = page_cache_share(&work)?;
     let started = Instant::now();
-    let outcome = boot(&work, &vmlinux, &initrd, &opts)?;
+    let outcome = boot(&work, &kernel.vmlinux, &initrd, &share, &opts)?;
     let wall = started.elapsed();
     report(&outcome, wall)
 }
@@ -187,57 +195,97 @@ fn debian_mirror() -> Result<String> {
     bail!("no Debian mirror (an http(s) URL ending in /debian) in /etc/apt/sources.list{{,.d/*}}")
 }
 
-/// Fetches and unpacks the kernel package once; returns the uncompressed `vmlinux`.
-fn fetch_kernel(cache: &Path, version: &str) -> Result<PathBuf> {
-    let vmlinux = cache.join(format!("vmlinux-{version}"));
-    if vmlinux.exists() {
-        return Ok(vmlinux);
+/// The kernel modules the guest loads, in load order: 9p over virtio (the share holding the
+/// file whose page cache the eviction check needs; virtio itself is built in).
+const MODULES: &[&str] = &["netfs", "9pnet", "9pnet_virtio", "9p"];
+
+/// The kernel as fetched: the uncompressed `vmlinux` and the unpacked modules directory.
+struct Kernel {
+    vmlinux: PathBuf,
+    modules: PathBuf,
+}
+
+/// Downloads one package of trixie-backports into the cache and unpacks it into `into`,
+/// unless `marker` (a file the package installs) is there already.
+fn fetch_package(cache: &Path, package: &str, into: &Path, marker: &Path) -> Result<()> {
+    if marker.exists() {
+        return Ok(());
     }
-    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
-    let unpacked = cache.join(format!("linux-{version}"));
-    let vmlinuz = unpacked.join(format!("usr/lib/modules/{version}/vmlinuz"));
-    if !vmlinuz.exists() {
-        let apt = cache.join("apt");
-        for d in ["lists/partial", "cache/archives/partial", "debs"] {
-            std::fs::create_dir_all(apt.join(d))?;
-        }
-        let sources = apt.join("sources.list");
-        std::fs::write(
-            &sources,
-            format!(
-                "deb [trusted=yes] {} trixie-backports main\n",
-                debian_mirror()?
-            ),
-        )?;
-        // A private apt state: the system's sources and lists are left as they are.
-        let private = [
-            format!("-oDir::Etc::SourceList={}", sources.display()),
-            "-oDir::Etc::SourceParts=/dev/null".to_string(),
-            "-oAPT::Sandbox::User=root".to_string(),
-            format!("-oDir::State::Lists={}", apt.join("lists").display()),
-            format!("-oDir::Cache={}", apt.join("cache").display()),
-        ];
-        sh(Command::new("apt-get")
-            .args(&private)
-            .args(["update", "-qq"]))?;
-        let package = format!("linux-binary-{version}");
-        sh(Command::new("apt-get")
-            .args(&private)
-            .args(["download", &package])
-            .current_dir(apt.join("debs")))
-        .with_context(|| format!("downloading {package} from trixie-backports"))?;
-        let deb = std::fs::read_dir(apt.join("debs"))?
+    let apt = cache.join("apt");
+    for d in ["lists/partial", "cache/archives/partial", "debs"] {
+        std::fs::create_dir_all(apt.join(d))?;
+    }
+    let sources = apt.join("sources.list");
+    std::fs::write(
+        &sources,
+        format!(
+            "deb [trusted=yes] {} trixie-backports main\n",
+            debian_mirror()?
+        ),
+    )?;
+    // A private apt state: the system's sources and lists are left as they are.
+    let private = [
+        format!("-oDir::Etc::SourceList={}", sources.display()),
+        "-oDir::Etc::SourceParts=/dev/null".to_string(),
+        "-oAPT::Sandbox::User=root".to_string(),
+        format!("-oDir::State::Lists={}", apt.join("lists").display()),
+        format!("-oDir::Cache={}", apt.join("cache").display()),
+    ];
+    let find_deb = || -> Result<Option<PathBuf>> {
+        Ok(std::fs::read_dir(apt.join("debs"))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{package}_")))
-            })
-            .with_context(|| format!("{package} downloaded but no .deb found"))?;
-        sh(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
-        if !vmlinuz.exists() {
-            bail!("{} has no {}", deb.display(), vmlinuz.display());
+                    .is_some_and(|n| n.starts_with(&format!("{package}_")) && n.ends_with(".deb"))
+            }))
+    };
+    let deb = match find_deb()? {
+        Some(deb) => deb,
+        None => {
+            sh(Command::new("apt-get")
+                .args(&private)
+                .args(["update", "-qq"]))?;
+            sh(Command::new("apt-get")
+                .args(&private)
+                .args(["download", package])
+                .current_dir(apt.join("debs")))
+            .with_context(|| format!("downloading {package} from trixie-backports"))?;
+            find_deb()?.with_context(|| format!("{package} downloaded but no .deb found"))?
         }
+    };
+    sh(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(into))?;
+    if !marker.exists() {
+        bail!("{} has no {}", deb.display(), marker.display());
+    }
+    Ok(())
+}
+
+/// Fetches and unpacks the kernel and its modules once, and extracts the uncompressed
+/// `vmlinux` once.
+fn fetch_kernel(cache: &Path, version: &str) -> Result<Kernel> {
+    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    let unpacked = cache.join(format!("linux-{version}"));
+    let moddir = unpacked.join(format!("usr/lib/modules/{version}"));
+    let vmlinuz = moddir.join("vmlinuz");
+    fetch_package(
+        cache,
+        &format!("linux-binary-{version}"),
+        &unpacked,
+        &vmlinuz,
+    )?;
+    fetch_package(
+        cache,
+        &format!("linux-modules-{version}"),
+        &unpacked,
+        &moddir.join("kernel/fs/9p/9p.ko.xz"),
+    )?;
+    let kernel = Kernel {
+        vmlinux: cache.join(format!("vmlinux-{version}")),
+        modules: moddir,
+    };
+    if kernel.vmlinux.exists() {
+        return Ok(kernel);
     }
     // The bzImage carries the kernel zstd-compressed: decompress from the zstd frame magic.
     let image =
@@ -275,10 +323,10 @@ fn fetch_kernel(cache: &Path, version: &str) -> Result<PathBuf> {
             vmlinuz.display()
         );
     }
-    let tmp = vmlinux.with_extension("tmp");
+    let tmp = kernel.vmlinux.with_extension("tmp");
     std::fs::write(&tmp, &out)?;
-    std::fs::rename(&tmp, &vmlinux)?;
-    Ok(vmlinux)
+    std::fs::rename(&tmp, &kernel.vmlinux)?;
+    Ok(kernel)
 }
 
 /// The guest's PID 1: mounts, cgroup2 at /sys/fs/cgroup, the suite, power off.
@@ -294,6 +342,9 @@ mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup || mo
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t bpf bpf /sys/fs/bpf
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
+for m in netfs 9pnet 9pnet_virtio 9p; do insmod /lib/modules/$m.ko || echo "@@ insmod $m failed"; done
+mkdir -p /mnt/host
+mount -t 9p -o trans=virtio,version=9p2000.L,cache=loose,ro,msize=524288 host0 /mnt/host || echo "@@ 9p share not mounted"
 ONLY=""
 for w in $(cat /proc/cmdline); do case $w in v2suite.only=*) ONLY="--only ${w#*=}";; esac; done
 echo "@@ v2 guest: $(uname -r), $(nproc) cpu, $(grep MemTotal /proc/meminfo)"
@@ -338,7 +389,7 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Builds `work/initramfs.cpio` from the host-built binaries; returns its path.
-fn build_initramfs(work: &Path) -> Result<PathBuf> {
+fn build_initramfs(work: &Path, moddir: &Path) -> Result<PathBuf> {
     let root = work.join("rootfs");
     if root.exists() {
         std::fs::remove_dir_all(&root)?;
@@ -388,6 +439,33 @@ fn build_initramfs(work: &Path) -> Result<PathBuf> {
         }
         std::fs::copy(&lib, &dst).with_context(|| format!("copying {}", lib.display()))?;
     }
+    std::fs::create_dir_all(root.join("lib/modules"))?;
+    for m in MODULES {
+        let name = format!("{m}.ko");
+        let found = find_file(&moddir.join("kernel"), &|n| {
+            n == name || n.starts_with(&format!("{name}."))
+        })
+        .with_context(|| format!("no module {m} under {}", moddir.display()))?;
+        let dst = root.join("lib/modules").join(&name);
+        let ext = found.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let tool = match ext {
+            "xz" => Some("xz"),
+            "zst" => Some("zstd"),
+            _ => None,
+        };
+        match tool {
+            Some(tool) => {
+                let out = Command::new(tool).args(["-dc"]).arg(&found).output()?;
+                if !out.status.success() {
+                    bail!("{tool} -dc {} failed", found.display());
+                }
+                std::fs::write(&dst, out.stdout)?;
+            }
+            None => {
+                std::fs::copy(&found, &dst)?;
+            }
+        }
+    }
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
     std::fs::write(root.join("etc/group"), "root:x:0:\n")?;
     let init = root.join("init");
@@ -406,6 +484,40 @@ fn build_initramfs(work: &Path) -> Result<PathBuf> {
         bail!("building {} failed: {status}", cpio.display());
     }
     Ok(cpio)
+}
+
+/// The first file below `dir` whose name `matches`.
+fn find_file(dir: &Path, matches: &dyn Fn(&str) -> bool) -> Option<PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().and_then(|n| n.to_str()).is_some_and(matches) {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// Size of the file the guest reads over 9p: clean page cache the kernel can reclaim, as a
+/// real node's file cache (the guest's own filesystems are all in memory, never reclaimable).
+const CACHE_FILE_MIB: u64 = 96;
+
+/// The host directory shared read-only with the guest (`/mnt/host` there), holding
+/// `cache.bin` (sparse: it costs the host no disk).
+fn page_cache_share(work: &Path) -> Result<PathBuf> {
+    let share = work.join("share");
+    std::fs::create_dir_all(&share)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(share.join("cache.bin"))?;
+    file.set_len(CACHE_FILE_MIB << 20)?;
+    Ok(share)
 }
 
 /// What one guest run brought back.
@@ -430,7 +542,13 @@ struct TestResult {
     output: String,
 }
 
-fn boot(work: &Path, vmlinux: &Path, initrd: &Path, opts: &Options) -> Result<Outcome> {
+fn boot(
+    work: &Path,
+    vmlinux: &Path,
+    initrd: &Path,
+    share: &Path,
+    opts: &Options,
+) -> Result<Outcome> {
     let console = work.join("console.log");
     let results = work.join("results.jsonl");
     for f in [&console, &results] {
@@ -460,6 +578,11 @@ fn boot(work: &Path, vmlinux: &Path, initrd: &Path, opts: &Options) -> Result<Ou
         .arg(vmlinux)
         .arg("-initrd")
         .arg(initrd)
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=host0,security_model=none,readonly=on,id=host0",
+            share.display()
+        ))
         .arg("-append")
         .arg(&append)
         .stdin(Stdio::null())

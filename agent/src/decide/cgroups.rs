@@ -866,4 +866,27 @@ mod tests {
         let (b, _) = qos_tiers(&n, &seed_pods());
         assert_eq!(b.memory, None);
     }
+
+    #[test]
+    fn oom_group_on_v2_containers_unless_single_process_oom_kill() {
+        let pods = seed_pods();
+        let burstable = &pods[1];
+        let c = &burstable.containers[0];
+        let v2 = node(CgroupVersion::V2);
+        let files_v2 = files(&container_config(&v2, burstable, c), CgroupVersion::V2);
+        assert_eq!(int(&files_v2, "memory.oom.group"), Some(1));
+        // Pod and QoS cgroups are never OOM groups.
+        let pod_files = files(&pod_config(&v2, burstable), CgroupVersion::V2);
+        assert_eq!(int(&pod_files, "memory.oom.group"), None);
+        let single = NodeSettings {
+            single_process_oom_kill: Some(true),
+            ..v2.clone()
+        };
+        let files_single = files(&container_config(&single, burstable, c), CgroupVersion::V2);
+        assert_eq!(int(&files_single, "memory.oom.group"), None);
+        let v1 = node(CgroupVersion::V1);
+        assert!(!v1.oom_group());
+        let files_v1 = files(&container_config(&v1, burstable, c), CgroupVersion::V1);
+        assert!(files_v1.iter().all(|(n, _)| !n.starts_with("memory.oom")));
+    }
 }

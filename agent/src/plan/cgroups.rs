@@ -278,6 +278,12 @@ mod tests {
         );
         // No qosReserved: the tiers get no memory limit.
         assert!(out["burstable"].get("memory.max").is_none());
+        // singleProcessOOMKill unset on v2: containers are OOM groups, pods are not.
+        assert_eq!(
+            out["pods"]["ns/b"]["containers"]["c"]["memory.oom.group"],
+            1
+        );
+        assert!(out["pods"]["ns/b"].get("memory.oom.group").is_none());
     }
 
     #[test]
@@ -309,6 +315,12 @@ mod tests {
             e.starts_with("node.allocatable.memory: invalid quantity \"12Qi\""),
             "{e}"
         );
+        let e = run(&doc(
+            json!({"cgroupVersion": 1, "singleProcessOOMKill": false}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("node.singleProcessOOMKill: "), "{e}");
         // A burstable pod needs the memory capacity for its oom_score_adj.
         let e = run(&doc(json!({}))).unwrap_err().to_string();
         assert!(e.starts_with("node.memoryCapacity: "), "{e}");

@@ -91,6 +91,35 @@ pub fn tree_matches_plan() -> String {
         "the agent's v2 tree differs from plan cgroups:\n{}\nplan: {plan:#}",
         wrong.join("\n")
     );
+    // Independently of the plan, a few of the kubelet's own figures for these pods (its
+    // shares → weight conversion, quota, limits): a bug shared by the plan and the writer
+    // still fails here.
+    let g = plan["pods"]["default/guaranteed"]["cgroup"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let b = plan["pods"]["default/burstable"]["cgroup"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for (cgroup, file, want) in [
+        ("kubepods".to_string(), "cpu.weight", "137"),
+        ("kubepods".to_string(), "memory.max", "671088640"),
+        ("kubepods/besteffort".to_string(), "cpu.weight", "1"),
+        (g.clone(), "cpu.weight", "20"),
+        (g.clone(), "cpu.max", "50000 100000"),
+        (format!("{g}/app"), "memory.max", "67108864"),
+        (format!("{b}/limited"), "cpu.weight", "10"),
+        (format!("{b}/limited"), "cpu.max", "100000 100000"),
+        (format!("{b}/limited"), "memory.max", "100663296"),
+        (format!("{b}/open"), "memory.max", "max"),
+    ] {
+        assert_eq!(
+            read(&agent.v2_dir(&cgroup).join(file)),
+            want,
+            "{cgroup}/{file} against the kubelet's value"
+        );
+    }
     let mut notes = String::new();
     let mut files = 0;
     for (name, p) in plan["pods"].as_object().into_iter().flatten() {

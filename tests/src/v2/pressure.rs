@@ -12,11 +12,21 @@ use super::{counter, wait_until, MOUNT};
 use crate::cgroup_root::TestCgroupRoot;
 use crate::{memhog_bin, reactor_bin, ChildGuard};
 
+/// The file the guest reads over 9p (see `xtask/src/vm.rs`): clean, reclaimable page cache.
+pub const CACHE_FILE: &str = "/mnt/host/cache.bin";
+
 /// A 256 MiB node (kubepods `memory.max` = allocatable = 256 MiB) evicting below 96 MiB
 /// available, eBPF off: PSI on `kubepods/memory.pressure` and `memory.events` wake the loop;
-/// the tick is off, so no poll can take the credit. A BestEffort hog grows past the node:
-/// the agent must evict it before the kernel's OOM killer kills anything in kubepods.
+/// the tick is off, so no poll can take the credit. A Burstable pod keeps re-reading a 96 MiB
+/// file (page cache, as on a real node), then a BestEffort hog grows past the node. v2 has no
+/// usage-threshold notification: the wake-up comes when the kernel starts reclaiming that
+/// cache at the limit (`max` in `memory.events`, stall in `memory.pressure`), and the agent
+/// must evict the hog before the cache is gone and the OOM killer runs.
 pub fn eviction_before_oom_without_ebpf() -> String {
+    assert!(
+        std::path::Path::new(CACHE_FILE).exists(),
+        "{CACHE_FILE} is missing: the guest's 9p share is not mounted"
+    );
     let agent = start(
         "v2-evict",
         "log: {level: info, format: json}\n\
@@ -25,6 +35,25 @@ pub fn eviction_before_oom_without_ebpf() -> String {
          sense: {ebpf: false, psi: true, memcgThreshold: true, poll: false}\n",
     );
     let (_events_child, events) = follow_events(&agent);
+    let reader = vec![
+        "/bin/sh".to_string(),
+        "-c".into(),
+        format!("while true; do cat {CACHE_FILE} > /dev/null; done"),
+    ];
+    apply(
+        &agent,
+        &pod(
+            "reader",
+            &[("app", reader, json!({"requests": {"memory": "16Mi"}}))],
+        ),
+    );
+    let stat = agent.v2_dir("kubepods").join("memory.stat");
+    wait_until(
+        "the reader's page cache in kubepods",
+        120,
+        || counter(&stat, "file") >= 80 << 20,
+        || super::read(&stat),
+    );
     let hog = vec![
         memhog_bin().display().to_string(),
         "400".into(),
@@ -50,6 +79,11 @@ pub fn eviction_before_oom_without_ebpf() -> String {
         agent.log()
     );
     assert_eq!(hog["reason"], "Evicted", "{hog}");
+    let reader = agent.pod("default/reader").unwrap_or(Value::Null);
+    assert_eq!(
+        reader["phase"], "Running",
+        "the reader is untouched: {reader}"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let eviction = loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -64,9 +98,16 @@ pub fn eviction_before_oom_without_ebpf() -> String {
         .lines()
         .find(|l| l.contains("eviction decision") && l.contains("evicted"))
         .unwrap_or_else(|| panic!("no eviction decision in the log:\n{log}"));
+    let woken_by: Value = serde_json::from_str::<Value>(decision)
+        .map(|v| v["fields"]["source"].clone())
+        .unwrap_or(Value::Null);
     assert!(
-        decision.contains("psi") || decision.contains("memcg-threshold"),
-        "the eviction was not woken by PSI or memory.events: {decision}"
+        woken_by == "psi" || woken_by == "memcg-threshold",
+        "the eviction was woken by {woken_by}, not by PSI or memory.events: {decision}\npressure events:\n{}",
+        log.lines()
+            .filter(|l| l.contains("pressure event"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     format!("eviction: {eviction}\ndecision: {decision}")
 }

@@ -605,6 +605,7 @@ mod tests {
             cpu_quota: Some(0),
             cpu_period: Some(100_000),
             memory: Some(-1),
+            memory_oom_group: None,
         });
         assert_eq!(r.cpu_quota_us, None);
         assert_eq!(
