@@ -108,6 +108,7 @@ fn bench(c: &mut Criterion) {
         cpu_period_us: Some(100_000),
         memory_limit_bytes: Some(256 << 20),
         pids_max: Some(1024),
+        memory_oom_group: None,
     };
     let pod = CgroupPath::pod(Some("burstable"), "bench").expect("pod path");
     let container = pod.join("c").expect("container path");

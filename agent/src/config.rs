@@ -117,6 +117,12 @@ pub struct Config {
     pub enforce_node_allocatable: Vec<String>,
     /// Per-resource percentage of higher-QoS requests reserved from lower QoS classes.
     pub qos_reserved: BTreeMap<String, String>,
+    /// The kubelet's `singleProcessOOMKill`: `true` lets the kernel's OOM killer take one
+    /// process of a container, `false` sets `memory.oom.group` so it takes the whole
+    /// container. Unset means the kubelet's default: `false` on cgroup v2 (whole container),
+    /// `true` on v1 (which has no group kill).
+    #[serde(rename = "singleProcessOOMKill")]
+    pub single_process_oom_kill: Option<bool>,
     /// The cgroup the agent builds `kubepods/…` under.
     pub cgroup_root: String,
     /// How cgroup names are formed; only `cgroupfs` is supported.
@@ -258,6 +264,7 @@ impl Default for Config {
             kube_reserved: BTreeMap::new(),
             enforce_node_allocatable: vec!["pods".to_string()],
             qos_reserved: BTreeMap::new(),
+            single_process_oom_kill: None,
             cgroup_root: "/".to_string(),
             cgroup_driver: "cgroupfs".to_string(),
             static_pod_path: String::new(),

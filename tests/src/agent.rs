@@ -44,6 +44,22 @@ impl TestAgent {
     /// runs the agent with every source on).
     pub fn start_sensing(name: &str, sense: &str, extra: &str) -> TestAgent {
         let root = TestCgroupRoot::v1(name).expect("test cgroup root");
+        TestAgent::start_in(root, sense, extra)
+    }
+
+    /// Like [`TestAgent::start`] on a cgroup v2 node whose unified hierarchy is mounted at
+    /// `mount` (the v2 guest's `/sys/fs/cgroup`): the cgroup root is created there.
+    pub fn start_v2(mount: &Path, name: &str, extra: &str) -> TestAgent {
+        let root = TestCgroupRoot::v2_at(mount, name).expect("test cgroup root");
+        let sense = if has_key(extra, "sense") {
+            ""
+        } else {
+            "sense:\n  ebpf: false\n  psi: false\n  memcgThreshold: false\n"
+        };
+        TestAgent::start_in(root, sense, extra)
+    }
+
+    fn start_in(root: TestCgroupRoot, sense: &str, extra: &str) -> TestAgent {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
         let static_dir = d.join("manifests");
@@ -62,8 +78,7 @@ impl TestAgent {
             format!(
                 "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
-                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}\
-                 log:\n  level: info\n{extra}",
+                 metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}{log}{extra}",
                 root = root.name,
                 d = d.display(),
                 sock = socket.display(),
@@ -72,6 +87,11 @@ impl TestAgent {
                     ""
                 } else {
                     "evictionHard: {memory.available: 100Mi}\n"
+                },
+                log = if has_key(extra, "log") {
+                    ""
+                } else {
+                    "log:\n  level: info\n"
                 },
                 gc = if has_key(extra, "imageGCHighThresholdPercent") {
                     ""
@@ -222,6 +242,11 @@ impl TestAgent {
             .unwrap_or_else(|e| panic!("{controller}/{cgroup}/{file}: {e}"))
             .trim()
             .to_string()
+    }
+
+    /// The directory of a cgroup below the agent's root on a v2 node.
+    pub fn v2_dir(&self, cgroup: &str) -> PathBuf {
+        self.root.dirs[0].join(cgroup.trim_start_matches('/'))
     }
 
     /// Pids in a container cgroup.

@@ -64,6 +64,18 @@ impl TestCgroupRoot {
         })
     }
 
+    /// Creates `reactor-test-<name>-<pid>` in the unified hierarchy mounted at `mount` (the
+    /// v2 guest mounts it at `/sys/fs/cgroup`).
+    pub fn v2_at(mount: &Path, name: &str) -> std::io::Result<TestCgroupRoot> {
+        let name = format!("reactor-test-{name}-{}", std::process::id());
+        let dir = mount.join(&name);
+        std::fs::create_dir(&dir)?;
+        Ok(TestCgroupRoot {
+            name,
+            dirs: vec![dir],
+        })
+    }
+
     /// Every cgroup directory left below the root in any hierarchy (the root excluded).
     pub fn leftovers(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();

@@ -12,6 +12,7 @@ pub mod containerd;
 pub mod exposition;
 pub mod node;
 pub mod oci;
+pub mod v2;
 
 pub use containerd::{containerd_available, Containerd, TestCgroupTree};
 pub use oci::{BuiltImage, TestImage};

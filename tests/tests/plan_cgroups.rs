@@ -150,9 +150,22 @@ fn seed_004_node_on_cgroup_v2() {
     let e = &out["pods"]["default/pod-besteffort-1"];
     assert_eq!(
         e["containers"]["container4"],
-        json!({"cpu.weight": 1, "cpu.max": "max 100000", "oomScoreAdj": 1000})
+        json!({"cpu.weight": 1, "cpu.max": "max 100000", "memory.oom.group": 1, "oomScoreAdj": 1000})
     );
     assert!(b.get("cpu.shares").is_none() && b.get("memory.limit_in_bytes").is_none());
+    // The kubelet's singleProcessOOMKill default on v2: every container is an OOM group;
+    // set to true, no container is.
+    assert_eq!(b["containers"]["container1"]["memory.oom.group"], 1);
+    assert!(b.get("memory.oom.group").is_none());
+    let mut single = seed_node(2);
+    single["singleProcessOOMKill"] = json!(true);
+    let (code, out, err) = plan(&json!({"node": single, "pods": seed_pods()}));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out["pods"]["default/pod-burstable-1"]["containers"]["container1"]
+            .get("memory.oom.group")
+            .is_none()
+    );
 }
 
 #[test]

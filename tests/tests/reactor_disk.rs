@@ -67,6 +67,7 @@ fn node_settings() -> NodeSettings {
         enforce_cpu_limits: true,
         cpu_period_us: DEFAULT_QUOTA_PERIOD_US,
         memory_capacity: Some(1 << 30),
+        single_process_oom_kill: None,
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod bench;
 mod setup;
+mod vm;
 
 use std::process::Command;
 
@@ -18,12 +19,17 @@ commands:
                tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
                systemd-analyze/rsvg-convert for the offline checks; idempotent
   test         setup, then fmt check, clippy, every test (unit, integration, doc; the
-               systemd unit verified offline), and `bench --quick` (fails only if the
-               bench harness breaks; its SVG charts must exist and render)
+               systemd unit verified offline), the cgroup v2 guest suite (`vm-test`), and
+               `bench --quick` (fails only if the bench harness breaks; its SVG charts must
+               exist and render)
   bench [--quick]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
                detection lag by source, OOM avoidance, decision cost, ring buffer, footprint;
                tables on stdout, figures in target/bench/bench.json and report.md
+  vm-test [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]
+               the cgroup v2 suite in a QEMU guest (TCG) with a real v2 memory controller:
+               fetches and caches a Debian kernel, builds an initramfs with the agent and
+               the suite, boots once, fails naming the failing tests (root, network once)
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -40,6 +46,7 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "run" => run(&rest),
         "bench" => bench::run(&rest),
+        "vm-test" => vm::run(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -114,6 +121,8 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
+    // The cgroup v2 suite in its guest (the binaries were built above).
+    vm::run(&["--no-build".to_string()])?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
     bench::run(&["--quick".to_string()])?;

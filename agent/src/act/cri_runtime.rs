@@ -1094,6 +1094,7 @@ mod tests {
                 cpu_period_us: Some(100_000),
                 memory_limit_bytes: Some(-1),
                 pids_max: None,
+                memory_oom_group: None,
             },
             1000,
         );

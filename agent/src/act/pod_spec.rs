@@ -263,6 +263,7 @@ mod tests {
             enforce_cpu_limits: true,
             cpu_period_us: DEFAULT_QUOTA_PERIOD_US,
             memory_capacity: Some(8 << 30),
+            single_process_oom_kill: None,
         }
     }
 

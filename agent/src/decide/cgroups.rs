@@ -56,6 +56,19 @@ pub struct NodeSettings {
     pub cpu_period_us: u64,
     /// The machine's memory capacity in bytes, the base of burstable `oom_score_adj`.
     pub memory_capacity: Option<i64>,
+    /// `singleProcessOOMKill`; `None` is the kubelet's default for the version (see
+    /// [`NodeSettings::oom_group`]).
+    pub single_process_oom_kill: Option<bool>,
+}
+
+impl NodeSettings {
+    /// Whether container cgroups get `memory.oom.group = 1`: on cgroup v2 unless
+    /// `singleProcessOOMKill` is true. The kubelet hands it to the runtime in the container's
+    /// unified settings, so an OOM kill takes every process of the container, not just the
+    /// largest one (which could leave a half-dead container running).
+    pub fn oom_group(&self) -> bool {
+        self.version == CgroupVersion::V2 && !self.single_process_oom_kill.unwrap_or(false)
+    }
 }
 
 /// One cgroup's resource config, as the kubelet fills its `ResourceConfig` (or the CRI
@@ -70,6 +83,8 @@ pub struct ResourceConfig {
     pub cpu_period: Option<u64>,
     /// Memory limit in bytes.
     pub memory: Option<i64>,
+    /// v2 `memory.oom.group` (containers only, from [`NodeSettings::oom_group`]).
+    pub memory_oom_group: Option<bool>,
 }
 
 /// A value written to a cgroup file.
@@ -137,6 +152,7 @@ pub fn kubepods(node: &NodeSettings) -> ResourceConfig {
         cpu_quota: None,
         cpu_period: None,
         memory: node.allocatable_memory.map(|q| bytes(Some(q))),
+        memory_oom_group: None,
     }
 }
 
@@ -244,12 +260,14 @@ pub fn pod_config(node: &NodeSettings, pod: &PodInfo) -> ResourceConfig {
             cpu_quota: Some(quota),
             cpu_period: Some(node.cpu_period_us),
             memory: Some(memory),
+            memory_oom_group: None,
         },
         QosClass::Burstable => ResourceConfig {
             cpu_shares: Some(shares),
             cpu_quota: cpu_limits_declared.then_some(quota),
             cpu_period: cpu_limits_declared.then_some(node.cpu_period_us),
             memory: memory_limits_declared.then_some(memory),
+            memory_oom_group: None,
         },
         QosClass::BestEffort => ResourceConfig {
             cpu_shares: Some(MIN_SHARES),
@@ -282,6 +300,7 @@ pub fn container_config(node: &NodeSettings, pod: &PodInfo, c: &ContainerInfo) -
     let mut config = ResourceConfig {
         cpu_shares: Some(shares),
         memory: (memory_limit != 0).then_some(memory_limit),
+        memory_oom_group: node.oom_group().then_some(true),
         ..ResourceConfig::default()
     };
     if node.enforce_cpu_limits {
@@ -423,6 +442,9 @@ pub fn files(config: &ResourceConfig, version: CgroupVersion) -> Vec<(&'static s
             } else if memory != 0 {
                 out.push(("memory.max", FileValue::Int(memory)));
             }
+            if let Some(group) = config.memory_oom_group {
+                out.push(("memory.oom.group", FileValue::Int(i64::from(group))));
+            }
         }
     }
     out
@@ -448,6 +470,7 @@ mod tests {
             enforce_cpu_limits: true,
             cpu_period_us: DEFAULT_QUOTA_PERIOD_US,
             memory_capacity: Some(8 * GI),
+            single_process_oom_kill: None,
         }
     }
 
@@ -842,5 +865,28 @@ mod tests {
         assert_eq!(files(&kubepods(&n), n.version), vec![]);
         let (b, _) = qos_tiers(&n, &seed_pods());
         assert_eq!(b.memory, None);
+    }
+
+    #[test]
+    fn oom_group_on_v2_containers_unless_single_process_oom_kill() {
+        let pods = seed_pods();
+        let burstable = &pods[1];
+        let c = &burstable.containers[0];
+        let v2 = node(CgroupVersion::V2);
+        let files_v2 = files(&container_config(&v2, burstable, c), CgroupVersion::V2);
+        assert_eq!(int(&files_v2, "memory.oom.group"), Some(1));
+        // Pod and QoS cgroups are never OOM groups.
+        let pod_files = files(&pod_config(&v2, burstable), CgroupVersion::V2);
+        assert_eq!(int(&pod_files, "memory.oom.group"), None);
+        let single = NodeSettings {
+            single_process_oom_kill: Some(true),
+            ..v2.clone()
+        };
+        let files_single = files(&container_config(&single, burstable, c), CgroupVersion::V2);
+        assert_eq!(int(&files_single, "memory.oom.group"), None);
+        let v1 = node(CgroupVersion::V1);
+        assert!(!v1.oom_group());
+        let files_v1 = files(&container_config(&v1, burstable, c), CgroupVersion::V1);
+        assert!(files_v1.iter().all(|(n, _)| !n.starts_with("memory.oom")));
     }
 }

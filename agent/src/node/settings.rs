@@ -108,6 +108,7 @@ impl NodePlan {
                 config.cpu_cfs_quota_period.0,
             )),
             memory_capacity: Some(JsonQuantity(memory)),
+            single_process_oom_kill: config.single_process_oom_kill,
         }
         .settings()
         .map_err(|e| e.to_string())?;

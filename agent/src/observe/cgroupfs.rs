@@ -303,18 +303,6 @@ pub(crate) mod fixtures {
         set(root, cgroup, "memory.stat", &v1_stat(inactive_file));
         set(root, cgroup, "cgroup.procs", "");
     }
-
-    /// A v2 cgroup with `memory.current` and inactive file pages.
-    pub fn v2_memcg(root: &Path, cgroup: &str, current: u64, inactive_file: u64) {
-        set(root, cgroup, "memory.current", &format!("{current}\n"));
-        set(
-            root,
-            cgroup,
-            "memory.stat",
-            &v2_stat(current, 0, inactive_file),
-        );
-        set(root, cgroup, "cgroup.procs", "");
-    }
 }
 
 #[cfg(test)]
@@ -341,26 +329,6 @@ mod tests {
         assert_eq!(kubepods.working_set, 0);
         assert_eq!(fs.memory("/kubepods/gone").unwrap(), None);
     }
-
-    #[test]
-    fn v2_root_uses_anon_plus_file_and_children_memory_current() {
-        let tmp = tempfile::tempdir().unwrap();
-        set(
-            tmp.path(),
-            "/",
-            "cgroup.controllers",
-            "cpuset cpu io memory pids\n",
-        );
-        set(tmp.path(), "/", "memory.stat", &v2_stat(600, 400, 150));
-        v2_memcg(tmp.path(), "/kubepods", 300, 100);
-        let mut fs = CgroupFs::detect(tmp.path()).unwrap();
-        assert_eq!(fs.layout(), Layout::V2);
-        let root = fs.memory("/").unwrap().unwrap();
-        assert_eq!((root.usage, root.working_set), (1000, 850));
-        let kubepods = fs.memory("kubepods").unwrap().unwrap();
-        assert_eq!((kubepods.usage, kubepods.working_set), (300, 200));
-    }
-
     #[test]
     fn hybrid_without_v2_memory_resolves_to_v1_and_nothing_is_an_error() {
         let tmp = tempfile::tempdir().unwrap();

@@ -44,6 +44,10 @@ pub struct NodeInput {
     pub cpu_cfs_quota_period: Option<String>,
     /// The machine's memory (for burstable `oom_score_adj`).
     pub memory_capacity: Option<JsonQuantity>,
+    /// `singleProcessOOMKill` (default: `false` on v2, `true` on v1; `false` is refused on
+    /// v1, as the kubelet refuses it).
+    #[serde(rename = "singleProcessOOMKill")]
+    pub single_process_oom_kill: Option<bool>,
 }
 
 /// Allocatable cpu and memory.
@@ -122,6 +126,12 @@ impl NodeInput {
                 (nanos / 1_000) as u64
             }
         };
+        if version == CgroupVersion::V1 && self.single_process_oom_kill == Some(false) {
+            return Err(invalid(
+                "node.singleProcessOOMKill",
+                "false needs cgroup v2 (v1 has no memory.oom.group)",
+            ));
+        }
         let memory_capacity = non_negative(self.memory_capacity, "node.memoryCapacity")?
             .map(|q| clamp_i64(q.value()));
         Ok(NodeSettings {
@@ -132,6 +142,7 @@ impl NodeInput {
             enforce_cpu_limits: self.enforce_cpu_limits.unwrap_or(true),
             cpu_period_us,
             memory_capacity,
+            single_process_oom_kill: self.single_process_oom_kill,
         })
     }
 }
@@ -267,6 +278,12 @@ mod tests {
         );
         // No qosReserved: the tiers get no memory limit.
         assert!(out["burstable"].get("memory.max").is_none());
+        // singleProcessOOMKill unset on v2: containers are OOM groups, pods are not.
+        assert_eq!(
+            out["pods"]["ns/b"]["containers"]["c"]["memory.oom.group"],
+            1
+        );
+        assert!(out["pods"]["ns/b"].get("memory.oom.group").is_none());
     }
 
     #[test]
@@ -298,6 +315,12 @@ mod tests {
             e.starts_with("node.allocatable.memory: invalid quantity \"12Qi\""),
             "{e}"
         );
+        let e = run(&doc(
+            json!({"cgroupVersion": 1, "singleProcessOOMKill": false}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("node.singleProcessOOMKill: "), "{e}");
         // A burstable pod needs the memory capacity for its oom_score_adj.
         let e = run(&doc(json!({}))).unwrap_err().to_string();
         assert!(e.starts_with("node.memoryCapacity: "), "{e}");

@@ -302,6 +302,10 @@ pub struct Resources {
     pub memory_limit_bytes: Option<i64>,
     /// Maximum number of tasks; `-1` is unlimited (`max`).
     pub pids_max: Option<i64>,
+    /// v2 `memory.oom.group`: the OOM killer takes the whole cgroup (the kubelet's
+    /// `singleProcessOOMKill: false`); ignored on v1, which has no such file.
+    #[serde(default)]
+    pub memory_oom_group: Option<bool>,
 }
 
 /// A cgroup's memory use, as the eviction signals need it.
@@ -508,6 +512,7 @@ impl Resources {
             cpu_quota: self.cpu_quota_us,
             cpu_period: self.cpu_period_us,
             memory: self.memory_limit_bytes,
+            memory_oom_group: self.memory_oom_group,
         }
     }
 }
@@ -521,6 +526,7 @@ impl From<&ResourceConfig> for Resources {
             cpu_period_us: c.cpu_period.filter(|v| *v != 0),
             memory_limit_bytes: c.memory.filter(|v| *v != 0),
             pids_max: None,
+            memory_oom_group: c.memory_oom_group,
         }
     }
 }
@@ -599,6 +605,7 @@ mod tests {
             cpu_quota: Some(0),
             cpu_period: Some(100_000),
             memory: Some(-1),
+            memory_oom_group: None,
         });
         assert_eq!(r.cpu_quota_us, None);
         assert_eq!(

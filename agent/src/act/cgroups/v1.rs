@@ -266,6 +266,7 @@ mod tests {
                 cpu_period_us: Some(100_000),
                 memory_limit_bytes: Some(256 << 20),
                 pids_max: Some(-1),
+                memory_oom_group: None,
             },
         )
         .unwrap();

@@ -1,0 +1,130 @@
+//! The cgroup v2 suite: checks that need a real v2 memory controller, run by the `v2-suite`
+//! binary inside the guest that `cargo xtask vm-test` boots (see `xtask/src/vm.rs`).
+//!
+//! Each check is a plain function that panics (with `assert!`) when the kernel or the agent
+//! disagrees with what it expects, and returns notes worth showing otherwise. The runner
+//! catches the panic, so one failing check does not stop the others, and reports one JSON
+//! line per check. Adding a check is one function and one line in [`CHECKS`].
+//!
+//! The guest mounts cgroup2 at `/sys/fs/cgroup` ([`MOUNT`]); every check works below a cgroup
+//! root of its own, removed afterwards.
+
+pub mod agent;
+pub mod kernel;
+pub mod oom;
+pub mod pods;
+pub mod pressure;
+
+use std::path::Path;
+
+/// Where the guest mounts the unified hierarchy.
+pub const MOUNT: &str = "/sys/fs/cgroup";
+
+/// A check: panics on failure, returns notes on success.
+pub type Check = fn() -> String;
+
+/// One named check; a disabled one is listed but not run.
+pub struct Entry {
+    /// The test's name in the results.
+    pub name: &'static str,
+    /// The check.
+    pub check: Check,
+    /// Whether the suite runs it.
+    pub enabled: bool,
+}
+
+const fn on(name: &'static str, check: Check) -> Entry {
+    Entry {
+        name,
+        check,
+        enabled: true,
+    }
+}
+
+/// Every check, in the order the guest runs them (cheap kernel checks first).
+pub const CHECKS: &[Entry] = &[
+    on("kernel_has_the_v2_features", kernel::features),
+    on(
+        "observe_memory_available_matches_kernel_files",
+        kernel::observe_matches_kernel_files,
+    ),
+    on("pod_tree_matches_plan_cgroups", pods::tree_matches_plan),
+    on(
+        "oom_score_adj_matches_plan",
+        pods::oom_score_adj_matches_plan,
+    ),
+    on(
+        "qos_reserved_moves_with_admissions",
+        pods::qos_reserved_moves_with_admissions,
+    ),
+    on(
+        "memory_oom_group_kills_the_whole_container",
+        oom::group_kills_whole_container,
+    ),
+    on(
+        "oom_kill_from_memory_events_mapped_to_pod",
+        oom::kill_from_memory_events,
+    ),
+    on("oom_kill_from_ebpf_mapped_to_pod", oom::kill_from_ebpf),
+    on(
+        "eviction_before_oom_psi_and_memory_events",
+        pressure::eviction_before_oom_without_ebpf,
+    ),
+    on(
+        "ebpf_usage_threshold_crossed",
+        pressure::ebpf_usage_threshold,
+    ),
+    on(
+        "eviction_before_oom_woken_by_ebpf_threshold",
+        pressure::eviction_before_oom_woken_by_ebpf_threshold,
+    ),
+];
+
+/// Enables every controller the root offers for its children, as a v2 node's init system
+/// does, so a check's own cgroup root can use them.
+pub fn enable_root_controllers() -> Result<(), String> {
+    let root = Path::new(MOUNT);
+    let offered = std::fs::read_to_string(root.join("cgroup.controllers"))
+        .map_err(|e| format!("{MOUNT}/cgroup.controllers: {e}"))?;
+    for c in offered.split_whitespace() {
+        std::fs::write(root.join("cgroup.subtree_control"), format!("+{c}"))
+            .map_err(|e| format!("enable {c} in {MOUNT}/cgroup.subtree_control: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Reads a cgroup (or any) file, trimmed; panics naming it when it cannot.
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+        .trim()
+        .to_string()
+}
+
+/// One `key value` counter of a flat keyed file (`memory.events`, `memory.stat`).
+pub fn counter(path: &Path, key: &str) -> u64 {
+    let text = read(path);
+    text.lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(key)).then(|| w.next().and_then(|v| v.parse().ok()))?
+        })
+        .unwrap_or_else(|| panic!("no {key} in {}: {text}", path.display()))
+}
+
+/// Polls `cond` every 50 ms until it holds or `secs` (TCG-generous) pass; panics with
+/// `what` and `context()` then.
+pub fn wait_until(
+    what: &str,
+    secs: u64,
+    mut cond: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        if std::time::Instant::now() >= deadline {
+            panic!("timed out after {secs} s waiting for {what}\n{}", context());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
