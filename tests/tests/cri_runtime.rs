@@ -136,6 +136,7 @@ impl Setup {
             cgroup,
             restart_policy: policy,
             containers,
+            document: None,
         }
     }
 

@@ -78,6 +78,7 @@ impl Setup {
             cgroup,
             restart_policy: policy,
             containers,
+            document: None,
         }
     }
 
@@ -486,6 +487,7 @@ async fn runs_and_stops_a_pod_on_the_unified_hierarchy() {
             &["sh", "-c", "sleep 300 & exec sleep 301"],
             1000,
         )],
+        document: None,
     };
     rt.run_pod(pod).await.unwrap();
     let st = rt.pod_status("ffff-6").await.unwrap();

@@ -59,6 +59,7 @@ use super::runtime::{
 };
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 use crate::record::checkpoint::Checkpoint;
+use crate::record::state_file::Notices;
 
 /// The PATH a container gets when its env sets none (containerd's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -692,12 +693,40 @@ fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
     })
 }
 
+/// How often a checkpoint whose last write failed (a full disk) is written again.
+const SAVE_RETRY: Duration = Duration::from_secs(2);
+
+/// Writes the checkpoint again while its last write failed, so the state on disk catches up
+/// once space returns even when nothing changes; ends with the runtime.
+async fn retry_saves(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(SAVE_RETRY).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.checkpoint.is_failing() {
+            let pods = lock(&inner.pods);
+            let _ = inner.save(&pods);
+        }
+    }
+}
+
 impl ProcessRuntime {
     /// Opens the runtime: reads its checkpoint under `state_dir` and re-adopts every
     /// container process still running from a previous agent (see the module doc). Must be
-    /// called inside a tokio runtime. A corrupt checkpoint is an error (the file is kept
-    /// aside); the caller decides whether to start empty.
+    /// called inside a tokio runtime. A damaged checkpoint never stops it: the file is set
+    /// aside and the previous generation (or nothing) is used; processes the runtime no
+    /// longer knows are left to the pod manager's recovery (`node::recover`).
     pub async fn open(config: ProcessRuntimeConfig) -> Result<ProcessRuntime, RuntimeError> {
+        Self::open_with(config, Notices::default()).await
+    }
+
+    /// [`Self::open`], sending what happens to the checkpoint file (set aside, failed
+    /// writes) to `notices`.
+    pub async fn open_with(
+        config: ProcessRuntimeConfig,
+        notices: Notices,
+    ) -> Result<ProcessRuntime, RuntimeError> {
         std::fs::create_dir_all(&config.state_dir).map_err(|source| RuntimeError::Io {
             what: format!("create state dir {}", config.state_dir.display()),
             source,
@@ -707,7 +736,8 @@ impl ProcessRuntime {
                 config.state_dir.join("process-runtime.json"),
                 CHECKPOINT_KIND,
                 CHECKPOINT_VERSION,
-            ),
+            )
+            .with_notices(notices),
             log_dir: config.state_dir.join("logs"),
             cgroups: config.cgroups,
             backoff: config.backoff,
@@ -715,7 +745,7 @@ impl ProcessRuntime {
             pods: Mutex::new(BTreeMap::new()),
             exits: tokio::sync::broadcast::channel(EXIT_EVENTS).0,
         });
-        let saved: Vec<SavedPod> = inner.checkpoint.load()?.unwrap_or_default();
+        let saved: Vec<SavedPod> = inner.checkpoint.load().value.unwrap_or_default();
         for pod in saved {
             let (stop, stop_rx) = watch::channel(None);
             let mut firsts = Vec::new();
@@ -804,6 +834,7 @@ impl ProcessRuntime {
                 entry.tasks = tasks;
             }
         }
+        tokio::spawn(retry_saves(Arc::downgrade(&inner)));
         Ok(ProcessRuntime { inner })
     }
 
@@ -998,6 +1029,12 @@ impl Runtime for ProcessRuntime {
             .map(Inner::status_of)
             .collect())
     }
+
+    fn pod_document(&self, uid: &str) -> Option<serde_json::Value> {
+        lock(&self.inner.pods)
+            .get(uid)
+            .and_then(|p| p.spec.document.clone())
+    }
 }
 
 #[cfg(test)]
@@ -1021,6 +1058,7 @@ mod tests {
             cgroup: CgroupPath::pod(None, "u").unwrap(),
             restart_policy: Default::default(),
             containers: vec![c],
+            document: None,
         };
         let c = ContainerSpec {
             name: "web".into(),

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::admit::{fit, is_extended, rejection};
 use super::document::{self, Checked, Format};
 use super::events::{EventHub, NodeEventKind};
-use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::record::{PodRecord, PodSource, StopIntent, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::settings::NodePlan;
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, MemoryUsage, Resources, DEFAULT_REMOVE_WAIT};
@@ -54,6 +54,9 @@ pub const PREEMPTION_REASON: &str = "Preempting";
 
 /// Commands queued to the owner task.
 const QUEUE: usize = 256;
+/// How often the owner task retries a failed checkpoint write and looks for orphans past
+/// their grace period.
+const TICK: Duration = Duration::from_secs(1);
 
 /// A pod as the API and the reactor loop see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,7 +146,7 @@ impl std::fmt::Display for RemoveTarget {
 
 type Reply<T> = oneshot::Sender<Result<T, NodeError>>;
 
-enum After {
+pub(super) enum After {
     Remove {
         reply: Option<Reply<Removed>>,
         cause: String,
@@ -228,12 +231,17 @@ pub struct PodManagerConfig<R> {
     pub devices: Option<Arc<DeviceManager>>,
     /// Where events go.
     pub events: EventHub,
+    /// How long a pod found running without a spec stays before it is removed
+    /// (`orphanGracePeriod`; see `node::recover`).
+    pub orphan_grace_period: Duration,
 }
 
 impl PodManager {
-    /// Loads the pod checkpoint, builds the QoS tree, re-adopts the pods the runtime still
-    /// runs (restarting by their restart policy the ones it lost; killing nothing), and
-    /// starts the owner task.
+    /// Loads the pod checkpoint (a damaged one is set aside and the previous generation, or
+    /// nothing, used: never a reason not to start), builds the QoS tree, re-adopts the pods
+    /// the runtime still runs (restarting by their restart policy the ones it lost; killing
+    /// nothing a known pod runs), rebuilds what the checkpoint lost from the node
+    /// (`node::recover`), and starts the owner task.
     pub async fn start<R: Runtime + 'static>(
         config: PodManagerConfig<R>,
     ) -> Result<PodManager, NodeError> {
@@ -241,8 +249,9 @@ impl PodManager {
             config.state_dir.join("pods.json"),
             CHECKPOINT_KIND,
             CHECKPOINT_VERSION,
-        );
-        let records: Vec<PodRecord> = checkpoint.load()?.unwrap_or_default();
+        )
+        .with_notices(super::events::notices_to(&config.events));
+        let records: Vec<PodRecord> = checkpoint.load().value.unwrap_or_default();
         let plan = Arc::new(config.plan);
         config
             .cgroups
@@ -259,6 +268,8 @@ impl PodManager {
             events: config.events.clone(),
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
+            orphan_grace: config.orphan_grace_period,
+            state_dir: config.state_dir.clone(),
             tx: tx.downgrade(),
             active: active_tx,
         };
@@ -383,10 +394,10 @@ impl PodManager {
     }
 }
 
-struct Entry {
-    record: PodRecord,
-    info: PodInfo,
-    stopping: bool,
+pub(super) struct Entry {
+    pub(super) record: PodRecord,
+    pub(super) info: PodInfo,
+    pub(super) stopping: bool,
 }
 
 struct Pending {
@@ -397,14 +408,18 @@ struct Pending {
     reply: Option<Reply<Applied>>,
 }
 
-struct Actor<R> {
-    rt: Arc<R>,
-    cgroups: CgroupManager,
-    plan: Arc<NodePlan>,
+pub(super) struct Actor<R> {
+    pub(super) rt: Arc<R>,
+    pub(super) cgroups: CgroupManager,
+    pub(super) plan: Arc<NodePlan>,
     checkpoint: Checkpoint,
     devices: Option<Arc<DeviceManager>>,
-    events: EventHub,
-    pods: BTreeMap<String, Entry>,
+    pub(super) events: EventHub,
+    pub(super) pods: BTreeMap<String, Entry>,
+    /// How long an orphan stays before it is removed (`orphanGracePeriod`).
+    pub(super) orphan_grace: Duration,
+    /// `stateDir`, where the process runtime's log directories name lost pods.
+    pub(super) state_dir: PathBuf,
     pending: BTreeMap<String, Pending>,
     tx: mpsc::WeakSender<Command>,
     active: watch::Sender<Vec<ActivePod>>,
@@ -418,7 +433,25 @@ fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
 
 impl<R: Runtime + 'static> Actor<R> {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(cmd) = rx.recv().await {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let cmd = tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => cmd,
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    // A checkpoint whose last write failed (a full disk) is written again
+                    // until it succeeds; orphans past their grace period go.
+                    if self.checkpoint.is_failing() {
+                        self.save();
+                    }
+                    self.expire_orphans();
+                    self.publish_active();
+                    continue;
+                }
+            };
             match cmd {
                 Command::Apply {
                     checked,
@@ -556,14 +589,14 @@ impl<R: Runtime + 'static> Actor<R> {
             .collect()
     }
 
-    fn save(&self) {
+    pub(super) fn save(&self) {
         let records: Vec<&PodRecord> = self.pods.values().map(|e| &e.record).collect();
         if let Err(e) = self.checkpoint.save(&records) {
             tracing::error!("pod checkpoint: {e}");
         }
     }
 
-    fn update_tiers(&self) -> Result<(), NodeError> {
+    pub(super) fn update_tiers(&self) -> Result<(), NodeError> {
         let infos: Vec<PodInfo> = self
             .pods
             .values()
@@ -580,15 +613,19 @@ impl<R: Runtime + 'static> Actor<R> {
         Ok(())
     }
 
-    fn spec_for(
+    /// What the runtime runs for `checked`, carrying the pod document so the runtime's own
+    /// state can re-admit the pod if the pod checkpoint is lost.
+    pub(super) fn spec_for(
         &self,
         checked: &Checked,
         device_env: &BTreeMap<String, Vec<(String, String)>>,
     ) -> Result<PodSpec, NodeError> {
         let k8s_pod: k8s::Pod = serde_json::from_value(checked.document.clone())
             .map_err(|e| NodeError::Invalid(format!("pod document: {e}")))?;
-        pod_spec(&k8s_pod, &checked.info, &self.plan.cgroups, device_env)
-            .map_err(|e| NodeError::Invalid(e.to_string()))
+        let mut spec = pod_spec(&k8s_pod, &checked.info, &self.plan.cgroups, device_env)
+            .map_err(|e| NodeError::Invalid(e.to_string()))?;
+        spec.document = Some(checked.document.clone());
+        Ok(spec)
     }
 
     fn device_request(info: &PodInfo) -> Option<PodRequest> {
@@ -632,6 +669,9 @@ impl<R: Runtime + 'static> Actor<R> {
         source: PodSource,
         reply_to: &mut Option<Reply<Applied>>,
     ) -> Option<Result<Applied, NodeError>> {
+        if let Err(e) = self.replace_orphan(&checked).await {
+            return Some(Err(e));
+        }
         if let Some(e) = self.pods.get(&checked.uid) {
             return Some(Err(NodeError::AlreadyExists(format!(
                 "a pod with uid {} is on this node already ({})",
@@ -798,6 +838,8 @@ impl<R: Runtime + 'static> Actor<R> {
             ended_by_agent: true,
             containers: Vec::new(),
             oom_score_adj: BTreeMap::new(),
+            stopping: None,
+            orphan: None,
         };
         let entry = Entry {
             record,
@@ -875,6 +917,8 @@ impl<R: Runtime + 'static> Actor<R> {
                 .iter()
                 .map(|c| (c.name.clone(), c.oom_score_adj))
                 .collect(),
+            stopping: None,
+            orphan: None,
         };
         let uid = record.uid.clone();
         self.pods.insert(
@@ -927,11 +971,28 @@ impl<R: Runtime + 'static> Actor<R> {
         })
     }
 
-    fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
+    pub(super) fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
         let Some(entry) = self.pods.get_mut(uid) else {
             return;
         };
         entry.stopping = true;
+        let orphan = entry.record.orphan.is_some();
+        // Written ahead: an agent killed during the stop finishes it after the restart
+        // (`node::recover`) instead of starting the pod again.
+        entry.record.stopping = Some(match &after {
+            After::Remove { cause, .. } => StopIntent::Remove {
+                cause: cause.clone(),
+            },
+            After::Evict {
+                reason, message, ..
+            } => StopIntent::Evict {
+                reason: reason.clone(),
+                message: message.clone(),
+            },
+            After::Preempted { preemptor } => StopIntent::Preempt {
+                preemptor: preemptor.clone(),
+            },
+        });
         let grace = grace.unwrap_or_else(|| {
             Duration::from_secs(u64::try_from(entry.record.grace_period_seconds).unwrap_or(0))
         });
@@ -941,9 +1002,21 @@ impl<R: Runtime + 'static> Actor<R> {
         let cgroups = self.cgroups.clone();
         let tx = self.tx.clone();
         let uid = uid.to_string();
+        self.save();
         tokio::spawn(async move {
             let (mut killed_at_ns, mut killed) = (None, 0);
-            let status = if live {
+            let status = if live && orphan {
+                // No runtime supervises an orphan's processes: signal them here, then tell
+                // the runtime in case it knows the pod without its spec.
+                if let Some(cg) = &cgroup {
+                    killed = super::recover::stop_processes(&cgroups, cg, grace).await;
+                    killed_at_ns = Some(crate::sense::monotonic_ns());
+                }
+                match rt.stop_pod(&uid, Duration::ZERO).await {
+                    Ok(s) => Ok(Some(s)),
+                    Err(_) => Ok(None),
+                }
+            } else if live {
                 let (status, evicted) =
                     stop_and_kill(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
                 (killed_at_ns, killed) = (evicted.killed_at_ns, evicted.killed);
@@ -995,6 +1068,7 @@ impl<R: Runtime + 'static> Actor<R> {
         let failed = status.as_ref().err().map(ToString::to_string);
         if let Some(e) = self.pods.get_mut(&uid) {
             e.stopping = false;
+            e.record.stopping = None;
             if let Ok(Some(s)) = &status {
                 e.record.containers = s.containers.clone();
             }
@@ -1235,101 +1309,6 @@ impl<R: Runtime + 'static> Actor<R> {
                 _ => {}
             }
         }
-    }
-
-    /// At start: pods in the checkpoint whose runtime pods exist are kept as they are; live
-    /// ones the runtime lost are started again by their restart policy (`Never`: marked
-    /// Failed). Nothing is killed.
-    async fn reconcile(&mut self, records: Vec<PodRecord>) -> Result<(), NodeError> {
-        let running: BTreeSet<String> = self
-            .rt
-            .list_pods()
-            .await?
-            .into_iter()
-            .map(|s| s.uid)
-            .collect();
-        let mut restart = Vec::new();
-        for record in records {
-            let info = match PodInfo::from_json(record.document.clone()) {
-                Ok(i) => i,
-                Err(e) => {
-                    tracing::error!(pod = %record.full_name(), "checkpointed pod unreadable, dropped: {e}");
-                    continue;
-                }
-            };
-            let live = !record.ended_by_agent && record.cgroup.is_some() && !record.is_terminal();
-            if live && !running.contains(&record.uid) {
-                restart.push(record.uid.clone());
-            }
-            self.pods.insert(
-                record.uid.clone(),
-                Entry {
-                    record,
-                    info,
-                    stopping: false,
-                },
-            );
-        }
-        for uid in restart {
-            let Some(e) = self.pods.get(&uid) else {
-                continue;
-            };
-            let policy = e
-                .record
-                .document
-                .pointer("/spec/restartPolicy")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or("Always");
-            if policy == "Never" {
-                if let Some(e) = self.pods.get_mut(&uid) {
-                    e.record.phase = PodPhase::Failed;
-                    e.record.reason = "ContainerStatusUnknown".into();
-                    e.record.message =
-                        "The pod's containers were gone when the agent restarted".into();
-                    e.record.ended_by_agent = true;
-                }
-                continue;
-            }
-            let checked = Checked {
-                document: e.record.document.clone(),
-                namespace: e.record.namespace.clone(),
-                name: e.record.name.clone(),
-                uid: uid.clone(),
-                info: e.info.clone(),
-                grace_period_seconds: e.record.grace_period_seconds,
-            };
-            let cgroup = e.record.cgroup.clone();
-            let started = async {
-                let spec = self.spec_for(&checked, &BTreeMap::new())?;
-                if let Some(cg) = &cgroup {
-                    self.cgroups.create_pod_cgroup(
-                        cg,
-                        &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
-                    )?;
-                }
-                self.rt.run_pod(spec).await?;
-                Ok::<(), NodeError>(())
-            }
-            .await;
-            match started {
-                Ok(()) => {
-                    tracing::info!(pod = %checked.name, %uid, "pod missing from the runtime after restart: started again")
-                }
-                Err(err) => {
-                    tracing::error!(pod = %checked.name, %uid, "pod could not be restarted: {err}");
-                    if let Some(e) = self.pods.get_mut(&uid) {
-                        e.record.phase = PodPhase::Failed;
-                        e.record.reason = "ContainerStatusUnknown".into();
-                        e.record.message =
-                            format!("could not be restarted after an agent restart: {err}");
-                        e.record.ended_by_agent = true;
-                    }
-                }
-            }
-        }
-        self.update_tiers()?;
-        self.save();
-        Ok(())
     }
 }
 

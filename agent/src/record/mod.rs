@@ -4,3 +4,4 @@
 
 pub mod checkpoint;
 pub mod metrics;
+pub mod state_file;
