@@ -59,7 +59,7 @@ use super::runtime::{
 };
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 use crate::record::checkpoint::Checkpoint;
-use crate::record::state_file::Notices;
+use crate::record::state_file::{Generation, Notices};
 
 /// The PATH a container gets when its env sets none (containerd's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -745,7 +745,13 @@ impl ProcessRuntime {
             pods: Mutex::new(BTreeMap::new()),
             exits: tokio::sync::broadcast::channel(EXIT_EVENTS).0,
         });
-        let saved: Vec<SavedPod> = inner.checkpoint.load().value.unwrap_or_default();
+        let loaded = inner.checkpoint.load();
+        // The previous generation is older than what happened last: a pod in it may have been
+        // stopped since. Only its live processes are trusted; a pod none of whose processes
+        // runs is forgotten rather than started again (the pod manager restarts the pods it
+        // knows and the runtime lost).
+        let stale = loaded.generation == Generation::Previous;
+        let saved: Vec<SavedPod> = loaded.value.unwrap_or_default();
         for pod in saved {
             let (stop, stop_rx) = watch::channel(None);
             let mut firsts = Vec::new();
@@ -793,6 +799,10 @@ impl ProcessRuntime {
                     },
                 };
                 firsts.push(first);
+            }
+            if stale && !firsts.iter().any(|f| matches!(f, Some(First::Running(_)))) {
+                tracing::warn!(pod = %pod.spec.full_name(), "pod from the previous checkpoint generation has no live process: forgotten");
+                continue;
             }
             let uid = pod.spec.uid.clone();
             let spec = pod.spec.clone();
@@ -1010,7 +1020,9 @@ impl Runtime for ProcessRuntime {
         let entry = pods.remove(uid).ok_or_else(|| RuntimeError::NotFound {
             uid: uid.to_string(),
         })?;
-        inner.save(&pods)?;
+        // The pod is stopped whether or not this is written (a full disk): the failure is
+        // reported by the checkpoint and the write retried until it succeeds.
+        let _ = inner.save(&pods);
         Ok(Inner::status_of(&entry))
     }
 

@@ -441,13 +441,11 @@ impl Agent for AgentService {
         // then everything from now on.
         let (replay, rx) = self.pods.events().subscribe_with_replay();
         let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|item| item.ok());
-        let stream = tokio_stream::iter(replay)
-            .chain(live)
-            .filter_map(move |e| {
-                let pe = event(&e);
-                let k = pe.kind.as_ref()?;
-                (kinds.is_empty() || kinds.iter().any(|w| w == kind_name(k))).then_some(Ok(pe))
-            });
+        let stream = tokio_stream::iter(replay).chain(live).filter_map(move |e| {
+            let pe = event(&e);
+            let k = pe.kind.as_ref()?;
+            (kinds.is_empty() || kinds.iter().any(|w| w == kind_name(k))).then_some(Ok(pe))
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 

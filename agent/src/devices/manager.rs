@@ -14,7 +14,6 @@ use tokio::task::{AbortHandle, JoinHandle};
 
 use super::allocate::{choose, Assignment, Book, Need, PlanError};
 use super::checkpoint::{self, CheckpointError, Data, Entry, CHECKPOINT_FILE};
-use crate::record::state_file::{Notices, Refusal, StateFile};
 use super::endpoint::{
     allocate_request, decode_response, dial, encode_response, listed_devices, preferred_request,
     PluginClient, PluginOptions,
@@ -24,6 +23,7 @@ use super::types::{
     Capacity, ContainerAllocation, ContainerRequest, DeviceSet, Insufficient, PodAllocation,
     PodRequest, ResourceCapacity,
 };
+use crate::record::state_file::{Notices, Refusal, StateFile};
 
 /// How often a checkpoint whose last write failed is written again.
 const SAVE_RETRY: Duration = Duration::from_secs(2);

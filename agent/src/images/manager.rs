@@ -339,7 +339,11 @@ impl ImageGcManager {
         let seen = self.observe().await?;
         // A checkpoint whose last write failed (a full disk) is written again on every
         // detection until it succeeds, changed or not.
-        let failing = self.inner.checkpoint.as_ref().is_some_and(Checkpoint::is_failing);
+        let failing = self
+            .inner
+            .checkpoint
+            .as_ref()
+            .is_some_and(Checkpoint::is_failing);
         if self.detect_locked(&mut state, &seen, now) || failing {
             self.save(&state.records).await;
         }

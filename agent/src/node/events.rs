@@ -196,7 +196,9 @@ impl EventHub {
             sequence,
             kind,
         };
-        if matches!(event.kind, NodeEventKind::Recovery { .. }) && !self.sealed.load(Ordering::Relaxed) {
+        if matches!(event.kind, NodeEventKind::Recovery { .. })
+            && !self.sealed.load(Ordering::Relaxed)
+        {
             let mut replay = self.replay.lock().unwrap_or_else(|e| e.into_inner());
             if replay.len() < REPLAY {
                 replay.push(event.clone());

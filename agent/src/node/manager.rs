@@ -46,6 +46,7 @@ use crate::reactor::pods::{
     PodContainer, PodControl,
 };
 use crate::record::checkpoint::Checkpoint;
+use crate::record::state_file::Generation;
 
 /// The kubelet's status message for a pod preempted by a critical pod.
 pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
@@ -251,7 +252,9 @@ impl PodManager {
             CHECKPOINT_VERSION,
         )
         .with_notices(super::events::notices_to(&config.events));
-        let records: Vec<PodRecord> = checkpoint.load().value.unwrap_or_default();
+        let loaded = checkpoint.load();
+        let stale = loaded.generation == Generation::Previous;
+        let records: Vec<PodRecord> = loaded.value.unwrap_or_default();
         let plan = Arc::new(config.plan);
         config
             .cgroups
@@ -273,7 +276,7 @@ impl PodManager {
             tx: tx.downgrade(),
             active: active_tx,
         };
-        actor.reconcile(records).await?;
+        actor.reconcile(records, stale).await?;
         actor.publish_active();
         tokio::spawn(actor.run(rx));
         Ok(PodManager {

@@ -122,7 +122,12 @@ pub(super) async fn stop_processes(
 
 /// A minimal `v1.Pod` for an orphan: its identity and one container per container cgroup,
 /// no requests — so it ranks as BestEffort.
-fn orphan_document(uid: &str, namespace: &str, name: &str, containers: &[String]) -> serde_json::Value {
+fn orphan_document(
+    uid: &str,
+    namespace: &str,
+    name: &str,
+    containers: &[String],
+) -> serde_json::Value {
     let containers: Vec<serde_json::Value> = if containers.is_empty() {
         vec![serde_json::json!({"name": "unknown", "image": "unknown"})]
     } else {
@@ -155,7 +160,14 @@ impl<R: Runtime + 'static> Actor<R> {
     /// the checkpoint whose runtime pods exist are kept as they are; live ones the runtime
     /// lost are started again by their restart policy (`Never`: marked Failed). Nothing a
     /// known pod runs is killed.
-    pub(super) async fn reconcile(&mut self, records: Vec<PodRecord>) -> Result<(), NodeError> {
+    ///
+    /// `stale`: the records come from the checkpoint's previous generation, so a pod in them
+    /// may have been removed since; one with nothing running is dropped, not started again.
+    pub(super) async fn reconcile(
+        &mut self,
+        records: Vec<PodRecord>,
+        stale: bool,
+    ) -> Result<(), NodeError> {
         let statuses: BTreeMap<String, PodStatus> = self
             .rt
             .list_pods()
@@ -202,6 +214,21 @@ impl<R: Runtime + 'static> Actor<R> {
             .map(|e| e.record.uid.clone())
             .collect();
         for uid in restart {
+            let idle = self
+                .pods
+                .get(&uid)
+                .and_then(|e| e.record.cgroup.clone())
+                .is_none_or(|cg| {
+                    self.cgroups
+                        .procs_recursive(&cg)
+                        .map_or(true, |p| p.is_empty())
+                });
+            if stale && idle {
+                if let Some(e) = self.pods.remove(&uid) {
+                    tracing::warn!(pod = %e.record.full_name(), %uid, "pod from the previous checkpoint generation runs nowhere: dropped (it was most likely removed since)");
+                }
+                continue;
+            }
             self.restart_lost(&uid).await;
         }
         self.update_tiers()?;
@@ -273,7 +300,9 @@ impl<R: Runtime + 'static> Actor<R> {
                 !e.record.is_terminal()
                     && !statuses.contains_key(&e.record.uid)
                     && e.record.cgroup.as_ref().is_none_or(|cg| {
-                        self.cgroups.procs_recursive(cg).map_or(true, |p| p.is_empty())
+                        self.cgroups
+                            .procs_recursive(cg)
+                            .map_or(true, |p| p.is_empty())
                     })
             })
             .map(|e| e.record.uid.clone())
@@ -287,6 +316,14 @@ impl<R: Runtime + 'static> Actor<R> {
         }
         for (uid, status) in statuses {
             if self.pods.contains_key(uid) {
+                continue;
+            }
+            if !self.cgroups.exists(&status.cgroup) {
+                // The pod cgroup is removed last when a pod stops: a runtime record without
+                // one is of a pod stopped after the runtime's state was last written (a full
+                // disk), not of one that runs. Let the runtime forget it.
+                let _ = self.rt.stop_pod(uid, Duration::ZERO).await;
+                tracing::warn!(pod = %format!("{}/{}", status.namespace, status.name), %uid, cgroup = %status.cgroup, "the runtime's record of a pod whose cgroup is gone: forgotten");
                 continue;
             }
             let document = self.rt.pod_document(uid);
@@ -485,7 +522,12 @@ impl<R: Runtime + 'static> Actor<R> {
             .pods
             .values()
             .filter(|e| !e.stopping)
-            .filter(|e| e.record.orphan.as_ref().is_some_and(|o| o.remove_at_unix <= now))
+            .filter(|e| {
+                e.record
+                    .orphan
+                    .as_ref()
+                    .is_some_and(|o| o.remove_at_unix <= now)
+            })
             .map(|e| e.record.uid.clone())
             .collect();
         for uid in due {

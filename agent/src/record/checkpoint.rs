@@ -133,9 +133,8 @@ impl Checkpoint {
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
-        let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| {
-            Refusal::Damaged(format!("not a checkpoint: {e}").replace('\n', " "))
-        })?;
+        let envelope: Envelope = serde_json::from_slice(bytes)
+            .map_err(|e| Refusal::Damaged(format!("not a checkpoint: {e}").replace('\n', " ")))?;
         let found = crc_of(&envelope.data);
         if found != envelope.crc32 {
             return Err(Refusal::Damaged(format!(
@@ -267,7 +266,10 @@ mod tests {
         let cp = Checkpoint::new(&path, "pods", 1);
         let loaded = cp.load::<Pods>();
         assert_eq!(loaded.value, None);
-        assert!(loaded.notices[0].message.contains("version 2"), "{loaded:?}");
+        assert!(
+            loaded.notices[0].message.contains("version 2"),
+            "{loaded:?}"
+        );
         cp.save(&sample()).unwrap();
         let aside: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()

@@ -409,7 +409,10 @@ impl StateFile {
             }),
             (Ok(()), None) => None,
             (Err(e), before) => {
-                let message = format!("{}: {}; the agent keeps running and retries", e.op, e.source);
+                let message = format!(
+                    "{}: {}; the agent keeps running and retries",
+                    e.op, e.source
+                );
                 let first = before.as_deref() != Some(message.as_str());
                 tracked.failing = Some(message.clone());
                 first.then(|| StateNotice {
@@ -582,11 +585,19 @@ mod tests {
         std::fs::write(f.path(), b"v2:new").unwrap();
         let l = f.load(decode);
         assert_eq!(l.generation, Generation::Empty);
-        assert!(l.notices[0].message.contains("version 2"), "{:?}", l.notices);
+        assert!(
+            l.notices[0].message.contains("version 2"),
+            "{:?}",
+            l.notices
+        );
         assert!(names(dir.path())[0].starts_with("s.unsupported-"));
         std::fs::create_dir(f.path()).unwrap();
         let l = f.load(decode);
-        assert!(l.notices[0].message.contains("directory"), "{:?}", l.notices);
+        assert!(
+            l.notices[0].message.contains("directory"),
+            "{:?}",
+            l.notices
+        );
         assert!(std::process::Command::new("mkfifo")
             .arg(f.path())
             .status()
