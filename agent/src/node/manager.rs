@@ -26,25 +26,23 @@ use k8s_openapi::api::core::v1 as k8s;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::admit::{fit, is_extended, rejection};
+use super::control::{RuntimeView, View};
 use super::document::{self, Checked, Format};
 use super::events::{EventHub, NodeEventKind};
-use super::record::{PodRecord, PodSource, StopIntent, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::settings::NodePlan;
-use super::NodeError;
-use crate::act::cgroups::{CgroupManager, CgroupPath, MemoryUsage, Resources, DEFAULT_REMOVE_WAIT};
-use crate::act::pod_spec::pod_spec;
-use crate::act::runtime::{
-    ContainerState, ContainerStatus, PodPhase, PodSpec, RestartPolicy, Runtime, RuntimeError,
+pub use super::view::{
+    container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,
 };
+use super::NodeError;
+use crate::act::cgroups::{CgroupManager, CgroupPath, Resources, DEFAULT_REMOVE_WAIT};
+use crate::act::pod_spec::pod_spec;
+use crate::act::runtime::{PodPhase, PodSpec, RestartPolicy, Runtime, RuntimeError};
 use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
 use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
-use crate::decide::summary::FsStats;
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
-use crate::reactor::pods::{
-    stop_and_kill, writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus,
-    PodContainer, PodControl,
-};
+use crate::reactor::pods::{ActivePod, PodContainer};
 use crate::record::checkpoint::Checkpoint;
 use crate::record::state_file::Generation;
 
@@ -59,93 +57,7 @@ const QUEUE: usize = 256;
 /// their grace period.
 const TICK: Duration = Duration::from_secs(1);
 
-/// A pod as the API and the reactor loop see it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PodView {
-    /// `metadata.uid`.
-    pub uid: String,
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// The decision rules' view: QoS, requests, priority, criticality.
-    pub info: PodInfo,
-    /// The pod cgroup below the agent's cgroup root (none for a pod never admitted).
-    pub cgroup: Option<CgroupPath>,
-    /// `status.phase`.
-    pub phase: PodPhase,
-    /// `status.reason`.
-    pub reason: String,
-    /// `status.message`.
-    pub message: String,
-    /// Container states, in spec order.
-    pub containers: Vec<ContainerStatus>,
-    /// `oom_score_adj` per container.
-    pub oom_score_adj: BTreeMap<String, i32>,
-    /// `spec.terminationGracePeriodSeconds`.
-    pub grace_period_seconds: i64,
-    /// Memory use of the pod cgroup now (running pods only).
-    pub memory: Option<MemoryUsage>,
-    /// OOM kills counted in the pod cgroup.
-    pub oom_kills: Option<u64>,
-    /// Rank for `memory.available` among the running pods (1 = evicted first), by
-    /// `decide::rank` over the working sets read now.
-    pub memory_rank: Option<u32>,
-    /// Whether the pod came from a static manifest.
-    pub is_static: bool,
-    /// Whether the pod is being stopped right now.
-    pub stopping: bool,
-}
-
-impl PodView {
-    /// `namespace/name`.
-    pub fn full_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
-
-/// The answer to an apply.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Applied {
-    /// The pod (admitted or refused).
-    pub pod: PodView,
-    /// Whether it was admitted and started.
-    pub admitted: bool,
-    /// `namespace/name` of pods preempted for it.
-    pub preempted: Vec<String>,
-}
-
-/// The answer to a removal.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Removed {
-    /// The pod as it was when it stopped.
-    pub pod: PodView,
-}
-
-/// Which pod to remove.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RemoveTarget {
-    /// By `namespace/name`.
-    Name {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-    },
-    /// By uid.
-    Uid(String),
-}
-
-impl std::fmt::Display for RemoveTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RemoveTarget::Name { namespace, name } => write!(f, "{namespace}/{name}"),
-            RemoveTarget::Uid(uid) => write!(f, "with uid {uid}"),
-        }
-    }
-}
-
-type Reply<T> = oneshot::Sender<Result<T, NodeError>>;
+pub(super) type Reply<T> = oneshot::Sender<Result<T, NodeError>>;
 
 pub(super) enum After {
     Remove {
@@ -162,7 +74,7 @@ pub(super) enum After {
     },
 }
 
-enum Command {
+pub(super) enum Command {
     Apply {
         checked: Box<Checked>,
         source: PodSource,
@@ -195,24 +107,12 @@ enum Command {
     },
 }
 
-/// The answer to an eviction.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EvictedPod {
-    /// The pod as it ended (`Failed`, with the reason and message given).
-    pub pod: PodView,
-    /// `CLOCK_MONOTONIC` ns when its processes were sent SIGKILL by the agent (grace 0), or
-    /// when the runtime reported them stopped (a grace period); `None` when nothing ran.
-    pub killed_at_ns: Option<u64>,
-    /// How many processes the agent itself sent SIGKILL (grace 0).
-    pub killed: usize,
-}
-
 /// The handle everything else uses; cheap to clone.
 #[derive(Clone)]
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
-    active: watch::Receiver<Vec<ActivePod>>,
-    runtime: Arc<dyn RuntimeView>,
+    pub(super) active: watch::Receiver<Vec<ActivePod>>,
+    pub(super) runtime: Arc<dyn RuntimeView>,
     events: EventHub,
     plan: Arc<NodePlan>,
     cgroups: CgroupManager,
@@ -403,32 +303,32 @@ pub(super) struct Entry {
     pub(super) stopping: bool,
 }
 
-struct Pending {
-    checked: Box<Checked>,
-    source: PodSource,
-    victims: BTreeSet<String>,
-    preempted: Vec<String>,
-    reply: Option<Reply<Applied>>,
+pub(super) struct Pending {
+    pub(super) checked: Box<Checked>,
+    pub(super) source: PodSource,
+    pub(super) victims: BTreeSet<String>,
+    pub(super) preempted: Vec<String>,
+    pub(super) reply: Option<Reply<Applied>>,
 }
 
 pub(super) struct Actor<R> {
     pub(super) rt: Arc<R>,
     pub(super) cgroups: CgroupManager,
     pub(super) plan: Arc<NodePlan>,
-    checkpoint: Checkpoint,
-    devices: Option<Arc<DeviceManager>>,
+    pub(super) checkpoint: Checkpoint,
+    pub(super) devices: Option<Arc<DeviceManager>>,
     pub(super) events: EventHub,
     pub(super) pods: BTreeMap<String, Entry>,
     /// How long an orphan stays before it is removed (`orphanGracePeriod`).
     pub(super) orphan_grace: Duration,
     /// `stateDir`, where the process runtime's log directories name lost pods.
     pub(super) state_dir: PathBuf,
-    pending: BTreeMap<String, Pending>,
-    tx: mpsc::WeakSender<Command>,
-    active: watch::Sender<Vec<ActivePod>>,
+    pub(super) pending: BTreeMap<String, Pending>,
+    pub(super) tx: mpsc::WeakSender<Command>,
+    pub(super) active: watch::Sender<Vec<ActivePod>>,
 }
 
-fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
+pub(super) fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
     if let Some(tx) = tx {
         let _ = tx.send(value);
     }
@@ -656,7 +556,7 @@ impl<R: Runtime + 'static> Actor<R> {
         any.then_some(pod)
     }
 
-    fn active_uids(&self) -> BTreeSet<String> {
+    pub(super) fn active_uids(&self) -> BTreeSet<String> {
         self.pods
             .values()
             .filter(|e| !e.record.is_terminal())
@@ -861,7 +761,7 @@ impl<R: Runtime + 'static> Actor<R> {
 
     /// Tiers first, then the pod cgroup, device allocation, then the runtime; undone on a
     /// failure so a pod that could not start leaves nothing behind.
-    async fn admit(
+    pub(super) async fn admit(
         &mut self,
         checked: Box<Checked>,
         source: PodSource,
@@ -974,290 +874,6 @@ impl<R: Runtime + 'static> Actor<R> {
         })
     }
 
-    pub(super) fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
-        let Some(entry) = self.pods.get_mut(uid) else {
-            return;
-        };
-        entry.stopping = true;
-        let orphan = entry.record.orphan.is_some();
-        // Written ahead: an agent killed during the stop finishes it after the restart
-        // (`node::recover`) instead of starting the pod again.
-        entry.record.stopping = Some(match &after {
-            After::Remove { cause, .. } => StopIntent::Remove {
-                cause: cause.clone(),
-            },
-            After::Evict {
-                reason, message, ..
-            } => StopIntent::Evict {
-                reason: reason.clone(),
-                message: message.clone(),
-            },
-            After::Preempted { preemptor } => StopIntent::Preempt {
-                preemptor: preemptor.clone(),
-            },
-        });
-        let grace = grace.unwrap_or_else(|| {
-            Duration::from_secs(u64::try_from(entry.record.grace_period_seconds).unwrap_or(0))
-        });
-        let cgroup = entry.record.cgroup.clone();
-        let live = !entry.record.ended_by_agent;
-        let rt = Arc::clone(&self.rt);
-        let cgroups = self.cgroups.clone();
-        let tx = self.tx.clone();
-        let uid = uid.to_string();
-        self.save();
-        tokio::spawn(async move {
-            let (mut killed_at_ns, mut killed) = (None, 0);
-            let status = if live && orphan {
-                // No runtime supervises an orphan's processes: signal them here, then tell
-                // the runtime in case it knows the pod without its spec.
-                if let Some(cg) = &cgroup {
-                    killed = super::recover::stop_processes(&cgroups, cg, grace).await;
-                    killed_at_ns = Some(crate::sense::monotonic_ns());
-                }
-                match rt.stop_pod(&uid, Duration::ZERO).await {
-                    Ok(s) => Ok(Some(s)),
-                    Err(_) => Ok(None),
-                }
-            } else if live {
-                let (status, evicted) =
-                    stop_and_kill(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
-                (killed_at_ns, killed) = (evicted.killed_at_ns, evicted.killed);
-                match status {
-                    Ok(s) => Ok(Some(s)),
-                    Err(RuntimeError::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            } else {
-                Ok(None)
-            };
-            let status = match (status, cgroup) {
-                (Ok(s), Some(cg)) if live => {
-                    let removed = tokio::task::spawn_blocking(move || {
-                        cgroups.remove_pod_cgroup(&cg, DEFAULT_REMOVE_WAIT)
-                    })
-                    .await;
-                    match removed {
-                        Ok(Ok(())) => Ok(s),
-                        Ok(Err(e)) => Err(RuntimeError::Cgroup(e)),
-                        Err(e) => Err(RuntimeError::Unavailable {
-                            reason: format!("cgroup removal task: {e}"),
-                        }),
-                    }
-                }
-                (s, _) => s,
-            };
-            if let Some(tx) = tx.upgrade() {
-                let _ = tx
-                    .send(Command::Stopped {
-                        uid,
-                        status,
-                        killed_at_ns,
-                        killed,
-                        after,
-                    })
-                    .await;
-            }
-        });
-    }
-
-    async fn stopped(
-        &mut self,
-        uid: String,
-        status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
-        (killed_at_ns, killed): (Option<u64>, usize),
-        after: After,
-    ) {
-        let failed = status.as_ref().err().map(ToString::to_string);
-        if let Some(e) = self.pods.get_mut(&uid) {
-            e.stopping = false;
-            e.record.stopping = None;
-            if let Ok(Some(s)) = &status {
-                e.record.containers = s.containers.clone();
-            }
-        }
-        match after {
-            After::Remove { reply: tx, cause } => {
-                if let Some(err) = failed {
-                    reply(
-                        tx,
-                        Err(NodeError::Runtime(RuntimeError::Unavailable {
-                            reason: err,
-                        })),
-                    );
-                    return;
-                }
-                let Some(entry) = self.pods.remove(&uid) else {
-                    return;
-                };
-                if let Err(e) = self.update_tiers() {
-                    tracing::error!("QoS tiers after removing {uid}: {e}");
-                }
-                self.save();
-                self.release_devices().await;
-                tracing::info!(pod = %entry.record.full_name(), %uid, %cause, "pod removed");
-                self.events.publish(NodeEventKind::Removed {
-                    pod: entry.record.full_name(),
-                    uid: uid.clone(),
-                    cause,
-                });
-                let view = self.view(&entry, None, None);
-                reply(tx, Ok(Removed { pod: view }));
-            }
-            After::Evict {
-                reason,
-                message,
-                reply: tx,
-            } => {
-                if let Some(err) = failed {
-                    let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
-                        reason: err,
-                    })));
-                    return;
-                }
-                self.end(&uid, reason, message);
-                self.release_devices().await;
-                let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
-                let _ = tx.send(
-                    view.map(|pod| EvictedPod {
-                        pod,
-                        killed_at_ns,
-                        killed,
-                    })
-                    .ok_or_else(|| NodeError::NotFound(uid.clone())),
-                );
-            }
-            After::Preempted { preemptor } => {
-                if let Some(err) = failed {
-                    if let Some(p) = self.pending.remove(&preemptor) {
-                        reply(
-                            p.reply,
-                            Err(NodeError::Runtime(RuntimeError::Unavailable {
-                                reason: format!("preempting {uid}: {err}"),
-                            })),
-                        );
-                    }
-                    return;
-                }
-                self.end(&uid, PREEMPTION_REASON.into(), PREEMPTION_MESSAGE.into());
-                self.release_devices().await;
-                let done = match self.pending.get_mut(&preemptor) {
-                    Some(p) => {
-                        p.victims.remove(&uid);
-                        p.victims.is_empty()
-                    }
-                    None => false,
-                };
-                if done {
-                    if let Some(p) = self.pending.remove(&preemptor) {
-                        let result = self.admit(p.checked, p.source, p.preempted).await;
-                        reply(p.reply, result);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Frees the devices of pods that are no longer active (removed, evicted, preempted) as
-    /// soon as they stop, rather than at the next allocation as the kubelet does, so node
-    /// status and the device metrics do not count devices nobody holds. The next
-    /// allocation would free them anyway; a failure here is only logged.
-    async fn release_devices(&self) {
-        if let Some(devices) = &self.devices {
-            if let Err(e) = devices.remove_inactive_pods(&self.active_uids()).await {
-                tracing::error!("freeing the devices of stopped pods: {e}");
-            }
-        }
-    }
-
-    /// Marks a stopped pod Failed with `reason`/`message` and gives its memory back to the
-    /// tiers.
-    fn end(&mut self, uid: &str, reason: String, message: String) {
-        if let Some(e) = self.pods.get_mut(uid) {
-            e.record.phase = PodPhase::Failed;
-            e.record.reason = reason;
-            e.record.message = message;
-            e.record.ended_by_agent = true;
-        }
-        if let Err(e) = self.update_tiers() {
-            tracing::error!("QoS tiers after ending {uid}: {e}");
-        }
-        self.save();
-    }
-
-    fn view(&self, e: &Entry, memory: Option<MemoryUsage>, rank: Option<u32>) -> PodView {
-        PodView {
-            uid: e.record.uid.clone(),
-            namespace: e.record.namespace.clone(),
-            name: e.record.name.clone(),
-            info: e.info.clone(),
-            cgroup: e.record.cgroup.clone(),
-            phase: e.record.phase,
-            reason: e.record.reason.clone(),
-            message: e.record.message.clone(),
-            containers: e.record.containers.clone(),
-            oom_score_adj: e.record.oom_score_adj.clone(),
-            grace_period_seconds: e.record.grace_period_seconds,
-            memory,
-            oom_kills: None,
-            memory_rank: rank,
-            is_static: matches!(e.record.source, PodSource::File { .. }),
-            stopping: e.stopping,
-        }
-    }
-
-    /// Refreshes every live pod's status from the runtime, reads memory use from the pod
-    /// cgroups, ranks the running pods for `memory.available`.
-    async fn list(&mut self) -> Vec<PodView> {
-        match self.rt.list_pods().await {
-            Ok(statuses) => {
-                for s in statuses {
-                    if let Some(e) = self.pods.get_mut(&s.uid) {
-                        if !e.record.ended_by_agent {
-                            e.record.phase = s.phase;
-                            e.record.containers = s.containers;
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("runtime list_pods: {e}"),
-        }
-        let mut memory = BTreeMap::new();
-        let mut ooms = BTreeMap::new();
-        for e in self.pods.values() {
-            if let (false, Some(cg)) = (e.record.ended_by_agent, &e.record.cgroup) {
-                if let Ok(m) = self.cgroups.memory_usage(cg) {
-                    memory.insert(e.record.uid.clone(), m);
-                }
-                if let Ok(n) = self.cgroups.oom_kills(cg) {
-                    ooms.insert(e.record.uid.clone(), n);
-                }
-            }
-        }
-        let ranks = memory_ranks(
-            self.pods
-                .values()
-                .filter(|e| memory.contains_key(&e.record.uid) && !e.record.is_terminal())
-                .map(|e| &e.info),
-            &memory,
-        );
-        let mut views: Vec<PodView> = self
-            .pods
-            .values()
-            .map(|e| {
-                let mut v = self.view(
-                    e,
-                    memory.get(&e.record.uid).copied(),
-                    ranks.get(&e.record.uid).copied(),
-                );
-                v.oom_kills = ooms.get(&e.record.uid).copied();
-                v
-            })
-            .collect();
-        views.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        views
-    }
-
     async fn sync_static(&mut self, manifests: Vec<(PathBuf, u32, serde_json::Value)>) {
         let wanted: BTreeMap<&PathBuf, u32> = manifests.iter().map(|(p, h, _)| (p, *h)).collect();
         let gone: Vec<String> = self
@@ -1312,129 +928,5 @@ impl<R: Runtime + 'static> Actor<R> {
                 _ => {}
             }
         }
-    }
-}
-
-/// Ranks `pods` for `memory.available` by their working sets (`decide::rank`), 1 = first.
-fn memory_ranks<'a>(
-    pods: impl Iterator<Item = &'a PodInfo>,
-    memory: &BTreeMap<String, MemoryUsage>,
-) -> BTreeMap<String, u32> {
-    use crate::decide::rank::rank;
-    use crate::decide::signal::{FsLayout, Signal};
-    use crate::decide::summary::{MemoryStats, PodStats, StatsIndex};
-    let pods: Vec<PodInfo> = pods.cloned().collect();
-    let stats: Vec<PodStats> = pods
-        .iter()
-        .map(|p| {
-            let mut s = PodStats::default();
-            s.pod_ref.uid = p.uid.clone();
-            s.memory = Some(MemoryStats {
-                working_set_bytes: memory.get(&p.uid).map(|m| m.working_set_bytes),
-            });
-            s
-        })
-        .collect();
-    let mut index = StatsIndex::default();
-    for s in &stats {
-        index.insert(s.pod_ref.uid.as_str(), s);
-    }
-    rank(Signal::MemoryAvailable, FsLayout::Shared, &pods, &index)
-        .into_iter()
-        .enumerate()
-        .map(|(place, i)| (pods[i].uid.clone(), place as u32 + 1))
-        .collect()
-}
-
-/// The pod's phase word as the API prints it.
-pub fn phase_name(phase: PodPhase) -> &'static str {
-    match phase {
-        PodPhase::Pending => "Pending",
-        PodPhase::Running => "Running",
-        PodPhase::Succeeded => "Succeeded",
-        PodPhase::Failed => "Failed",
-    }
-}
-
-/// A container state's word and reason as the API prints them.
-pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
-    match &c.state {
-        ContainerState::Waiting { reason, .. } => ("waiting", reason.clone()),
-        ContainerState::Running { .. } => ("running", String::new()),
-        ContainerState::Terminated(t) => ("terminated", t.reason.clone()),
-    }
-}
-
-/// The reactor loop drives eviction through the pod manager, so an evicted pod ends with its
-/// status recorded, checkpointed and published like any other change on the node.
-impl PodControl for PodManager {
-    fn pods(&self) -> Vec<ActivePod> {
-        self.active()
-    }
-
-    async fn evict(
-        &self,
-        uid: &str,
-        grace: Duration,
-        status: EvictionStatus,
-    ) -> Result<Evicted, EvictError> {
-        let done = PodManager::evict(self, uid, grace, &status.reason, &status.message)
-            .await
-            .map_err(|e| match e {
-                NodeError::Runtime(r) => EvictError::Runtime(r),
-                NodeError::Cgroup(c) => EvictError::Cgroup(c),
-                NodeError::NotFound(_) => EvictError::Runtime(RuntimeError::NotFound {
-                    uid: uid.to_string(),
-                }),
-                other => EvictError::Runtime(RuntimeError::Unavailable {
-                    reason: other.to_string(),
-                }),
-            })?;
-        Ok(Evicted {
-            killed_at_ns: done.killed_at_ns,
-            killed: done.killed,
-        })
-    }
-
-    async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
-        let uids: Vec<String> = self
-            .active
-            .borrow()
-            .iter()
-            .map(|p| p.info.uid.clone())
-            .collect();
-        writable_layers_of(uids, |uid| async move {
-            self.runtime.writable_layers(&uid).await
-        })
-        .await
-    }
-}
-
-/// The boxed future [`RuntimeView::writable_layers`] returns.
-type LayersFuture<'a> = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<BTreeMap<String, FsStats>, RuntimeError>>
-            + Send
-            + 'a,
-    >,
->;
-
-/// What the reactor loop asks of the runtime outside the owner task (it must not queue
-/// behind admissions): container cgroup names and writable-layer figures. Object safe, so
-/// the cloneable [`PodManager`] handle holds any runtime.
-trait RuntimeView: Send + Sync {
-    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>>;
-    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a>;
-}
-
-struct View<R>(Arc<R>);
-
-impl<R: Runtime> RuntimeView for View<R> {
-    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>> {
-        self.0.container_cgroups(uid)
-    }
-
-    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a> {
-        Box::pin(self.0.writable_layers(uid))
     }
 }

@@ -18,6 +18,7 @@
 //! orphan and removed after `orphanGracePeriod`.
 
 pub mod admit;
+mod control;
 pub mod document;
 pub mod events;
 pub mod manager;
@@ -25,6 +26,8 @@ pub mod record;
 pub mod recover;
 pub mod settings;
 pub mod static_pods;
+mod stop;
+pub mod view;
 
 pub use events::{notices_to, EventHub, NodeEvent, NodeEventKind};
 pub use manager::{Applied, EvictedPod, PodManager, PodView, RemoveTarget, Removed};
