@@ -13,7 +13,7 @@ use super::view::{EvictedPod, Removed};
 use super::NodeError;
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
 use crate::act::runtime::{PodPhase, Runtime, RuntimeError};
-use crate::reactor::pods::stop_and_kill;
+use crate::reactor::pods::{begin_kill, finish_kill};
 
 impl<R: Runtime + 'static> Actor<R> {
     pub(super) fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
@@ -47,10 +47,29 @@ impl<R: Runtime + 'static> Actor<R> {
         let cgroups = self.cgroups.clone();
         let tx = self.tx.clone();
         let uid = uid.to_string();
+        // The runtime is told and, with grace 0, the processes killed before the record is
+        // written: the disk never delays an eviction's kill. An agent killed in between
+        // finds the pod's containers gone and no stop recorded, which it treats like any
+        // pod its runtime lost.
+        let begun = (live && !orphan).then(|| {
+            let stop = {
+                let (rt, uid) = (Arc::clone(&rt), uid.clone());
+                async move { rt.stop_pod(&uid, grace).await }
+            };
+            begin_kill(stop, grace, cgroup.as_ref(), &cgroups)
+        });
         self.save();
         tokio::spawn(async move {
             let (mut killed_at_ns, mut killed) = (None, 0);
-            let status = if live && orphan {
+            let status = if let Some((first, evicted)) = begun {
+                let (status, evicted) = finish_kill(first, evicted).await;
+                (killed_at_ns, killed) = (evicted.killed_at_ns, evicted.killed);
+                match status {
+                    Ok(s) => Ok(Some(s)),
+                    Err(RuntimeError::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            } else if live && orphan {
                 // No runtime supervises an orphan's processes: signal them here, then tell
                 // the runtime in case it knows the pod without its spec.
                 if let Some(cg) = &cgroup {
@@ -60,15 +79,6 @@ impl<R: Runtime + 'static> Actor<R> {
                 match rt.stop_pod(&uid, Duration::ZERO).await {
                     Ok(s) => Ok(Some(s)),
                     Err(_) => Ok(None),
-                }
-            } else if live {
-                let (status, evicted) =
-                    stop_and_kill(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
-                (killed_at_ns, killed) = (evicted.killed_at_ns, evicted.killed);
-                match status {
-                    Ok(s) => Ok(Some(s)),
-                    Err(RuntimeError::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(e),
                 }
             } else {
                 Ok(None)

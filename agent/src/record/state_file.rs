@@ -117,7 +117,10 @@ impl NoticeAction {
 /// Where notices go besides the log: the agent forwards them to its event stream. Cheap to
 /// clone; the default only logs.
 #[derive(Clone, Default)]
-pub struct Notices(Option<Arc<dyn Fn(&StateNotice) + Send + Sync>>);
+pub struct Notices(Option<Arc<NoticeFn>>);
+
+/// What a [`Notices`] forwards to.
+type NoticeFn = dyn Fn(&StateNotice) + Send + Sync;
 
 impl std::fmt::Debug for Notices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
