@@ -9,9 +9,11 @@
 //!   message — `Evicted` and the kubelet's eviction message for the loop) after the given
 //!   grace, removes its pod cgroup and recomputes the QoS tiers; the pod stays listed as
 //!   Failed (as the kubelet leaves an evicted pod object) until it is removed. With grace 0
-//!   the pod's processes get SIGKILL from the stopping task itself, right after the runtime
-//!   was told to stop (so nothing restarts them), and the moment is reported back
-//!   (`reactor::pods::stop_and_kill`, shared with the runtime-only adapter).
+//!   the pod's processes get SIGKILL from the owner task itself, right after the runtime
+//!   was told to stop (so nothing restarts them) and before the stop is written ahead to
+//!   the checkpoint (so the disk never delays the kill), and the moment is reported back
+//!   (`reactor::pods::begin_kill`, the first half of the `stop_and_kill` the runtime-only
+//!   adapter uses; see `node::stop`).
 //! - [`PodManager::active`] is the loop's hot-path view: the running pods with their cgroups,
 //!   republished by the owner task after every change, read without a round trip.
 //! - [`PodManager::events`] is the hub the loop publishes its own events on (evictions with
