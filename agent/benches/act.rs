@@ -89,6 +89,7 @@ fn sleeper_pod(cgroup: &CgroupPath, i: usize) -> PodSpec {
             oom_score_adj: 1000,
             ..Default::default()
         }],
+        document: None,
     }
 }
 

@@ -11,7 +11,9 @@
 //! `imageGC.listRefresh` (image GC timing), `devicePluginDir` (where device plugins register,
 //! not the kubelet's directory) and `devicePluginGracePeriod` (Go duration, default `5m0s`,
 //! greater than zero: how long a resource whose plugin went away stays in capacity with
-//! every device unhealthy before it is deleted), next to `stateDir`, `apiSocket`,
+//! every device unhealthy before it is deleted), `orphanGracePeriod` (Go duration, default
+//! `5m0s`: how long a pod found running with no spec to re-admit it from stays as an orphan
+//! before it is removed; `0s` removes it at the first tick), next to `stateDir`, `apiSocket`,
 //! `metricsAddress`, `sense`, `runtime`, `node` and `log`.
 
 use std::collections::BTreeMap;
@@ -159,6 +161,11 @@ pub struct Config {
     /// its `ListAndWatch` stream ends, before it is deleted: the kubelet hard-codes 5 minutes
     /// (`endpointStopGracePeriod`); a test or a node whose plugins restart slowly sets its own.
     pub device_plugin_grace_period: GoDuration,
+    /// How long a pod found running on the node with no spec to re-admit it from (its
+    /// checkpoint and the runtime's copy both lost) stays listed, ranked and evictable as
+    /// an orphan before the agent removes it, unless a pod with its uid or name is applied
+    /// (Go duration, default `5m0s`; see `node::recover`).
+    pub orphan_grace_period: GoDuration,
     /// Prometheus endpoint address; empty turns it off.
     pub metrics_address: String,
     /// Logging.
@@ -282,6 +289,7 @@ impl Default for Config {
             api_socket: PathBuf::from("/run/reactor/reactor.sock"),
             device_plugin_dir: PathBuf::from("/var/lib/reactor/device-plugins"),
             device_plugin_grace_period: GoDuration(Duration::from_secs(300)),
+            orphan_grace_period: GoDuration(Duration::from_secs(300)),
             metrics_address: "127.0.0.1:9464".to_string(),
             log: LogConfig::default(),
         }

@@ -26,7 +26,8 @@ pub struct TestAgent {
 
 impl TestAgent {
     /// Writes a config (`extra` YAML appended) and starts `reactor run`; returns once the API
-    /// socket answers. Unless `extra` has its own `sense:` block, only the housekeeping tick
+    /// socket answers. `stateDir` is `<temp dir>/state` unless `extra` sets its own. Unless
+    /// `extra` has its own `sense:` block, only the housekeeping tick
     /// runs; unless it has its own `evictionHard`, the only threshold is
     /// `memory.available<100Mi`, and unless it sets `imageGCHighThresholdPercent`, periodic
     /// image GC is off (100): the kubelet's default disk thresholds must never evict a test's
@@ -76,11 +77,16 @@ impl TestAgent {
         std::fs::write(
             &config,
             format!(
-                "cgroupRoot: /{root}\nstateDir: {d}/state\napiSocket: {sock}\n\
+                "cgroupRoot: /{root}\n{state}apiSocket: {sock}\n\
                  devicePluginDir: {d}/device-plugins\nstaticPodPath: {st}\n\
                  metricsAddress: '127.0.0.1:0'\n{sense}{hard}{gc}{log}{extra}",
                 root = root.name,
                 d = d.display(),
+                state = if has_key(extra, "stateDir") {
+                    String::new()
+                } else {
+                    format!("stateDir: {}/state\n", d.display())
+                },
                 sock = socket.display(),
                 st = static_dir.display(),
                 hard = if has_key(extra, "evictionHard") {

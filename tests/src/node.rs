@@ -273,6 +273,7 @@ impl Node {
                     oom_score_adj: 0,
                     ..ContainerSpec::default()
                 }],
+                document: None,
             })
             .await
             .expect("node setup");

@@ -137,6 +137,7 @@ impl Setup {
             cgroup,
             restart_policy: policy,
             containers,
+            document: None,
         }
     }
 

@@ -78,6 +78,7 @@ impl Setup {
             cgroup,
             restart_policy: policy,
             containers,
+            document: None,
         }
     }
 
@@ -448,7 +449,7 @@ async fn processes_are_re_adopted_after_the_runtime_is_dropped() {
     s.finish();
 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leftovers_of_a_lost_run_are_cleared_and_a_corrupt_checkpoint_refused() {
+async fn leftovers_of_a_lost_run_are_cleared_and_a_corrupt_checkpoint_set_aside() {
     use std::os::unix::process::CommandExt;
     if !ready() {
         return;
@@ -491,21 +492,33 @@ async fn leftovers_of_a_lost_run_are_cleared_and_a_corrupt_checkpoint_refused() 
     let checkpoint = rt.checkpoint_path().to_path_buf();
     drop(rt);
 
-    // A damaged checkpoint is refused with one line and kept aside.
+    // A damaged checkpoint never stops the runtime: it is set aside (kept, one line in the
+    // log) and the runtime opens from the previous generation — the state before the stop,
+    // whose pod has no live process any more, so it is forgotten, not started again.
     std::fs::write(&checkpoint, "{\"kind\":\"process-runtime\",\"vers").unwrap();
-    let err = ProcessRuntime::open(ProcessRuntimeConfig {
+    let rt = ProcessRuntime::open(ProcessRuntimeConfig {
         cgroups: s.cgroups.clone(),
         state_dir: s.state.path().to_path_buf(),
         backoff: short_backoff(),
     })
     .await
-    .err()
-    .expect("corrupt checkpoint refused")
-    .to_string();
-    assert!(err.contains("corrupt") && !err.contains('\n'), "{err}");
-    assert!(checkpoint
-        .with_file_name("process-runtime.json.corrupt")
-        .exists());
+    .expect("a damaged checkpoint is set aside, not refused");
+    assert!(rt.list_pods().await.unwrap().is_empty());
+    let kept: Vec<_> = std::fs::read_dir(s.state.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("process-runtime.json.corrupt-")
+        })
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(kept[0].path()).unwrap(),
+        "{\"kind\":\"process-runtime\",\"vers"
+    );
+    drop(rt);
     s.finish();
 }
 

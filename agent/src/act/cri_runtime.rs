@@ -1026,6 +1026,12 @@ impl Runtime for CriRuntime {
             .collect())
     }
 
+    fn pod_document(&self, uid: &str) -> Option<serde_json::Value> {
+        lock(&self.inner.pods)
+            .get(uid)
+            .and_then(|p| p.spec.document.clone())
+    }
+
     async fn list_pods(&self) -> Result<Vec<PodStatus>, RuntimeError> {
         self.inner.refresh().await?;
         Ok(lock(&self.inner.pods)
@@ -1047,6 +1053,7 @@ mod tests {
             cgroup: CgroupPath::pod(Some("burstable"), "u1").unwrap(),
             restart_policy: Default::default(),
             containers,
+            document: None,
         }
     }
 

@@ -230,6 +230,7 @@ pub fn pod_spec(
         cgroup,
         restart_policy,
         containers,
+        document: None,
     })
 }
 

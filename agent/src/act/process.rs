@@ -59,6 +59,7 @@ use super::runtime::{
 };
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 use crate::record::checkpoint::Checkpoint;
+use crate::record::state_file::{Generation, Notices};
 
 /// The PATH a container gets when its env sets none (containerd's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -692,12 +693,40 @@ fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
     })
 }
 
+/// How often a checkpoint whose last write failed (a full disk) is written again.
+const SAVE_RETRY: Duration = Duration::from_secs(2);
+
+/// Writes the checkpoint again while its last write failed, so the state on disk catches up
+/// once space returns even when nothing changes; ends with the runtime.
+async fn retry_saves(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(SAVE_RETRY).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.checkpoint.is_failing() {
+            let pods = lock(&inner.pods);
+            let _ = inner.save(&pods);
+        }
+    }
+}
+
 impl ProcessRuntime {
     /// Opens the runtime: reads its checkpoint under `state_dir` and re-adopts every
     /// container process still running from a previous agent (see the module doc). Must be
-    /// called inside a tokio runtime. A corrupt checkpoint is an error (the file is kept
-    /// aside); the caller decides whether to start empty.
+    /// called inside a tokio runtime. A damaged checkpoint never stops it: the file is set
+    /// aside and the previous generation (or nothing) is used; processes the runtime no
+    /// longer knows are left to the pod manager's recovery (`node::recover`).
     pub async fn open(config: ProcessRuntimeConfig) -> Result<ProcessRuntime, RuntimeError> {
+        Self::open_with(config, Notices::default()).await
+    }
+
+    /// [`Self::open`], sending what happens to the checkpoint file (set aside, failed
+    /// writes) to `notices`.
+    pub async fn open_with(
+        config: ProcessRuntimeConfig,
+        notices: Notices,
+    ) -> Result<ProcessRuntime, RuntimeError> {
         std::fs::create_dir_all(&config.state_dir).map_err(|source| RuntimeError::Io {
             what: format!("create state dir {}", config.state_dir.display()),
             source,
@@ -707,7 +736,8 @@ impl ProcessRuntime {
                 config.state_dir.join("process-runtime.json"),
                 CHECKPOINT_KIND,
                 CHECKPOINT_VERSION,
-            ),
+            )
+            .with_notices(notices),
             log_dir: config.state_dir.join("logs"),
             cgroups: config.cgroups,
             backoff: config.backoff,
@@ -715,7 +745,13 @@ impl ProcessRuntime {
             pods: Mutex::new(BTreeMap::new()),
             exits: tokio::sync::broadcast::channel(EXIT_EVENTS).0,
         });
-        let saved: Vec<SavedPod> = inner.checkpoint.load()?.unwrap_or_default();
+        let loaded = inner.checkpoint.load();
+        // The previous generation is older than what happened last: a pod in it may have been
+        // stopped since. Only its live processes are trusted; a pod none of whose processes
+        // runs is forgotten rather than started again (the pod manager restarts the pods it
+        // knows and the runtime lost).
+        let stale = loaded.generation == Generation::Previous;
+        let saved: Vec<SavedPod> = loaded.value.unwrap_or_default();
         for pod in saved {
             let (stop, stop_rx) = watch::channel(None);
             let mut firsts = Vec::new();
@@ -764,6 +800,10 @@ impl ProcessRuntime {
                 };
                 firsts.push(first);
             }
+            if stale && !firsts.iter().any(|f| matches!(f, Some(First::Running(_)))) {
+                tracing::warn!(pod = %pod.spec.full_name(), "pod from the previous checkpoint generation has no live process: forgotten");
+                continue;
+            }
             let uid = pod.spec.uid.clone();
             let spec = pod.spec.clone();
             let init = spec.init_count();
@@ -804,6 +844,7 @@ impl ProcessRuntime {
                 entry.tasks = tasks;
             }
         }
+        tokio::spawn(retry_saves(Arc::downgrade(&inner)));
         Ok(ProcessRuntime { inner })
     }
 
@@ -979,7 +1020,9 @@ impl Runtime for ProcessRuntime {
         let entry = pods.remove(uid).ok_or_else(|| RuntimeError::NotFound {
             uid: uid.to_string(),
         })?;
-        inner.save(&pods)?;
+        // The pod is stopped whether or not this is written (a full disk): the failure is
+        // reported by the checkpoint and the write retried until it succeeds.
+        let _ = inner.save(&pods);
         Ok(Inner::status_of(&entry))
     }
 
@@ -997,6 +1040,12 @@ impl Runtime for ProcessRuntime {
             .values()
             .map(Inner::status_of)
             .collect())
+    }
+
+    fn pod_document(&self, uid: &str) -> Option<serde_json::Value> {
+        lock(&self.inner.pods)
+            .get(uid)
+            .and_then(|p| p.spec.document.clone())
     }
 }
 
@@ -1021,6 +1070,7 @@ mod tests {
             cgroup: CgroupPath::pod(None, "u").unwrap(),
             restart_policy: Default::default(),
             containers: vec![c],
+            document: None,
         };
         let c = ContainerSpec {
             name: "web".into(),

@@ -127,6 +127,11 @@ pub struct PodSpec {
     pub restart_policy: RestartPolicy,
     /// `spec.containers`, started in order.
     pub containers: Vec<ContainerSpec>,
+    /// The `v1.Pod` as the pod manager admitted it, kept with the runtime's own state (the
+    /// process runtime's checkpoint, the CRI sandbox's annotation) so the pod can be
+    /// re-admitted from the node itself when the pod checkpoint is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<serde_json::Value>,
 }
 
 impl PodSpec {
@@ -418,6 +423,13 @@ pub trait Runtime: Send + Sync {
     > + Send {
         let _ = uid;
         std::future::ready(Ok(std::collections::BTreeMap::new()))
+    }
+
+    /// The `v1.Pod` pod `uid` was run with ([`PodSpec::document`]), when the runtime has it:
+    /// how the pod manager re-admits a pod it lost (a damaged checkpoint) that still runs.
+    fn pod_document(&self, uid: &str) -> Option<serde_json::Value> {
+        let _ = uid;
+        None
     }
 
     /// Each running container of pod `uid` by name, with its cgroup's directory name below

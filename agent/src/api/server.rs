@@ -249,6 +249,19 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             uid: uid.clone(),
             cause: cause.clone(),
         }),
+        NodeEventKind::Recovery {
+            action,
+            file,
+            pod,
+            uid,
+            message,
+        } => K::Recovery(pb::RecoveryEvent {
+            action: action.clone(),
+            file: file.clone(),
+            pod: (!pod.is_empty()).then(|| split(pod)),
+            uid: uid.clone(),
+            message: message.clone(),
+        }),
     };
     pb::Event {
         at_unix_nanos: e
@@ -271,6 +284,7 @@ fn kind_name(k: &pb::event::Kind) -> &'static str {
         K::ImageGc(_) => "image_gc",
         K::Device(_) => "device",
         K::Removed(_) => "removed",
+        K::Recovery(_) => "recovery",
     }
 }
 
@@ -440,9 +454,11 @@ impl Agent for AgentService {
         request: Request<pb::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
         let kinds = request.into_inner().kinds;
-        let rx = self.pods.events().subscribe();
-        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
-            let e = item.ok()?;
+        // The recovery events of the start first (nobody can have been listening then),
+        // then everything from now on.
+        let (replay, rx) = self.pods.events().subscribe_with_replay();
+        let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|item| item.ok());
+        let stream = tokio_stream::iter(replay).chain(live).filter_map(move |e| {
             let pe = event(&e);
             let k = pe.kind.as_ref()?;
             (kinds.is_empty() || kinds.iter().any(|w| w == kind_name(k))).then_some(Ok(pe))

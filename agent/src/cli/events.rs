@@ -22,7 +22,7 @@ pub(crate) struct EventsArgs {
     #[arg(long)]
     json: bool,
     /// Only these kinds (`pressure`, `admission`, `preemption`, `eviction`, `oom_kill`,
-    /// `removed`, ...).
+    /// `removed`, `recovery`, ...).
     #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
     #[command(flatten)]
@@ -114,6 +114,16 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
                 )
             } else {
                 format!("image GC ({}) {}: {}", g.trigger, g.reason, g.message)
+            },
+        ),
+        Some(K::Recovery(r)) => (
+            "recovery",
+            json!({"action": r.action, "file": r.file, "pod": name(&r.pod), "uid": r.uid,
+                   "message": r.message}),
+            if r.file.is_empty() {
+                format!("{} {}: {}", name(&r.pod), r.action, r.message)
+            } else {
+                format!("{} {}: {}", r.file, r.action, r.message)
             },
         ),
         Some(K::Device(d)) => (

@@ -24,7 +24,7 @@ use reactor::decide::backoff::BackOffPolicy;
 use reactor::devices::{DeviceManager, DeviceManagerConfig};
 use reactor::images::{GcTask, GcTrigger, ImageGcEvent, ImageGcManager, ImageGcSettings};
 use reactor::node::manager::PodManagerConfig;
-use reactor::node::{static_pods, EventHub, NodeEventKind, NodePlan, PodManager};
+use reactor::node::{notices_to, static_pods, EventHub, NodeEventKind, NodePlan, PodManager};
 use reactor::reactor::{NodeReclaim, ReactorHandle};
 use reactor::record::metrics::{Admission, Metrics};
 use reactor::sense::AttachReport;
@@ -45,8 +45,12 @@ pub(crate) struct NodeParts {
 /// re-adopts what its checkpoint and the runtime know), the static-pod watcher and, with the
 /// CRI runtime, the image GC manager's loop.
 pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<NodeParts> {
+    // The event hub first: every state file's notices (set aside, failed writes) and the
+    // pod recovery go to `reactor events`, the ones of the start replayed to later clients.
+    let events = EventHub::new();
+    let notices = notices_to(&events);
     let devices = Arc::new(
-        DeviceManager::start(DeviceManagerConfig::from_config(config))
+        DeviceManager::start_with(DeviceManagerConfig::from_config(config), notices.clone())
             .await
             .context("device manager")?,
     );
@@ -55,7 +59,6 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
     let cgroups =
         CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT)).context("cgroupRoot")?;
     let plan = NodePlan::from_config(config, cgroups.version()).map_err(anyhow::Error::msg)?;
-    let events = EventHub::new();
     let mut tasks = vec![
         forward_pod_metrics(events.subscribe(), Arc::clone(metrics)),
         device_metrics,
@@ -64,11 +67,14 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
     let mut runtime_fs = (None, None);
     let pods = match config.runtime.kind.as_str() {
         "process" => {
-            let rt = ProcessRuntime::open(ProcessRuntimeConfig {
-                cgroups: cgroups.clone(),
-                state_dir: config.state_dir.clone(),
-                backoff: BackOffPolicy::default(),
-            })
+            let rt = ProcessRuntime::open_with(
+                ProcessRuntimeConfig {
+                    cgroups: cgroups.clone(),
+                    state_dir: config.state_dir.clone(),
+                    backoff: BackOffPolicy::default(),
+                },
+                notices.clone(),
+            )
             .await
             .context("process runtime")?;
             tasks.push(forward_exits(rt.subscribe_exits(), events.clone()));
@@ -80,8 +86,12 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
                 .with_context(|| format!("runtime.endpoint {}", config.runtime.endpoint))?;
             let cgroup_root = CgroupPath::parse(&config.cgroup_root).context("cgroupRoot")?;
             runtime_fs = runtime_filesystems(&client).await;
-            let gc = ImageGcManager::new(client.clone(), ImageGcSettings::from_config(config))
-                .context("image GC")?;
+            let gc = ImageGcManager::with_notices(
+                client.clone(),
+                ImageGcSettings::from_config(config),
+                notices.clone(),
+            )
+            .context("image GC")?;
             tasks.push(forward_image_gc(
                 gc.subscribe(),
                 events.clone(),
@@ -101,6 +111,7 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
         }
         other => anyhow::bail!("runtime.kind {other:?} is not a runtime (process | cri)"),
     };
+    events.started();
     if !config.static_pod_path.is_empty() {
         tasks.push(static_pods::watch(
             pods.clone(),
@@ -196,6 +207,7 @@ async fn start_pods<R: Runtime + 'static>(
         state_dir: config.state_dir.clone(),
         devices: Some(Arc::clone(devices)),
         events: events.clone(),
+        orphan_grace_period: config.orphan_grace_period.0,
     })
     .await
     .context("pod manager")

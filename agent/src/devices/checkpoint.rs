@@ -9,11 +9,11 @@
 //! empty ones, `[]byte` as decimal bytes, NUMA keys sorted as numbers. Unit tests check it
 //! against checkpoints written by real kubelets.
 //!
-//! Writes are atomic: a temp file in the same directory, fsync, rename, fsync of the directory.
+//! Reads and writes go through [`crate::record::state_file`], like every state file of the
+//! agent: atomic writes keeping the previous generation, damaged files set aside.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -340,38 +340,6 @@ pub fn read(path: &Path) -> Result<Option<Data>, CheckpointError> {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temp file beside it, fsync, rename, fsync the
-/// directory, so a crash leaves either the old checkpoint or the new one, never a torn file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let io = |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| CHECKPOINT_FILE.to_string());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,8 +419,11 @@ mod tests {
     fn atomic_write_round_trips() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub").join(CHECKPOINT_FILE);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let data = decode(Path::new("k"), KUBELET_WRITTEN[2].as_bytes()).unwrap();
-        write_atomic(&path, &encode(&data)).unwrap();
+        crate::record::state_file::StateFile::new(&path)
+            .write(&encode(&data))
+            .unwrap();
         assert_eq!(read(&path).unwrap(), Some(data));
         assert_eq!(read(&dir.path().join("absent")).unwrap(), None);
         let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())

@@ -23,6 +23,10 @@ use super::types::{
     Capacity, ContainerAllocation, ContainerRequest, DeviceSet, Insufficient, PodAllocation,
     PodRequest, ResourceCapacity,
 };
+use crate::record::state_file::{Notices, Refusal, StateFile};
+
+/// How often a checkpoint whose last write failed is written again.
+const SAVE_RETRY: Duration = Duration::from_secs(2);
 
 /// The socket the manager serves `Registration` on, inside the plugin directory.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
@@ -163,6 +167,8 @@ pub(crate) struct Inner {
     config: DeviceManagerConfig,
     state: Mutex<State>,
     write_lock: tokio::sync::Mutex<()>,
+    /// The checkpoint file, with its previous generation (`record::state_file`).
+    file: StateFile,
     /// Bumped after every change of devices, health or assignments, so metrics and the
     /// grace-period reaper follow the state without polling it.
     changes: tokio::sync::watch::Sender<u64>,
@@ -339,6 +345,11 @@ impl Inner {
                         self.write_checkpoint_logged().await;
                     }
                 }
+                // A checkpoint whose last write failed (a full disk) is written again until
+                // it succeeds, changed or not.
+                _ = tokio::time::sleep(SAVE_RETRY), if self.file.is_failing() => {
+                    self.write_checkpoint_logged().await;
+                }
             }
             if self.state().closed {
                 return;
@@ -359,14 +370,23 @@ impl Inner {
             }
             checkpoint::encode(&to_checkpoint(&st.book))
         };
-        let path = self.config.checkpoint_path();
-        let err_path = path.clone();
-        tokio::task::spawn_blocking(move || checkpoint::write_atomic(&path, &bytes))
-            .await
-            .map_err(|e| CheckpointError::Io {
-                path: err_path,
-                source: std::io::Error::other(e.to_string()),
-            })??;
+        let file = self.file.clone();
+        let err_path = self.config.checkpoint_path();
+        tokio::task::spawn_blocking(move || {
+            if let Some(dir) = file.path().parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            file.write(&bytes)
+        })
+        .await
+        .map_err(|e| CheckpointError::Io {
+            path: err_path,
+            source: std::io::Error::other(e.to_string()),
+        })?
+        .map_err(|e| CheckpointError::Io {
+            path: e.path,
+            source: std::io::Error::new(e.source.kind(), format!("{}: {}", e.op, e.source)),
+        })?;
         Ok(())
     }
 
@@ -506,18 +526,26 @@ impl DeviceManager {
     /// `Registration` on `<plugin_dir>/kubelet.sock`, replacing a stale socket. Plugins watch
     /// that socket and register again when it is re-created.
     pub async fn start(config: DeviceManagerConfig) -> Result<DeviceManager, DeviceError> {
+        Self::start_with(config, Notices::default()).await
+    }
+
+    /// [`Self::start`], sending what happens to the checkpoint file (set aside, failed
+    /// writes) to `notices`. A damaged checkpoint falls back to its previous generation,
+    /// else to no assignments; it never stops the start.
+    pub async fn start_with(
+        config: DeviceManagerConfig,
+        notices: Notices,
+    ) -> Result<DeviceManager, DeviceError> {
         let mut state = State::default();
-        let checkpoint_warning = match checkpoint::read(&config.checkpoint_path()) {
-            Ok(Some(data)) => {
-                restore(&mut state, data, Instant::now());
-                None
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!("{e}");
-                Some(e.to_string())
-            }
-        };
+        let path = config.checkpoint_path();
+        let file = StateFile::new(&path).with_notices(notices);
+        let loaded = file.load(|bytes| {
+            checkpoint::decode(&path, bytes).map_err(|e| Refusal::Damaged(e.to_string()))
+        });
+        if let Some(data) = loaded.value {
+            restore(&mut state, data, Instant::now());
+        }
+        let checkpoint_warning = loaded.notices.first().map(|n| n.message.clone());
         let socket = config.socket_path();
         let serve_err = |source| DeviceError::Serve {
             path: socket.clone(),
@@ -539,6 +567,7 @@ impl DeviceManager {
             config,
             state: Mutex::new(state),
             write_lock: tokio::sync::Mutex::new(()),
+            file,
             changes: tokio::sync::watch::Sender::new(0),
         });
         let reaper = tokio::spawn(Arc::clone(&inner).reap());
@@ -567,7 +596,8 @@ impl DeviceManager {
         })
     }
 
-    /// The one-line reason the checkpoint was refused at start, if it was.
+    /// The one-line reason the checkpoint was set aside at start, if it was (what was wrong,
+    /// where the file was kept, which generation the manager started from).
     pub fn checkpoint_warning(&self) -> Option<&str> {
         self.checkpoint_warning.as_deref()
     }

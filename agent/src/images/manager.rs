@@ -25,6 +25,7 @@ use crate::decide::image_gc::{self, ImageFs};
 use crate::decide::timestamp::UnixNanos;
 use crate::record::checkpoint::Checkpoint;
 use crate::record::human;
+use crate::record::state_file::Notices;
 
 use super::containers::remove_dead_containers;
 use super::delete::{delete_in_order, Deletion, Executed};
@@ -137,6 +138,16 @@ impl ImageGcManager {
         client: CriClient,
         settings: ImageGcSettings,
     ) -> Result<ImageGcManager, ImageGcError> {
+        Self::with_notices(client, settings, Notices::default())
+    }
+
+    /// [`Self::new`], sending what happens to the records file (set aside, failed writes)
+    /// to `notices`.
+    pub fn with_notices(
+        client: CriClient,
+        settings: ImageGcSettings,
+        notices: Notices,
+    ) -> Result<ImageGcManager, ImageGcError> {
         settings.validate()?;
         let mut records = ImageRecords::new();
         let mut initialized = false;
@@ -151,17 +162,14 @@ impl ImageGcManager {
                     dir.join(CHECKPOINT_FILE),
                     CHECKPOINT_KIND,
                     CHECKPOINT_VERSION,
-                );
-                match cp.load::<StoredRecords>() {
-                    Ok(Some(stored)) => {
-                        records = ImageRecords::from_stored(stored);
-                        initialized = true;
-                        tracing::info!(images = records.len(), path = %cp.path().display(), "image GC records restored");
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "image GC records not restored; starting without history")
-                    }
+                )
+                .with_notices(notices);
+                // A damaged file was set aside and noticed by the checkpoint layer; the
+                // previous generation, or no history, is used.
+                if let Some(stored) = cp.load::<StoredRecords>().value {
+                    records = ImageRecords::from_stored(stored);
+                    initialized = true;
+                    tracing::info!(images = records.len(), path = %cp.path().display(), "image GC records restored");
                 }
                 Some(cp)
             }
@@ -331,7 +339,14 @@ impl ImageGcManager {
         let mut state = self.inner.state.lock().await;
         let now = now_nanos();
         let seen = self.observe().await?;
-        if self.detect_locked(&mut state, &seen, now) {
+        // A checkpoint whose last write failed (a full disk) is written again on every
+        // detection until it succeeds, changed or not.
+        let failing = self
+            .inner
+            .checkpoint
+            .as_ref()
+            .is_some_and(Checkpoint::is_failing);
+        if self.detect_locked(&mut state, &seen, now) || failing {
             self.save(&state.records).await;
         }
         Ok(seen.in_use)
@@ -669,7 +684,17 @@ mod tests {
         let m = ImageGcManager::new(client().await, settings(Some(dir.path().into()))).unwrap();
         assert!(m.records().await.is_empty());
         assert!(!path.exists());
-        assert!(dir.path().join("image-records.json.corrupt").exists());
+        let kept = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("image-records.json.corrupt-")
+            })
+            .count();
+        assert_eq!(kept, 1);
     }
 
     #[tokio::test]

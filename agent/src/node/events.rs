@@ -4,7 +4,7 @@
 //! reactor loop: a client that falls behind is told how many events it missed (the sequence
 //! numbers jump) instead of slowing the sender down.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -12,6 +12,8 @@ use tokio::sync::broadcast;
 
 /// How many events a slow client may fall behind by.
 const CAPACITY: usize = 4096;
+/// How many recovery events of the start are replayed to each new client.
+const REPLAY: usize = 256;
 
 /// One event, stamped and numbered.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,6 +105,21 @@ pub enum NodeEventKind {
         /// What went wrong, one line; empty when nothing did.
         message: String,
     },
+    /// The agent recovered from damaged state or a crash (`record::state_file` notices,
+    /// `node::recover`'s re-admissions, orphans and finished stops).
+    Recovery {
+        /// `set-aside`, `fell-back`, `write-failed`, `write-recovered`, `re-admitted`,
+        /// `orphaned`, `orphan-removed`, `orphan-replaced`, `stop-finished`.
+        action: String,
+        /// The state file, empty for a pod.
+        file: String,
+        /// `namespace/name`, empty for a state file.
+        pod: String,
+        /// The pod's uid, empty for a state file.
+        uid: String,
+        /// One line for people.
+        message: String,
+    },
     /// A pod was removed from the node (stopped, its cgroup gone).
     Removed {
         /// `namespace/name`.
@@ -114,11 +131,30 @@ pub enum NodeEventKind {
     },
 }
 
+/// State-file notices (`record::state_file`) as `recovery` events on `events`: how every
+/// checkpoint owner's set-aside files and failed writes reach `reactor events`.
+pub fn notices_to(events: &EventHub) -> crate::record::state_file::Notices {
+    let events = events.clone();
+    crate::record::state_file::Notices::to(move |n| {
+        events.publish(NodeEventKind::Recovery {
+            action: n.action.as_str().to_string(),
+            file: n.file.display().to_string(),
+            pod: String::new(),
+            uid: String::new(),
+            message: n.message.clone(),
+        })
+    })
+}
+
 /// The sender side, shared by everything that publishes.
 #[derive(Clone, Debug)]
 pub struct EventHub {
     tx: broadcast::Sender<NodeEvent>,
     sequence: Arc<AtomicU64>,
+    /// Recovery events published before [`EventHub::started`]: the agent's start is when
+    /// state files are set aside and lost pods recovered, and nobody can be listening then.
+    replay: Arc<std::sync::Mutex<Vec<NodeEvent>>>,
+    sealed: Arc<AtomicBool>,
 }
 
 impl Default for EventHub {
@@ -134,17 +170,41 @@ impl EventHub {
         EventHub {
             tx,
             sequence: Arc::new(AtomicU64::new(0)),
+            replay: Arc::new(std::sync::Mutex::new(Vec::new())),
+            sealed: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Ends the start: recovery events from now on are only streamed live (the ones so far
+    /// stay in the replay).
+    pub fn started(&self) {
+        self.sealed.store(true, Ordering::Relaxed);
+    }
+
+    /// The recovery events of the start, then a subscriber for everything from now on.
+    pub fn subscribe_with_replay(&self) -> (Vec<NodeEvent>, broadcast::Receiver<NodeEvent>) {
+        let replay = self.replay.lock().unwrap_or_else(|e| e.into_inner());
+        let rx = self.tx.subscribe();
+        (replay.clone(), rx)
     }
 
     /// Stamps, numbers and sends `kind` to every subscriber (none listening is fine).
     pub fn publish(&self, kind: NodeEventKind) {
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        let _ = self.tx.send(NodeEvent {
+        let event = NodeEvent {
             at: SystemTime::now(),
             sequence,
             kind,
-        });
+        };
+        if matches!(event.kind, NodeEventKind::Recovery { .. })
+            && !self.sealed.load(Ordering::Relaxed)
+        {
+            let mut replay = self.replay.lock().unwrap_or_else(|e| e.into_inner());
+            if replay.len() < REPLAY {
+                replay.push(event.clone());
+            }
+        }
+        let _ = self.tx.send(event);
     }
 
     /// A new subscriber, seeing events from now on.

@@ -9,9 +9,11 @@
 //!   message — `Evicted` and the kubelet's eviction message for the loop) after the given
 //!   grace, removes its pod cgroup and recomputes the QoS tiers; the pod stays listed as
 //!   Failed (as the kubelet leaves an evicted pod object) until it is removed. With grace 0
-//!   the pod's processes get SIGKILL from the stopping task itself, right after the runtime
-//!   was told to stop (so nothing restarts them), and the moment is reported back
-//!   (`reactor::pods::stop_and_kill`, shared with the runtime-only adapter).
+//!   the pod's processes get SIGKILL from the owner task itself, right after the runtime
+//!   was told to stop (so nothing restarts them) and before the stop is written ahead to
+//!   the checkpoint (so the disk never delays the kill), and the moment is reported back
+//!   (`reactor::pods::begin_kill`, the first half of the `stop_and_kill` the runtime-only
+//!   adapter uses; see `node::stop`).
 //! - [`PodManager::active`] is the loop's hot-path view: the running pods with their cgroups,
 //!   republished by the owner task after every change, read without a round trip.
 //! - [`PodManager::events`] is the hub the loop publishes its own events on (evictions with
@@ -26,35 +28,30 @@ use k8s_openapi::api::core::v1 as k8s;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::admit::{fit, is_extended, rejection};
+use super::control::{RuntimeView, View};
 use super::document::{self, Checked, Format};
 use super::events::{EventHub, NodeEventKind};
 use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::settings::NodePlan;
-use super::NodeError;
-use crate::act::cgroups::{CgroupManager, CgroupPath, MemoryUsage, Resources, DEFAULT_REMOVE_WAIT};
-use crate::act::pod_spec::pod_spec;
-use crate::act::runtime::{
-    ContainerState, ContainerStatus, PodPhase, PodSpec, RestartPolicy, Runtime, RuntimeError,
+pub use super::view::{
+    container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,
 };
+use super::NodeError;
+use crate::act::cgroups::{CgroupManager, CgroupPath, Resources, DEFAULT_REMOVE_WAIT};
+use crate::act::pod_spec::pod_spec;
+use crate::act::runtime::{PodPhase, PodSpec, RestartPolicy, Runtime, RuntimeError};
 use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
 use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
-use crate::decide::summary::FsStats;
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
-use crate::reactor::pods::{
-    stop_and_kill, writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus,
-    PodContainer, PodControl,
-};
+use crate::reactor::pods::{ActivePod, PodContainer};
 use crate::record::checkpoint::Checkpoint;
-
-mod admission;
+use crate::record::state_file::Generation;
 
 /// The kubelet's status message for a pod preempted by a critical pod.
 pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
 /// The kubelet's status reason for it (`events.PreemptContainer`).
 pub const PREEMPTION_REASON: &str = "Preempting";
-/// How often a pod the runtime failed to stop is tried again.
-const STOP_RETRY: Duration = Duration::from_secs(1);
 
 /// Commands queued to the owner task.
 const QUEUE: usize = 256;
@@ -62,96 +59,15 @@ const QUEUE: usize = 256;
 /// however many applies and lists clients have queued, the reactor loop's eviction (and the
 /// news that a pod stopped, which it waits for) is next in line, never behind them.
 const URGENT_QUEUE: usize = 64;
+/// How often a pod the runtime failed to stop is tried again.
+pub(super) const STOP_RETRY: Duration = Duration::from_secs(1);
+/// How often the owner task retries a failed checkpoint write and looks for orphans past
+/// their grace period.
+const TICK: Duration = Duration::from_secs(1);
 
-/// A pod as the API and the reactor loop see it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PodView {
-    /// `metadata.uid`.
-    pub uid: String,
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// The decision rules' view: QoS, requests, priority, criticality.
-    pub info: PodInfo,
-    /// The pod cgroup below the agent's cgroup root (none for a pod never admitted).
-    pub cgroup: Option<CgroupPath>,
-    /// `status.phase`.
-    pub phase: PodPhase,
-    /// `status.reason`.
-    pub reason: String,
-    /// `status.message`.
-    pub message: String,
-    /// Container states, in spec order.
-    pub containers: Vec<ContainerStatus>,
-    /// `oom_score_adj` per container.
-    pub oom_score_adj: BTreeMap<String, i32>,
-    /// `spec.terminationGracePeriodSeconds`.
-    pub grace_period_seconds: i64,
-    /// Memory use of the pod cgroup now (running pods only).
-    pub memory: Option<MemoryUsage>,
-    /// OOM kills counted in the pod cgroup.
-    pub oom_kills: Option<u64>,
-    /// Rank for `memory.available` among the running pods (1 = evicted first), by
-    /// `decide::rank` over the working sets read now.
-    pub memory_rank: Option<u32>,
-    /// Whether the pod came from a static manifest.
-    pub is_static: bool,
-    /// Whether the pod is being stopped right now.
-    pub stopping: bool,
-}
+pub(super) type Reply<T> = oneshot::Sender<Result<T, NodeError>>;
 
-impl PodView {
-    /// `namespace/name`.
-    pub fn full_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
-
-/// The answer to an apply.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Applied {
-    /// The pod (admitted or refused).
-    pub pod: PodView,
-    /// Whether it was admitted and started.
-    pub admitted: bool,
-    /// `namespace/name` of pods preempted for it.
-    pub preempted: Vec<String>,
-}
-
-/// The answer to a removal.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Removed {
-    /// The pod as it was when it stopped.
-    pub pod: PodView,
-}
-
-/// Which pod to remove.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RemoveTarget {
-    /// By `namespace/name`.
-    Name {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-    },
-    /// By uid.
-    Uid(String),
-}
-
-impl std::fmt::Display for RemoveTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RemoveTarget::Name { namespace, name } => write!(f, "{namespace}/{name}"),
-            RemoveTarget::Uid(uid) => write!(f, "with uid {uid}"),
-        }
-    }
-}
-
-type Reply<T> = oneshot::Sender<Result<T, NodeError>>;
-
-enum After {
+pub(super) enum After {
     Remove {
         reply: Option<Reply<Removed>>,
         cause: String,
@@ -166,7 +82,7 @@ enum After {
     },
 }
 
-enum Command {
+pub(super) enum Command {
     Apply {
         checked: Box<Checked>,
         source: PodSource,
@@ -200,27 +116,13 @@ enum Command {
     },
 }
 
-/// The answer to an eviction.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EvictedPod {
-    /// The pod as it ended (`Failed`, with the reason and message given).
-    pub pod: PodView,
-    /// `CLOCK_MONOTONIC` ns when its processes were sent SIGKILL by the agent (grace 0), or
-    /// when the runtime reported them stopped (a grace period); `None` when nothing ran.
-    pub killed_at_ns: Option<u64>,
-    /// How many processes the agent itself sent SIGKILL (grace 0).
-    pub killed: usize,
-    /// Of those, how many had their memory reaped by `process_mrelease` (Linux 5.15+).
-    pub reaped: usize,
-}
-
 /// The handle everything else uses; cheap to clone.
 #[derive(Clone)]
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
     urgent: mpsc::Sender<Command>,
-    active: watch::Receiver<Vec<ActivePod>>,
-    runtime: Arc<dyn RuntimeView>,
+    pub(super) active: watch::Receiver<Vec<ActivePod>>,
+    pub(super) runtime: Arc<dyn RuntimeView>,
     events: EventHub,
     plan: Arc<NodePlan>,
     cgroups: CgroupManager,
@@ -240,12 +142,17 @@ pub struct PodManagerConfig<R> {
     pub devices: Option<Arc<DeviceManager>>,
     /// Where events go.
     pub events: EventHub,
+    /// How long a pod found running without a spec stays before it is removed
+    /// (`orphanGracePeriod`; see `node::recover`).
+    pub orphan_grace_period: Duration,
 }
 
 impl PodManager {
-    /// Loads the pod checkpoint, builds the QoS tree, re-adopts the pods the runtime still
-    /// runs (restarting by their restart policy the ones it lost; killing nothing), and
-    /// starts the owner task.
+    /// Loads the pod checkpoint (a damaged one is set aside and the previous generation, or
+    /// nothing, used: never a reason not to start), builds the QoS tree, re-adopts the pods
+    /// the runtime still runs (restarting by their restart policy the ones it lost; killing
+    /// nothing a known pod runs), rebuilds what the checkpoint lost from the node
+    /// (`node::recover`), and starts the owner task.
     pub async fn start<R: Runtime + 'static>(
         config: PodManagerConfig<R>,
     ) -> Result<PodManager, NodeError> {
@@ -253,8 +160,11 @@ impl PodManager {
             config.state_dir.join("pods.json"),
             CHECKPOINT_KIND,
             CHECKPOINT_VERSION,
-        );
-        let records: Vec<PodRecord> = checkpoint.load()?.unwrap_or_default();
+        )
+        .with_notices(super::events::notices_to(&config.events));
+        let loaded = checkpoint.load();
+        let stale = loaded.generation == Generation::Previous;
+        let records: Vec<PodRecord> = loaded.value.unwrap_or_default();
         let plan = Arc::new(config.plan);
         config
             .cgroups
@@ -272,10 +182,12 @@ impl PodManager {
             events: config.events.clone(),
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
+            orphan_grace: config.orphan_grace_period,
+            state_dir: config.state_dir.clone(),
             tx: urgent.downgrade(),
             active: active_tx,
         };
-        actor.reconcile(records).await?;
+        actor.reconcile(records, stale).await?;
         actor.publish_active();
         tokio::spawn(actor.run(rx, urgent_rx));
         Ok(PodManager {
@@ -400,35 +312,39 @@ impl PodManager {
     }
 }
 
-struct Entry {
-    record: PodRecord,
-    info: PodInfo,
-    stopping: bool,
+pub(super) struct Entry {
+    pub(super) record: PodRecord,
+    pub(super) info: PodInfo,
+    pub(super) stopping: bool,
 }
 
-struct Pending {
-    checked: Box<Checked>,
-    source: PodSource,
-    victims: BTreeSet<String>,
-    preempted: Vec<String>,
-    reply: Option<Reply<Applied>>,
+pub(super) struct Pending {
+    pub(super) checked: Box<Checked>,
+    pub(super) source: PodSource,
+    pub(super) victims: BTreeSet<String>,
+    pub(super) preempted: Vec<String>,
+    pub(super) reply: Option<Reply<Applied>>,
 }
 
-struct Actor<R> {
-    rt: Arc<R>,
-    cgroups: CgroupManager,
-    plan: Arc<NodePlan>,
-    checkpoint: Checkpoint,
-    devices: Option<Arc<DeviceManager>>,
-    events: EventHub,
-    pods: BTreeMap<String, Entry>,
-    pending: BTreeMap<String, Pending>,
+pub(super) struct Actor<R> {
+    pub(super) rt: Arc<R>,
+    pub(super) cgroups: CgroupManager,
+    pub(super) plan: Arc<NodePlan>,
+    pub(super) checkpoint: Checkpoint,
+    pub(super) devices: Option<Arc<DeviceManager>>,
+    pub(super) events: EventHub,
+    pub(super) pods: BTreeMap<String, Entry>,
+    /// How long an orphan stays before it is removed (`orphanGracePeriod`).
+    pub(super) orphan_grace: Duration,
+    /// `stateDir`, where the process runtime's log directories name lost pods.
+    pub(super) state_dir: PathBuf,
+    pub(super) pending: BTreeMap<String, Pending>,
     /// The urgent queue, for the stop tasks' completions.
-    tx: mpsc::WeakSender<Command>,
-    active: watch::Sender<Vec<ActivePod>>,
+    pub(super) tx: mpsc::WeakSender<Command>,
+    pub(super) active: watch::Sender<Vec<ActivePod>>,
 }
 
-fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
+pub(super) fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
     if let Some(tx) = tx {
         let _ = tx.send(value);
     }
@@ -436,12 +352,26 @@ fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
 
 impl<R: Runtime + 'static> Actor<R> {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut urgent: mpsc::Receiver<Command>) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let cmd = tokio::select! {
                 biased;
                 Some(cmd) = urgent.recv() => cmd,
-                Some(cmd) = rx.recv() => cmd,
-                else => break,
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => cmd,
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    // A checkpoint whose last write failed (a full disk) is written again
+                    // until it succeeds; orphans past their grace period go.
+                    if self.checkpoint.is_failing() {
+                        self.save();
+                    }
+                    self.expire_orphans();
+                    self.publish_active();
+                    continue;
+                }
             };
             match cmd {
                 Command::Apply {
@@ -581,14 +511,14 @@ impl<R: Runtime + 'static> Actor<R> {
             .collect()
     }
 
-    fn save(&self) {
+    pub(super) fn save(&self) {
         let records: Vec<&PodRecord> = self.pods.values().map(|e| &e.record).collect();
         if let Err(e) = self.checkpoint.save(&records) {
             tracing::error!("pod checkpoint: {e}");
         }
     }
 
-    fn update_tiers(&self) -> Result<(), NodeError> {
+    pub(super) fn update_tiers(&self) -> Result<(), NodeError> {
         let infos: Vec<PodInfo> = self
             .pods
             .values()
@@ -605,311 +535,385 @@ impl<R: Runtime + 'static> Actor<R> {
         Ok(())
     }
 
-    fn spec_for(
+    /// What the runtime runs for `checked`, carrying the pod document so the runtime's own
+    /// state can re-admit the pod if the pod checkpoint is lost.
+    pub(super) fn spec_for(
         &self,
         checked: &Checked,
         device_env: &BTreeMap<String, Vec<(String, String)>>,
     ) -> Result<PodSpec, NodeError> {
         let k8s_pod: k8s::Pod = serde_json::from_value(checked.document.clone())
             .map_err(|e| NodeError::Invalid(format!("pod document: {e}")))?;
-        pod_spec(&k8s_pod, &checked.info, &self.plan.cgroups, device_env)
-            .map_err(|e| NodeError::Invalid(e.to_string()))
+        let mut spec = pod_spec(&k8s_pod, &checked.info, &self.plan.cgroups, device_env)
+            .map_err(|e| NodeError::Invalid(e.to_string()))?;
+        spec.document = Some(checked.document.clone());
+        Ok(spec)
     }
 
-    fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
-        let Some(entry) = self.pods.get_mut(uid) else {
-            return;
+    fn device_request(info: &PodInfo) -> Option<PodRequest> {
+        let req = |c: &crate::decide::pod::ContainerInfo| ContainerRequest {
+            name: c.name.clone(),
+            devices: c
+                .limits
+                .iter()
+                .chain(c.requests.iter())
+                .filter(|(n, _)| is_extended(n))
+                .map(|(n, q)| (n.to_string(), u64::try_from(q.value()).unwrap_or(0)))
+                .collect(),
+            restartable: c.sidecar,
         };
-        entry.stopping = true;
-        let grace = grace.unwrap_or_else(|| {
-            Duration::from_secs(u64::try_from(entry.record.grace_period_seconds).unwrap_or(0))
-        });
-        let cgroup = entry.record.cgroup.clone();
-        let live = !entry.record.ended_by_agent;
-        let rt = Arc::clone(&self.rt);
-        let cgroups = self.cgroups.clone();
-        let tx = self.tx.clone();
-        let uid = uid.to_string();
-        tokio::spawn(async move {
-            let (mut killed_at_ns, mut killed, mut reaped) = (None, 0, 0);
-            let status = if live {
-                let (status, evicted) =
-                    stop_and_kill(&*rt, &uid, grace, cgroup.as_ref(), &cgroups).await;
-                (killed_at_ns, killed, reaped) =
-                    (evicted.killed_at_ns, evicted.killed, evicted.reaped);
-                match status {
-                    Ok(s) => Ok(Some(s)),
-                    Err(RuntimeError::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            } else {
-                Ok(None)
-            };
-            let status = match (status, cgroup) {
-                (Ok(s), Some(cg)) if live => {
-                    let removed = tokio::task::spawn_blocking(move || {
-                        cgroups.remove_pod_cgroup(&cg, DEFAULT_REMOVE_WAIT)
-                    })
-                    .await;
-                    match removed {
-                        Ok(Ok(())) => Ok(s),
-                        Ok(Err(e)) => Err(RuntimeError::Cgroup(e)),
-                        Err(e) => Err(RuntimeError::Unavailable {
-                            reason: format!("cgroup removal task: {e}"),
-                        }),
-                    }
-                }
-                (s, _) => s,
-            };
-            if let Some(tx) = tx.upgrade() {
-                let _ = tx
-                    .send(Command::Stopped {
-                        uid,
-                        status,
-                        killed_at_ns,
-                        killed,
-                        reaped,
-                        after,
-                    })
-                    .await;
-            }
-        });
+        let pod = PodRequest {
+            uid: info.uid.clone(),
+            init_containers: info.init_containers.iter().map(req).collect(),
+            containers: info.containers.iter().map(req).collect(),
+        };
+        let any = pod
+            .containers
+            .iter()
+            .chain(&pod.init_containers)
+            .any(|c| !c.devices.is_empty());
+        any.then_some(pod)
     }
 
-    async fn stopped(
+    pub(super) fn active_uids(&self) -> BTreeSet<String> {
+        self.pods
+            .values()
+            .filter(|e| !e.record.is_terminal())
+            .map(|e| e.record.uid.clone())
+            .collect()
+    }
+
+    /// Admission. `None`: waiting for preempted pods to stop; `reply` was moved into the
+    /// pending admission and is answered when they are gone.
+    async fn apply(
         &mut self,
-        uid: String,
-        status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
-        (killed_at_ns, killed, reaped): (Option<u64>, usize, usize),
-        after: After,
-    ) {
-        let failed = status.as_ref().err().map(ToString::to_string);
-        if let Some(e) = self.pods.get_mut(&uid) {
-            e.stopping = false;
-            if let Ok(Some(s)) = &status {
-                e.record.containers = s.containers.clone();
-            }
+        checked: Box<Checked>,
+        source: PodSource,
+        reply_to: &mut Option<Reply<Applied>>,
+    ) -> Option<Result<Applied, NodeError>> {
+        if let Err(e) = self.replace_orphan(&checked).await {
+            return Some(Err(e));
         }
-        match after {
-            After::Remove { reply: tx, cause } => {
-                if let Some(err) = failed {
-                    reply(
-                        tx,
-                        Err(NodeError::Runtime(RuntimeError::Unavailable {
-                            reason: err,
-                        })),
-                    );
-                    return;
-                }
-                let Some(entry) = self.pods.remove(&uid) else {
-                    return;
-                };
-                if let Err(e) = self.update_tiers() {
-                    tracing::error!("QoS tiers after removing {uid}: {e}");
-                }
-                self.save();
-                self.release_devices().await;
-                tracing::info!(pod = %entry.record.full_name(), %uid, %cause, "pod removed");
-                self.events.publish(NodeEventKind::Removed {
-                    pod: entry.record.full_name(),
-                    uid: uid.clone(),
-                    cause,
-                });
-                let view = self.view(&entry, None, None);
-                reply(tx, Ok(Removed { pod: view }));
-            }
-            After::Evict {
-                reason,
-                message,
-                reply: tx,
-            } => {
-                if let Some(err) = failed {
-                    if killed == 0 {
-                        let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
-                            reason: err,
-                        })));
-                        return;
-                    }
-                    // The runtime failed (down, or died mid-stop), but the agent SIGKILLed
-                    // the pod's processes itself: the eviction happened. The pod ends
-                    // Evicted now, once, and the runtime is told to stop it when it answers
-                    // again, so its sandbox and cgroups do not outlive the outage.
-                    tracing::warn!(pod = %uid, "eviction: processes killed, but the runtime failed to stop the pod ({err}); retrying the stop in the background");
-                    self.finish_stop_later(&uid);
-                }
-                self.end(&uid, reason, message);
-                self.release_devices().await;
-                let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
-                let _ = tx.send(
-                    view.map(|pod| EvictedPod {
-                        pod,
-                        killed_at_ns,
-                        killed,
-                        reaped,
-                    })
-                    .ok_or_else(|| NodeError::NotFound(uid.clone())),
-                );
-            }
-            After::Preempted { preemptor } => {
-                if let Some(err) = failed {
-                    if let Some(p) = self.pending.remove(&preemptor) {
-                        reply(
-                            p.reply,
-                            Err(NodeError::Runtime(RuntimeError::Unavailable {
-                                reason: format!("preempting {uid}: {err}"),
-                            })),
-                        );
-                    }
-                    return;
-                }
-                self.end(&uid, PREEMPTION_REASON.into(), PREEMPTION_MESSAGE.into());
-                self.release_devices().await;
-                let done = match self.pending.get_mut(&preemptor) {
-                    Some(p) => {
-                        p.victims.remove(&uid);
-                        p.victims.is_empty()
-                    }
-                    None => false,
-                };
-                if done {
-                    if let Some(p) = self.pending.remove(&preemptor) {
-                        let result = self.admit(p.checked, p.source, p.preempted).await;
-                        reply(p.reply, result);
-                    }
-                }
-            }
+        if let Some(e) = self.pods.get(&checked.uid) {
+            return Some(Err(NodeError::AlreadyExists(format!(
+                "a pod with uid {} is on this node already ({})",
+                checked.uid,
+                e.record.full_name()
+            ))));
         }
-    }
-
-    /// Frees the devices of pods that are no longer active (removed, evicted, preempted) as
-    /// soon as they stop, rather than at the next allocation as the kubelet does, so node
-    /// status and the device metrics do not count devices nobody holds. The next
-    /// allocation would free them anyway; a failure here is only logged.
-    async fn release_devices(&self) {
-        if let Some(devices) = &self.devices {
-            if let Err(e) = devices.remove_inactive_pods(&self.active_uids()).await {
-                tracing::error!("freeing the devices of stopped pods: {e}");
-            }
+        if self.pending.contains_key(&checked.uid) {
+            return Some(Err(NodeError::AlreadyExists(format!(
+                "a pod with uid {} is being admitted already",
+                checked.uid
+            ))));
         }
-    }
-
-    /// Stops pod `uid` through the runtime in the background, retrying every
-    /// [`STOP_RETRY`] until the runtime stops it or no longer knows it, then removes its pod
-    /// cgroup: what an eviction during a runtime outage leaves behind (the processes are dead
-    /// already; the sandbox, its records and the cgroups are not).
-    fn finish_stop_later(&self, uid: &str) {
-        let Some(cgroup) = self.pods.get(uid).and_then(|e| e.record.cgroup.clone()) else {
-            return;
-        };
-        let (rt, cgroups, uid) = (Arc::clone(&self.rt), self.cgroups.clone(), uid.to_string());
-        tokio::spawn(async move {
-            loop {
-                match rt.stop_pod(&uid, Duration::ZERO).await {
-                    Ok(_) | Err(RuntimeError::NotFound { .. }) => break,
-                    Err(e) => tracing::debug!(pod = %uid, "stop retry: {e}"),
-                }
-                tokio::time::sleep(STOP_RETRY).await;
-            }
-            let removed = tokio::task::spawn_blocking(move || {
-                cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT)
-            })
-            .await;
-            match removed {
-                Ok(Ok(())) => {
-                    tracing::info!(pod = %uid, "runtime back: evicted pod stopped and its cgroup removed")
-                }
-                Ok(Err(e)) => tracing::error!(pod = %uid, "removing the evicted pod's cgroup: {e}"),
-                Err(e) => tracing::error!(pod = %uid, "cgroup removal task: {e}"),
-            }
-        });
-    }
-
-    /// Marks a stopped pod Failed with `reason`/`message` and gives its memory back to the
-    /// tiers.
-    fn end(&mut self, uid: &str, reason: String, message: String) {
-        if let Some(e) = self.pods.get_mut(uid) {
-            e.record.phase = PodPhase::Failed;
-            e.record.reason = reason;
-            e.record.message = message;
-            e.record.ended_by_agent = true;
-        }
-        if let Err(e) = self.update_tiers() {
-            tracing::error!("QoS tiers after ending {uid}: {e}");
-        }
-        self.save();
-    }
-
-    fn view(&self, e: &Entry, memory: Option<MemoryUsage>, rank: Option<u32>) -> PodView {
-        PodView {
-            uid: e.record.uid.clone(),
-            namespace: e.record.namespace.clone(),
-            name: e.record.name.clone(),
-            info: e.info.clone(),
-            cgroup: e.record.cgroup.clone(),
-            phase: e.record.phase,
-            reason: e.record.reason.clone(),
-            message: e.record.message.clone(),
-            containers: e.record.containers.clone(),
-            oom_score_adj: e.record.oom_score_adj.clone(),
-            grace_period_seconds: e.record.grace_period_seconds,
-            memory,
-            oom_kills: None,
-            memory_rank: rank,
-            is_static: matches!(e.record.source, PodSource::File { .. }),
-            stopping: e.stopping,
-        }
-    }
-
-    /// Refreshes every live pod's status from the runtime, reads memory use from the pod
-    /// cgroups, ranks the running pods for `memory.available`.
-    async fn list(&mut self) -> Vec<PodView> {
-        match self.rt.list_pods().await {
-            Ok(statuses) => {
-                for s in statuses {
-                    if let Some(e) = self.pods.get_mut(&s.uid) {
-                        if !e.record.ended_by_agent {
-                            e.record.phase = s.phase;
-                            e.record.containers = s.containers;
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("runtime list_pods: {e}"),
-        }
-        let mut memory = BTreeMap::new();
-        let mut ooms = BTreeMap::new();
-        for e in self.pods.values() {
-            if let (false, Some(cg)) = (e.record.ended_by_agent, &e.record.cgroup) {
-                if let Ok(m) = self.cgroups.memory_usage(cg) {
-                    memory.insert(e.record.uid.clone(), m);
-                }
-                if let Ok(n) = self.cgroups.oom_kills(cg) {
-                    ooms.insert(e.record.uid.clone(), n);
-                }
-            }
-        }
-        let ranks = memory_ranks(
-            self.pods
-                .values()
-                .filter(|e| memory.contains_key(&e.record.uid) && !e.record.is_terminal())
-                .map(|e| &e.info),
-            &memory,
-        );
-        let mut views: Vec<PodView> = self
+        let name_taken = self
             .pods
             .values()
-            .map(|e| {
-                let mut v = self.view(
-                    e,
-                    memory.get(&e.record.uid).copied(),
-                    ranks.get(&e.record.uid).copied(),
-                );
-                v.oom_kills = ooms.get(&e.record.uid).copied();
-                v
-            })
+            .map(|e| (&e.record.namespace, &e.record.name, &e.record.uid))
+            .chain(
+                self.pending
+                    .values()
+                    .map(|p| (&p.checked.namespace, &p.checked.name, &p.checked.uid)),
+            )
+            .find(|(ns, n, _)| **ns == checked.namespace && **n == checked.name)
+            .map(|(_, _, uid)| uid.clone());
+        if let Some(uid) = name_taken {
+            return Some(Err(NodeError::AlreadyExists(format!(
+                "pod {}/{} is on this node already (uid {uid})",
+                checked.namespace, checked.name
+            ))));
+        }
+        // Everything that can be wrong with the document is found before the node changes.
+        if let Err(e) = self.spec_for(&checked, &BTreeMap::new()) {
+            return Some(Err(e));
+        }
+        // Devices first, as in the kubelet, whose resource-allocation admit handler runs
+        // before the predicate handler: a pod the device manager cannot serve is refused with
+        // that handler's reason and message, and preemption (which frees cpu, memory and
+        // pods, never devices) is not tried for it.
+        if let (Some(devices), Some(req)) = (&self.devices, Self::device_request(&checked.info)) {
+            if let Err(short) = devices.can_admit(&req, &self.active_uids()) {
+                return Some(Ok(self.reject(
+                    *checked,
+                    source,
+                    "UnexpectedAdmissionError".to_string(),
+                    format!("Allocate failed due to {short}, which is unexpected"),
+                )));
+            }
+        }
+        let mut failures = fit(
+            &checked.info,
+            &self.holding(),
+            &self.plan.resources.allocatable,
+        );
+        if self.devices.is_none() {
+            if let Some(req) = Self::device_request(&checked.info) {
+                let (resource, n) = req
+                    .containers
+                    .iter()
+                    .chain(&req.init_containers)
+                    .flat_map(|c| c.devices.iter())
+                    .next()
+                    .map(|(r, n)| (r.clone(), *n))
+                    .unwrap_or_default();
+                failures.push(AdmitFailure::InsufficientResource {
+                    resource,
+                    requested: i64::try_from(n).unwrap_or(i64::MAX),
+                    used: 0,
+                    capacity: 0,
+                });
+            }
+        }
+        if failures.is_empty() {
+            return Some(self.admit(checked, source, Vec::new()).await);
+        }
+        let running: Vec<(String, PodInfo)> = self
+            .pods
+            .values()
+            .filter(|e| !e.record.is_terminal() && e.record.cgroup.is_some() && !e.stopping)
+            .map(|e| (e.record.uid.clone(), e.info.clone()))
             .collect();
-        views.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        views
+        let infos: Vec<PodInfo> = running.iter().map(|(_, i)| i.clone()).collect();
+        let decision = handle_admission_failure(&checked.info, &infos, &failures);
+        if !decision.admit {
+            let (reason, message) = match &decision.error {
+                Some(e) => (
+                    "UnexpectedAdmissionError".to_string(),
+                    format!(
+                        "Unexpected error while attempting to recover from admission failure: {e}"
+                    ),
+                ),
+                None => rejection(&failures[0]),
+            };
+            return Some(Ok(self.reject(*checked, source, reason, message)));
+        }
+        if decision.preempt.is_empty() {
+            return Some(self.admit(checked, source, Vec::new()).await);
+        }
+        let victims: Vec<String> = decision
+            .preempt
+            .iter()
+            .map(|&i| running[i].0.clone())
+            .collect();
+        let preempted: Vec<String> = victims
+            .iter()
+            .filter_map(|uid| self.pods.get(uid).map(|e| e.record.full_name()))
+            .collect();
+        self.events.publish(NodeEventKind::Preemption {
+            preemptor: format!("{}/{}", checked.namespace, checked.name),
+            victims: preempted.clone(),
+            reasons: failures.iter().map(AdmitFailure::reason).collect(),
+        });
+        let uid = checked.uid.clone();
+        for v in &victims {
+            tracing::info!(victim = %v, preemptor = %uid, "preempting pod to admit critical pod");
+            // The kubelet kills preemption victims with their own grace period.
+            self.begin_stop(
+                v,
+                None,
+                After::Preempted {
+                    preemptor: uid.clone(),
+                },
+            );
+        }
+        self.pending.insert(
+            uid,
+            Pending {
+                checked,
+                source,
+                victims: victims.into_iter().collect(),
+                preempted,
+                reply: reply_to.take(),
+            },
+        );
+        None
+    }
+
+    fn reject(
+        &mut self,
+        checked: Checked,
+        source: PodSource,
+        reason: String,
+        message: String,
+    ) -> Applied {
+        tracing::info!(pod = %format!("{}/{}", checked.namespace, checked.name), %reason, %message, "pod rejected");
+        self.events.publish(NodeEventKind::Admission {
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            uid: checked.uid.clone(),
+            admitted: false,
+            reason: reason.clone(),
+            message: message.clone(),
+        });
+        let record = PodRecord {
+            uid: checked.uid.clone(),
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            document: checked.document,
+            source,
+            cgroup: None,
+            grace_period_seconds: checked.grace_period_seconds,
+            phase: PodPhase::Failed,
+            reason,
+            message,
+            ended_by_agent: true,
+            containers: Vec::new(),
+            oom_score_adj: BTreeMap::new(),
+            stopping: None,
+            orphan: None,
+        };
+        let entry = Entry {
+            record,
+            info: checked.info,
+            stopping: false,
+        };
+        let view = self.view(&entry, None, None);
+        self.pods.insert(entry.record.uid.clone(), entry);
+        self.save();
+        Applied {
+            pod: view,
+            admitted: false,
+            preempted: Vec::new(),
+        }
+    }
+
+    /// Tiers first, then the pod cgroup, device allocation, then the runtime; undone on a
+    /// failure so a pod that could not start leaves nothing behind.
+    pub(super) async fn admit(
+        &mut self,
+        checked: Box<Checked>,
+        source: PodSource,
+        preempted: Vec<String>,
+    ) -> Result<Applied, NodeError> {
+        let cgroup = CgroupPath::for_pod(&checked.info)?;
+        let mut device_env = BTreeMap::new();
+        if let (Some(devices), Some(req)) =
+            (self.devices.clone(), Self::device_request(&checked.info))
+        {
+            // A plugin that fails (or dies) in Allocate or PreStartContainer is the node's
+            // trouble, not the client's: the pod is refused as the kubelet's device admit
+            // handler refuses it (UnexpectedAdmissionError, "Allocate failed due to ...") and
+            // whatever was assigned to it is freed, so no device stays held by a pod that
+            // never ran.
+            let all = || {
+                checked
+                    .info
+                    .init_containers
+                    .iter()
+                    .chain(&checked.info.containers)
+            };
+            let allocated = async {
+                let alloc = devices.allocate(&req, &self.active_uids()).await?;
+                // The plugin's PreStartContainer (where it asked for one) before the
+                // containers start, as the kubelet does when it builds each container's run
+                // options.
+                for c in all() {
+                    devices.prepare_container(&req.uid, &c.name).await?;
+                }
+                Ok::<_, crate::devices::DeviceError>(alloc)
+            }
+            .await;
+            let alloc = match allocated {
+                Ok(alloc) => alloc,
+                Err(e) => {
+                    tracing::warn!(pod = %req.uid, "device allocation failed: {e}");
+                    let refused = self.reject(
+                        *checked,
+                        source,
+                        "UnexpectedAdmissionError".to_string(),
+                        format!("Allocate failed due to {e}, which is unexpected"),
+                    );
+                    self.release_devices().await;
+                    return Ok(refused);
+                }
+            };
+            for c in all() {
+                if let Some(ca) = alloc.containers.get(&c.name) {
+                    device_env.insert(
+                        c.name.clone(),
+                        ca.envs
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        let spec = self.spec_for(&checked, &device_env)?;
+        let record = PodRecord {
+            uid: checked.uid.clone(),
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            document: checked.document.clone(),
+            source,
+            cgroup: Some(cgroup.clone()),
+            grace_period_seconds: checked.grace_period_seconds,
+            phase: PodPhase::Pending,
+            reason: String::new(),
+            message: String::new(),
+            ended_by_agent: false,
+            containers: Vec::new(),
+            oom_score_adj: spec
+                .containers
+                .iter()
+                .map(|c| (c.name.clone(), c.oom_score_adj))
+                .collect(),
+            stopping: None,
+            orphan: None,
+        };
+        let uid = record.uid.clone();
+        self.pods.insert(
+            uid.clone(),
+            Entry {
+                record,
+                info: checked.info.clone(),
+                stopping: false,
+            },
+        );
+        let started = async {
+            self.update_tiers()?;
+            self.cgroups.create_pod_cgroup(
+                &cgroup,
+                &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
+            )?;
+            self.rt.run_pod(spec).await?;
+            Ok::<(), NodeError>(())
+        }
+        .await;
+        if let Err(e) = started {
+            tracing::error!(pod = %uid, "pod could not be started: {e}");
+            let _ = self.rt.stop_pod(&uid, Duration::ZERO).await;
+            let _ = self.cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT);
+            self.pods.remove(&uid);
+            let _ = self.update_tiers();
+            // The devices allocated to it above go back at once (a runtime that is down must
+            // not leave them held by a pod that does not exist).
+            self.release_devices().await;
+            return Err(e);
+        }
+        if let Ok(status) = self.rt.pod_status(&uid).await {
+            if let Some(e) = self.pods.get_mut(&uid) {
+                e.record.phase = status.phase;
+                e.record.containers = status.containers;
+            }
+        }
+        self.save();
+        self.events.publish(NodeEventKind::Admission {
+            namespace: checked.namespace.clone(),
+            name: checked.name.clone(),
+            uid: uid.clone(),
+            admitted: true,
+            reason: String::new(),
+            message: String::new(),
+        });
+        tracing::info!(pod = %format!("{}/{}", checked.namespace, checked.name), %uid, qos = %checked.info.qos, %cgroup, "pod admitted");
+        let entry = &self.pods[&uid];
+        Ok(Applied {
+            pod: self.view(entry, None, None),
+            admitted: true,
+            preempted,
+        })
     }
 
     async fn sync_static(&mut self, manifests: Vec<(PathBuf, u32, serde_json::Value)>) {
@@ -966,225 +970,5 @@ impl<R: Runtime + 'static> Actor<R> {
                 _ => {}
             }
         }
-    }
-
-    /// At start: pods in the checkpoint whose runtime pods exist are kept as they are; live
-    /// ones the runtime lost are started again by their restart policy (`Never`: marked
-    /// Failed). Nothing is killed.
-    async fn reconcile(&mut self, records: Vec<PodRecord>) -> Result<(), NodeError> {
-        let running: BTreeSet<String> = self
-            .rt
-            .list_pods()
-            .await?
-            .into_iter()
-            .map(|s| s.uid)
-            .collect();
-        let mut restart = Vec::new();
-        for record in records {
-            let info = match PodInfo::from_json(record.document.clone()) {
-                Ok(i) => i,
-                Err(e) => {
-                    tracing::error!(pod = %record.full_name(), "checkpointed pod unreadable, dropped: {e}");
-                    continue;
-                }
-            };
-            let live = !record.ended_by_agent && record.cgroup.is_some() && !record.is_terminal();
-            if live && !running.contains(&record.uid) {
-                restart.push(record.uid.clone());
-            }
-            self.pods.insert(
-                record.uid.clone(),
-                Entry {
-                    record,
-                    info,
-                    stopping: false,
-                },
-            );
-        }
-        for uid in restart {
-            let Some(e) = self.pods.get(&uid) else {
-                continue;
-            };
-            let policy = e
-                .record
-                .document
-                .pointer("/spec/restartPolicy")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or("Always");
-            if policy == "Never" {
-                if let Some(e) = self.pods.get_mut(&uid) {
-                    e.record.phase = PodPhase::Failed;
-                    e.record.reason = "ContainerStatusUnknown".into();
-                    e.record.message =
-                        "The pod's containers were gone when the agent restarted".into();
-                    e.record.ended_by_agent = true;
-                }
-                continue;
-            }
-            let checked = Checked {
-                document: e.record.document.clone(),
-                namespace: e.record.namespace.clone(),
-                name: e.record.name.clone(),
-                uid: uid.clone(),
-                info: e.info.clone(),
-                grace_period_seconds: e.record.grace_period_seconds,
-            };
-            let cgroup = e.record.cgroup.clone();
-            let started = async {
-                let spec = self.spec_for(&checked, &BTreeMap::new())?;
-                if let Some(cg) = &cgroup {
-                    self.cgroups.create_pod_cgroup(
-                        cg,
-                        &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
-                    )?;
-                }
-                self.rt.run_pod(spec).await?;
-                Ok::<(), NodeError>(())
-            }
-            .await;
-            match started {
-                Ok(()) => {
-                    tracing::info!(pod = %checked.name, %uid, "pod missing from the runtime after restart: started again")
-                }
-                Err(err) => {
-                    tracing::error!(pod = %checked.name, %uid, "pod could not be restarted: {err}");
-                    if let Some(e) = self.pods.get_mut(&uid) {
-                        e.record.phase = PodPhase::Failed;
-                        e.record.reason = "ContainerStatusUnknown".into();
-                        e.record.message =
-                            format!("could not be restarted after an agent restart: {err}");
-                        e.record.ended_by_agent = true;
-                    }
-                }
-            }
-        }
-        self.update_tiers()?;
-        self.save();
-        Ok(())
-    }
-}
-
-/// Ranks `pods` for `memory.available` by their working sets (`decide::rank`), 1 = first.
-fn memory_ranks<'a>(
-    pods: impl Iterator<Item = &'a PodInfo>,
-    memory: &BTreeMap<String, MemoryUsage>,
-) -> BTreeMap<String, u32> {
-    use crate::decide::rank::rank;
-    use crate::decide::signal::{FsLayout, Signal};
-    use crate::decide::summary::{MemoryStats, PodStats, StatsIndex};
-    let pods: Vec<PodInfo> = pods.cloned().collect();
-    let stats: Vec<PodStats> = pods
-        .iter()
-        .map(|p| {
-            let mut s = PodStats::default();
-            s.pod_ref.uid = p.uid.clone();
-            s.memory = Some(MemoryStats {
-                working_set_bytes: memory.get(&p.uid).map(|m| m.working_set_bytes),
-            });
-            s
-        })
-        .collect();
-    let mut index = StatsIndex::default();
-    for s in &stats {
-        index.insert(s.pod_ref.uid.as_str(), s);
-    }
-    rank(Signal::MemoryAvailable, FsLayout::Shared, &pods, &index)
-        .into_iter()
-        .enumerate()
-        .map(|(place, i)| (pods[i].uid.clone(), place as u32 + 1))
-        .collect()
-}
-
-/// The pod's phase word as the API prints it.
-pub fn phase_name(phase: PodPhase) -> &'static str {
-    match phase {
-        PodPhase::Pending => "Pending",
-        PodPhase::Running => "Running",
-        PodPhase::Succeeded => "Succeeded",
-        PodPhase::Failed => "Failed",
-    }
-}
-
-/// A container state's word and reason as the API prints them.
-pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
-    match &c.state {
-        ContainerState::Waiting { reason, .. } => ("waiting", reason.clone()),
-        ContainerState::Running { .. } => ("running", String::new()),
-        ContainerState::Terminated(t) => ("terminated", t.reason.clone()),
-    }
-}
-
-/// The reactor loop drives eviction through the pod manager, so an evicted pod ends with its
-/// status recorded, checkpointed and published like any other change on the node.
-impl PodControl for PodManager {
-    fn pods(&self) -> Vec<ActivePod> {
-        self.active()
-    }
-
-    async fn evict(
-        &self,
-        uid: &str,
-        grace: Duration,
-        status: EvictionStatus,
-    ) -> Result<Evicted, EvictError> {
-        let done = PodManager::evict(self, uid, grace, &status.reason, &status.message)
-            .await
-            .map_err(|e| match e {
-                NodeError::Runtime(r) => EvictError::Runtime(r),
-                NodeError::Cgroup(c) => EvictError::Cgroup(c),
-                NodeError::NotFound(_) => EvictError::Runtime(RuntimeError::NotFound {
-                    uid: uid.to_string(),
-                }),
-                other => EvictError::Runtime(RuntimeError::Unavailable {
-                    reason: other.to_string(),
-                }),
-            })?;
-        Ok(Evicted {
-            killed_at_ns: done.killed_at_ns,
-            killed: done.killed,
-            reaped: done.reaped,
-        })
-    }
-
-    async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
-        let uids: Vec<String> = self
-            .active
-            .borrow()
-            .iter()
-            .map(|p| p.info.uid.clone())
-            .collect();
-        writable_layers_of(uids, |uid| async move {
-            self.runtime.writable_layers(&uid).await
-        })
-        .await
-    }
-}
-
-/// The boxed future [`RuntimeView::writable_layers`] returns.
-type LayersFuture<'a> = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<BTreeMap<String, FsStats>, RuntimeError>>
-            + Send
-            + 'a,
-    >,
->;
-
-/// What the reactor loop asks of the runtime outside the owner task (it must not queue
-/// behind admissions): container cgroup names and writable-layer figures. Object safe, so
-/// the cloneable [`PodManager`] handle holds any runtime.
-trait RuntimeView: Send + Sync {
-    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>>;
-    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a>;
-}
-
-struct View<R>(Arc<R>);
-
-impl<R: Runtime> RuntimeView for View<R> {
-    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>> {
-        self.0.container_cgroups(uid)
-    }
-
-    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a> {
-        Box::pin(self.0.writable_layers(uid))
     }
 }

@@ -11,16 +11,25 @@
 //! check the resources ([`admit`]), let a critical pod preempt (`decide::preempt`), update the
 //! QoS tiers, create the pod cgroup with `decide`'s values, and hand the pod to the runtime.
 //! On removal: stop through the runtime, remove the pod cgroup, update the tiers.
+//!
+//! At start the node is the truth about what runs ([`recover`]): stops under way when the
+//! agent died are finished, pods the runtime runs but the checkpoint lost are re-admitted
+//! from the spec the runtime kept, and whatever else runs in a pod cgroup is listed as an
+//! orphan and removed after `orphanGracePeriod`.
 
 pub mod admit;
+mod control;
 pub mod document;
 pub mod events;
 pub mod manager;
 pub mod record;
+pub mod recover;
 pub mod settings;
 pub mod static_pods;
+mod stop;
+pub mod view;
 
-pub use events::{EventHub, NodeEvent, NodeEventKind};
+pub use events::{notices_to, EventHub, NodeEvent, NodeEventKind};
 pub use manager::{Applied, EvictedPod, PodManager, PodView, RemoveTarget, Removed};
 pub use settings::NodePlan;
 

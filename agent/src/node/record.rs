@@ -60,6 +60,49 @@ pub struct PodRecord {
     pub containers: Vec<ContainerStatus>,
     /// `oom_score_adj` per container, as given to the runtime.
     pub oom_score_adj: BTreeMap<String, i32>,
+    /// A stop under way (eviction, removal, preemption), written before the stop begins so
+    /// an agent killed halfway finishes it after the restart instead of starting the pod
+    /// again — an eviction is never undone nor done twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<StopIntent>,
+    /// Set for a pod found running on the node with no spec to re-admit it from
+    /// (`node::recover`): it is listed, ranked and evicted like any pod, and removed when
+    /// its grace period ends unless a pod with its uid or name is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphan: Option<Orphan>,
+}
+
+/// What a stop under way will leave behind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StopIntent {
+    /// The pod ends `Failed` with this reason and message (eviction).
+    Evict {
+        /// `status.reason`.
+        reason: String,
+        /// `status.message`.
+        message: String,
+    },
+    /// The pod ends `Failed`, preempted for a critical pod.
+    Preempt {
+        /// The critical pod's uid.
+        preemptor: String,
+    },
+    /// The pod leaves the node.
+    Remove {
+        /// Why (`api`, `static-manifest-removed`, `orphan-grace-period`).
+        cause: String,
+    },
+}
+
+/// How an orphan was found and when it goes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Orphan {
+    /// Where it was found (`cgroup /kubepods/besteffort/pod<uid>`, `process runtime`).
+    pub found_in: String,
+    /// When its grace period ends, Unix seconds.
+    pub remove_at_unix: u64,
 }
 
 impl PodRecord {

@@ -264,8 +264,37 @@ pub async fn stop_and_kill<R: Runtime>(
     cgroup: Option<&CgroupPath>,
     cgroups: &CgroupManager,
 ) -> (Result<PodStatus, RuntimeError>, Evicted) {
-    let mut stop = std::pin::pin!(rt.stop_pod(uid, grace));
-    let first = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx))).await;
+    let stop = rt.stop_pod(uid, grace);
+    let (first, out) = begin_kill(stop, grace, cgroup, cgroups);
+    finish_kill(first, out).await
+}
+
+/// A stop begun by [`begin_kill`]: the runtime's answer if it came at the first poll, else
+/// the rest of its stop to await.
+pub type Begun<F> = (Result<Result<PodStatus, RuntimeError>, F>, Evicted);
+
+/// The first half of [`stop_and_kill`], without awaiting: polls `stop` (the runtime's
+/// `stop_pod`) once, so the runtime is told before anything dies, then with grace 0 sends
+/// SIGKILL to every process in `cgroup` at once. For a caller that must record something
+/// right after the kill and before the stop's end (the pod manager's write-ahead record),
+/// without delaying the kill by it. Finish with [`finish_kill`].
+pub fn begin_kill<F>(
+    stop: F,
+    grace: Duration,
+    cgroup: Option<&CgroupPath>,
+    cgroups: &CgroupManager,
+) -> Begun<std::pin::Pin<Box<F>>>
+where
+    F: Future<Output = Result<PodStatus, RuntimeError>>,
+{
+    let mut stop = Box::pin(stop);
+    // A no-op waker is enough for this first poll: the caller polls again (with its task's
+    // waker) in `finish_kill` when the stop is not done.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let first = match stop.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => Ok(r),
+        Poll::Pending => Err(stop),
+    };
     let mut out = Evicted::default();
     if let (true, Some(cg)) = (grace.is_zero(), cgroup) {
         let pids = cgroups.procs_recursive(cg).unwrap_or_default();
@@ -275,9 +304,21 @@ pub async fn stop_and_kill<R: Runtime>(
         let k = signalled.reap();
         (out.killed, out.reaped) = (k.killed, k.reaped);
     }
+    (first, out)
+}
+
+/// The second half of [`stop_and_kill`]: awaits the runtime's stop; with a grace period the
+/// kill time is when it reports the pod stopped.
+pub async fn finish_kill<F>(
+    first: Result<Result<PodStatus, RuntimeError>, std::pin::Pin<Box<F>>>,
+    mut out: Evicted,
+) -> (Result<PodStatus, RuntimeError>, Evicted)
+where
+    F: Future<Output = Result<PodStatus, RuntimeError>>,
+{
     let result = match first {
-        Poll::Ready(r) => r,
-        Poll::Pending => stop.await,
+        Ok(r) => r,
+        Err(stop) => stop.await,
     };
     if out.killed_at_ns.is_none() {
         out.killed_at_ns = Some(monotonic_ns());

@@ -1,51 +1,45 @@
-//! Checkpoints: one serde value per file, written atomically and refused when damaged.
+//! Checkpoints: one serde value per file, versioned, checksummed, and crash-safe through
+//! [`StateFile`](super::state_file::StateFile).
 //!
 //! Why this shape: the agent must come back from a crash or a power cut with the state it
 //! acted on (which pods it runs, which devices it handed out, which images it has seen).
-//! A half-written file must never be mistaken for state, and a damaged one must never be
-//! silently thrown away — an operator may need it to understand what happened.
+//! A half-written file must never be mistaken for state, a damaged one must never be
+//! silently thrown away — an operator may need it to understand what happened — and no
+//! state file may ever keep the agent from starting.
 //!
-//! - **Atomic**: the value is written to a temp file in the same directory, the file is
-//!   fsynced, renamed over the target, and the directory is fsynced so the rename itself
-//!   survives a power cut. A reader sees the old file or the new one, never a mix.
+//! - **Crash-safe, two generations**: writes go through [`StateFile`], which keeps the last
+//!   good generation as `<name>.prev` and replaces the file atomically (temp file, fsync,
+//!   rename, fsync of the directory).
 //! - **Versioned JSON with a checksum**: the file is one JSON object
 //!   `{"kind": K, "version": V, "crc32": "xxxxxxxx", "data": …}`. The CRC-32 covers the
 //!   canonical serialization of `data` (sorted keys), so a file edited by hand, truncated or
 //!   bit-flipped is caught even where it still parses.
-//! - **Refused, kept aside**: a load that finds a damaged file renames it to
-//!   `<name>.corrupt` (replacing an older one) and returns a one-line error; the caller
-//!   starts from empty state and says so. An absent file is `Ok(None)`, not an error.
+//! - **Never refused**: a load falls back current → previous → empty; a damaged file or one
+//!   of another version is set aside (renamed, kept) with a log line and a notice. An absent
+//!   file is simply empty state.
 //!
 //! ```no_run
 //! use reactor::record::checkpoint::Checkpoint;
 //! # fn main() -> Result<(), reactor::record::checkpoint::CheckpointError> {
 //! let pods = Checkpoint::new("/var/lib/reactor/pods.json", "pods", 1);
-//! pods.save(&vec!["default/web".to_string()])?;
-//! let back: Option<Vec<String>> = pods.load()?;
+//! let back: Vec<String> = pods.load().value.unwrap_or_default();
+//! pods.save(&back)?;
 //! # Ok(()) }
 //! ```
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Why a checkpoint could not be written or read. Each variant renders as one line naming
-/// the file.
+use super::state_file::{Loaded, Notices, Refusal, StateFile, WriteError};
+
+/// Why a checkpoint could not be written. Each variant renders as one line naming the file.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    /// The file system refused an operation.
-    #[error("checkpoint {path}: {op}: {source}")]
-    Io {
-        /// The file or directory the operation was on.
-        path: PathBuf,
-        /// What the agent was doing ("write temp file", "rename", ...).
-        op: &'static str,
-        /// The error from the kernel.
-        source: std::io::Error,
-    },
+    /// The file system refused the write (a full disk, a missing directory, ...).
+    #[error(transparent)]
+    Write(#[from] WriteError),
     /// The value could not be turned into JSON (a map with non-string keys, say).
     #[error("checkpoint {path}: cannot serialize: {source}")]
     Serialize {
@@ -54,38 +48,13 @@ pub enum CheckpointError {
         /// The serializer's complaint.
         source: serde_json::Error,
     },
-    /// The file is damaged (truncated, not JSON, checksum mismatch, wrong shape); it was
-    /// moved aside to `kept_at` for inspection.
-    #[error("checkpoint {path} is corrupt ({reason}); kept as {kept_at}")]
-    Corrupt {
-        /// The checkpoint file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-        /// Where the damaged file now is.
-        kept_at: PathBuf,
-    },
-    /// The file is intact but belongs to another kind or version of state; it is left in
-    /// place, since a newer agent may still read it.
-    #[error("checkpoint {path} holds {found_kind} version {found_version}, this agent reads {kind} version {version}")]
-    Incompatible {
-        /// The checkpoint file.
-        path: PathBuf,
-        /// The kind in the file.
-        found_kind: String,
-        /// The version in the file.
-        found_version: u32,
-        /// The kind this reader expects.
-        kind: String,
-        /// The version this reader expects.
-        version: u32,
-    },
 }
 
-/// One checkpoint file holding one kind of state at one format version.
+/// One checkpoint file holding one kind of state at one format version. Clones share the
+/// file's state (which generation is good, whether writes are failing).
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
-    path: PathBuf,
+    file: StateFile,
     kind: String,
     version: u32,
 }
@@ -110,147 +79,96 @@ impl Checkpoint {
     /// written until [`save`](Self::save) or [`load`](Self::load).
     pub fn new(path: impl Into<PathBuf>, kind: &str, version: u32) -> Checkpoint {
         Checkpoint {
-            path: path.into(),
+            file: StateFile::new(path),
             kind: kind.to_string(),
             version,
         }
     }
 
+    /// Sends what happens to the file (set aside, failed writes) to `notices` as well as
+    /// the log.
+    pub fn with_notices(mut self, notices: Notices) -> Checkpoint {
+        self.file = self.file.with_notices(notices);
+        self
+    }
+
     /// The file this checkpoint lives in.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
-    /// Where a damaged file is kept: `<name>.corrupt` beside it.
-    pub fn corrupt_path(&self) -> PathBuf {
-        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
-        name.push(".corrupt");
-        self.path.with_file_name(name)
+    /// The previous generation, `<name>.prev`.
+    pub fn prev_path(&self) -> PathBuf {
+        self.file.prev_path()
     }
 
-    fn io(&self, path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> CheckpointError {
-        let path = path.to_path_buf();
-        move |source| CheckpointError::Io { path, op, source }
+    /// Whether the last save failed (the owner retries while it does).
+    pub fn is_failing(&self) -> bool {
+        self.file.is_failing()
     }
 
-    /// Writes `value` atomically: temp file in the same directory, fsync, rename over the
-    /// target, fsync the directory. The directory must exist.
+    /// Writes `value` as the new generation (see [`StateFile::write`]). The directory must
+    /// exist.
     pub fn save<T: Serialize>(&self, value: &T) -> Result<(), CheckpointError> {
-        let data = serde_json::to_value(value).map_err(|source| CheckpointError::Serialize {
-            path: self.path.clone(),
+        let ser = |source| CheckpointError::Serialize {
+            path: self.path().to_path_buf(),
             source,
-        })?;
+        };
+        let data = serde_json::to_value(value).map_err(ser)?;
         let envelope = Envelope {
             kind: self.kind.clone(),
             version: self.version,
             crc32: crc_of(&data),
             data,
         };
-        let bytes = serde_json::to_vec(&envelope).map_err(|source| CheckpointError::Serialize {
-            path: self.path.clone(),
-            source,
-        })?;
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(self.path.file_name().unwrap_or_default());
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = dir.join(tmp_name);
-        let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(self.io(&tmp, "create temp file"))?;
-            file.write_all(&bytes)
-                .map_err(self.io(&tmp, "write temp file"))?;
-            file.sync_all().map_err(self.io(&tmp, "fsync temp file"))?;
-            std::fs::rename(&tmp, &self.path).map_err(self.io(&self.path, "rename temp file"))?;
-            File::open(&dir)
-                .and_then(|d| d.sync_all())
-                .map_err(self.io(&dir, "fsync directory"))
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        let bytes = serde_json::to_vec(&envelope).map_err(ser)?;
+        self.file.write(&bytes)?;
+        Ok(())
     }
 
-    /// Reads the state back. `Ok(None)` when there is no file; an error (after moving the
-    /// file aside to [`corrupt_path`](Self::corrupt_path)) when it is damaged.
-    pub fn load<T: DeserializeOwned>(&self) -> Result<Option<T>, CheckpointError> {
-        let bytes = match std::fs::read(&self.path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(CheckpointError::Io {
-                    path: self.path.clone(),
-                    op: "read",
-                    source,
-                })
-            }
-        };
-        let envelope: Envelope = match serde_json::from_slice(&bytes) {
-            Ok(e) => e,
-            Err(e) => return Err(self.set_aside(format!("not a checkpoint: {e}"))),
-        };
+    /// Reads the state back from the newest usable generation; never fails (see the
+    /// module doc). `value` is `None` for empty state.
+    pub fn load<T: DeserializeOwned>(&self) -> Loaded<T> {
+        self.file.load(|bytes| self.decode(bytes))
+    }
+
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
+        let envelope: Envelope = serde_json::from_slice(bytes)
+            .map_err(|e| Refusal::Damaged(format!("not a checkpoint: {e}").replace('\n', " ")))?;
         let found = crc_of(&envelope.data);
         if found != envelope.crc32 {
-            return Err(self.set_aside(format!(
+            return Err(Refusal::Damaged(format!(
                 "checksum {found} does not match the recorded {}",
                 envelope.crc32
             )));
         }
-        if envelope.kind != self.kind || envelope.version != self.version {
-            return Err(CheckpointError::Incompatible {
-                path: self.path.clone(),
-                found_kind: envelope.kind,
-                found_version: envelope.version,
-                kind: self.kind.clone(),
-                version: self.version,
-            });
+        if envelope.kind != self.kind {
+            return Err(Refusal::Damaged(format!(
+                "holds {:?}, not {:?}",
+                envelope.kind, self.kind
+            )));
         }
-        match serde_path_to_error::deserialize(envelope.data) {
-            Ok(v) => Ok(Some(v)),
-            Err(e) => Err(self.set_aside(format!("data at {}: {}", e.path(), e.inner()))),
+        if envelope.version != self.version {
+            return Err(Refusal::OtherVersion(format!(
+                "holds {} version {}, this agent reads version {}",
+                envelope.kind, envelope.version, self.version
+            )));
         }
+        serde_path_to_error::deserialize(envelope.data).map_err(|e| {
+            Refusal::Damaged(format!("data at {}: {}", e.path(), e.inner()).replace('\n', " "))
+        })
     }
 
-    fn set_aside(&self, reason: String) -> CheckpointError {
-        let kept_at = self.corrupt_path();
-        if let Err(source) = std::fs::rename(&self.path, &kept_at) {
-            return CheckpointError::Io {
-                path: self.path.clone(),
-                op: "move corrupt file aside",
-                source,
-            };
-        }
-        CheckpointError::Corrupt {
-            path: self.path.clone(),
-            reason: reason.replace('\n', " "),
-            kept_at,
-        }
-    }
-
-    /// Deletes the checkpoint (a missing file is fine).
+    /// Deletes the checkpoint and its previous generation (a missing file is fine).
     pub fn remove(&self) -> Result<(), CheckpointError> {
-        match std::fs::remove_file(&self.path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CheckpointError::Io {
-                path: self.path.clone(),
-                op: "remove",
-                source: e,
-            }),
-            _ => Ok(()),
-        }
+        Ok(self.file.remove()?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::state_file::Generation;
     use serde::Deserialize;
     use std::collections::BTreeMap;
 
@@ -267,38 +185,52 @@ mod tests {
         }
     }
 
+    fn kept(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".corrupt-"))
+            .collect()
+    }
+
     #[test]
     fn round_trip_and_absent() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("pods.json"), "pods", 1);
-        assert_eq!(cp.load::<Pods>().unwrap(), None);
+        assert_eq!(cp.load::<Pods>().value, None);
         cp.save(&sample()).unwrap();
-        assert_eq!(cp.load::<Pods>().unwrap(), Some(sample()));
+        assert_eq!(cp.load::<Pods>().value, Some(sample()));
         // Only the checkpoint is left: the temp file was renamed.
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
         cp.remove().unwrap();
-        assert_eq!(cp.load::<Pods>().unwrap(), None);
+        assert_eq!(cp.load::<Pods>().value, None);
     }
 
     #[test]
-    fn every_truncation_is_refused_and_kept_aside() {
+    fn every_truncation_is_set_aside_and_the_previous_generation_used() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("pods.json"), "pods", 1);
+        cp.save(&Pods {
+            uids: vec![],
+            restarts: BTreeMap::new(),
+        })
+        .unwrap();
         cp.save(&sample()).unwrap();
         let full = std::fs::read(cp.path()).unwrap();
+        let prev = std::fs::read(cp.prev_path()).unwrap();
         for len in 0..full.len() {
             std::fs::write(cp.path(), &full[..len]).unwrap();
-            let err = cp.load::<Pods>().unwrap_err();
-            match &err {
-                CheckpointError::Corrupt { kept_at, .. } => {
-                    assert_eq!(kept_at, &cp.corrupt_path());
-                    assert_eq!(std::fs::read(kept_at).unwrap(), &full[..len]);
-                }
-                other => panic!("offset {len}: expected Corrupt, got {other}"),
-            }
-            assert!(!err.to_string().contains('\n'), "one line: {err}");
+            let loaded = Checkpoint::new(cp.path(), "pods", 1).load::<Pods>();
+            assert_eq!(loaded.generation, Generation::Previous, "offset {len}");
+            assert_eq!(loaded.value.unwrap().uids.len(), 0);
+            let k = kept(dir.path());
+            assert_eq!(k.len(), 1, "offset {len}");
+            assert_eq!(std::fs::read(&k[0]).unwrap(), &full[..len]);
+            std::fs::remove_file(&k[0]).unwrap();
+            assert!(loaded.notices.iter().all(|n| !n.message.contains('\n')));
             assert!(!cp.path().exists(), "bad file moved aside at offset {len}");
+            assert_eq!(std::fs::read(cp.prev_path()).unwrap(), prev);
         }
     }
 
@@ -309,9 +241,10 @@ mod tests {
         cp.save(&sample()).unwrap();
         let text = std::fs::read_to_string(cp.path()).unwrap();
         std::fs::write(cp.path(), text.replace("\"a1\"", "\"a7\"")).unwrap();
-        let err = cp.load::<Pods>().unwrap_err().to_string();
-        assert!(err.contains("checksum"), "{err}");
-        assert!(cp.corrupt_path().exists());
+        let loaded = cp.load::<Pods>();
+        assert_eq!(loaded.value, None);
+        assert!(loaded.notices[0].message.contains("checksum"), "{loaded:?}");
+        assert_eq!(kept(dir.path()).len(), 1);
     }
 
     #[test]
@@ -320,26 +253,31 @@ mod tests {
         let cp = Checkpoint::new(dir.path().join("pods.json"), "pods", 1);
         cp.save(&serde_json::json!({"uids": [1], "restarts": {}}))
             .unwrap();
-        let err = cp.load::<Pods>().unwrap_err().to_string();
-        assert!(err.contains("uids[0]"), "{err}");
+        let loaded = cp.load::<Pods>();
+        assert!(loaded.notices[0].message.contains("uids[0]"), "{loaded:?}");
     }
 
     #[test]
-    fn other_version_is_left_in_place() {
+    fn other_version_is_set_aside_not_overwritten() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pods.json");
         Checkpoint::new(&path, "pods", 2).save(&sample()).unwrap();
-        let err = Checkpoint::new(&path, "pods", 1)
-            .load::<Pods>()
-            .unwrap_err();
-        assert!(matches!(
-            err,
-            CheckpointError::Incompatible {
-                found_version: 2,
-                ..
-            }
-        ));
-        assert!(path.exists());
+        let written = std::fs::read(&path).unwrap();
+        let cp = Checkpoint::new(&path, "pods", 1);
+        let loaded = cp.load::<Pods>();
+        assert_eq!(loaded.value, None);
+        assert!(
+            loaded.notices[0].message.contains("version 2"),
+            "{loaded:?}"
+        );
+        cp.save(&sample()).unwrap();
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".unsupported-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(std::fs::read(&aside[0]).unwrap(), written);
     }
 
     #[test]
@@ -351,5 +289,6 @@ mod tests {
             err.contains("nope") && err.contains("create temp file"),
             "{err}"
         );
+        assert!(cp.is_failing());
     }
 }

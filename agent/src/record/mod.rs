@@ -5,3 +5,4 @@
 pub mod checkpoint;
 pub mod human;
 pub mod metrics;
+pub mod state_file;

@@ -446,6 +446,25 @@ impl CgroupManager {
         dispatch!(self, procs_recursive(cgroup))
     }
 
+    /// The names of `cgroup`'s child cgroups, in any hierarchy (v1), sorted; none when
+    /// `cgroup` does not exist. How the pod manager finds pod cgroups nobody knows about.
+    pub fn children(&self, cgroup: &CgroupPath) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .procs_files(cgroup)
+            .iter()
+            .filter_map(|f| f.parent().and_then(|d| std::fs::read_dir(d).ok()))
+            .flat_map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// `true` when no process is left in `cgroup` or below it: the point at which a
     /// victim's memory has been given back.
     pub fn is_empty(&self, cgroup: &CgroupPath) -> Result<bool, CgroupError> {
