@@ -136,8 +136,8 @@ pub struct MemcgEvent {
 
 /// A watched memory cgroup's page-counter usage reached its armed level.
 ///
-/// Written by the charge programs (raw tracepoints `mod_memcg_lruvec_state` and
-/// `mod_memcg_state`) once per upward crossing: the slot then waits until usage falls below
+/// Written by the charge program (raw tracepoint `mod_memcg_lruvec_state`) once per upward
+/// crossing: the slot then waits until usage falls below
 /// its re-arm level (hysteresis) before it can fire again.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //! | `oom_mark_victim` | `oom:mark_victim` | [`Kind::OomKill`] |
 //! | `{memcg,direct}_reclaim_{begin,end}` | `vmscan:mm_vmscan_{memcg,direct}_reclaim_{begin,end}` | [`Kind::ReclaimStall`] (duration timed in the kernel) |
 //! | `count_memcg_events` | `memcg:count_memcg_events` (pressure items only) | [`Kind::MemcgEvent`] |
-//! | `charge_lruvec`, `charge_state` | raw tracepoints `mod_memcg_lruvec_state`, `mod_memcg_state` | [`Kind::ThresholdCrossed`] for a watched cgroup ([`threshold`]) |
+//! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | [`Kind::ThresholdCrossed`] for a watched cgroup ([`threshold`]) |
 //!
 //! Each program needs its tracepoint with the layout in `agent_ebpf::layout` (checked at
 //! attach; `memcg:count_memcg_events` is a recent addition that older kernels lack, and
@@ -103,11 +103,11 @@ pub struct TracepointSpec {
 
 /// The programs that check usage thresholds on the charge path; attached only when
 /// [`EbpfOptions::usage_thresholds`] asks for them (they run on every charge).
-pub const CHARGE_PROGRAMS: [&str; 2] = ["charge_lruvec", "charge_state"];
+pub const CHARGE_PROGRAMS: [&str; 1] = ["charge_lruvec"];
 
 /// Every program the source attaches, in attach order (the raw `mark_victim` program before
 /// the classic one so it runs first; stall `begin`s before `end`s).
-pub const TRACEPOINTS: [TracepointSpec; 9] = [
+pub const TRACEPOINTS: [TracepointSpec; 8] = [
     TracepointSpec {
         program: "oom_victim_cgroup",
         category: "oom",
@@ -161,13 +161,6 @@ pub const TRACEPOINTS: [TracepointSpec; 9] = [
         program: "charge_lruvec",
         category: "memcg",
         name: "mod_memcg_lruvec_state",
-        fields: layout::NONE,
-        raw: true,
-    },
-    TracepointSpec {
-        program: "charge_state",
-        category: "memcg",
-        name: "mod_memcg_state",
         fields: layout::NONE,
         raw: true,
     },

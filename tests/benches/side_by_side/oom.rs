@@ -321,9 +321,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
         let c = crossings.clone();
         let watcher = tokio::spawn(async move {
             while let Some(r) = reference.next().await {
-                let up = matches!(r.event.kind, Kind::ThresholdCrossed { usage_bytes, .. }
-                    if usage_bytes.is_none_or(|u| u >= (CAPACITY_MI - HARD_MI) * MI));
-                if up {
+                // Either direction: a fast agent has released the victim by the time this
+                // task reads usage for the upward crossing; a repetition takes the first
+                // notification after its start, which is the upward one.
+                if matches!(r.event.kind, Kind::ThresholdCrossed { .. }) {
                     if let Ok(mut v) = c.lock() {
                         v.push(r.event.at_ns);
                     }
@@ -483,7 +484,9 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
     t.note(
         "reaction: the decision's waking kernel event → SIGKILL (decisions the loop's own close \
          watch woke have no kernel event and are left out); crossing→released: the bench's \
-         own memcg eventfd on kubepods at 384 MiB usage → the victim's pod cgroup empty"
+         own memcg eventfd on kubepods at 384 MiB usage (its wake-up; the kernel checks v1 \
+         thresholds every 128 charged pages, so it can come after an eBPF-woken SIGKILL, and \
+         crossing → SIGKILL then reads 0) → the victim's pod cgroup empty"
             .to_string(),
     );
     for n in halves_notes {

@@ -1,5 +1,5 @@
 //! Usage thresholds checked in the kernel: the user-space half of the charge programs
-//! (`charge_lruvec`, `charge_state` in `agent-ebpf`).
+//! (`charge_lruvec` in `agent-ebpf`).
 //!
 //! cgroup v2 offers no "usage crossed X bytes" notification (`memory.events` moves only on
 //! `high`/`max`/`oom`), and v1's needs one eventfd registration per threshold. The charge
@@ -13,8 +13,8 @@
 //! write re-reads the cgroup's usage so a slot armed below its usage waits for the next
 //! crossing instead of firing at once (what a v1 eventfd registration does too).
 //!
-//! Minimum kernel: the `memcg:mod_memcg_state`/`mod_memcg_lruvec_state` tracepoints (Linux
-//! 6.14) and BTF for the offsets.
+//! Minimum kernel: the `memcg:mod_memcg_lruvec_state` tracepoint (Linux 6.14) and BTF for the
+//! offsets.
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
