@@ -165,6 +165,46 @@ impl TestAgent {
         }
     }
 
+    /// `reactor events --json` (only `kind` when given) beside the test, each line parsed on
+    /// the receiver; the child is killed (by pid) when the guard drops.
+    pub fn follow_events(
+        &self,
+        kind: Option<&str>,
+    ) -> (
+        crate::ChildGuard,
+        std::sync::mpsc::Receiver<serde_json::Value>,
+    ) {
+        use std::io::BufRead as _;
+        let mut cmd = Command::new(reactor_bin());
+        cmd.args(["events", "--json"]);
+        if let Some(kind) = kind {
+            cmd.args(["--kind", kind]);
+        }
+        let mut child = crate::ChildGuard(
+            cmd.arg("--socket")
+                .arg(&self.socket)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("reactor events"),
+        );
+        let stdout = child.0.stdout.take().expect("events stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    break;
+                };
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    }
+
     /// What the agent logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()

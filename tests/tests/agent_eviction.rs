@@ -3,15 +3,8 @@
 //! API and run by the process runtime, pressure from a BestEffort pod allocating fast. What a
 //! user sees is checked where the user sees it: `reactor pod ls`, `reactor events`, the log,
 //! and `/metrics` scraped over HTTP.
-#![expect(
-    clippy::unwrap_used,
-    reason = "test helpers outside #[test] fns: a failed setup should panic with its backtrace"
-)]
-
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use reactor::record::metrics::FAMILIES;
@@ -67,34 +60,6 @@ fn pod(name: &str, resources: Value, args: &[&str]) -> Value {
                     "containers": [{"name": "app", "command": command, "resources": resources}]}})
 }
 
-/// `reactor events --json` running beside the test, its lines on a channel.
-fn follow_events(agent: &TestAgent) -> (ChildGuard, mpsc::Receiver<Value>) {
-    let mut child = ChildGuard(
-        Command::new(reactor_bin())
-            .args(["events", "--json", "--socket"])
-            .arg(&agent.socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                break;
-            };
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
-}
-
 #[test]
 fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_everywhere() {
     if !ready() {
@@ -112,7 +77,7 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
             .spawn()
             .unwrap(),
     );
-    let (_events_child, events) = follow_events(&agent);
+    let (_events_child, events) = agent.follow_events(None);
 
     // A Burstable pod using 48 MiB of its 64 MiB request, and a pod refused for asking more
     // memory than the node has (an admission rejection for the metrics).

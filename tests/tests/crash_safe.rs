@@ -15,7 +15,6 @@
 )]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -53,34 +52,6 @@ fn hog(name: &str) -> Value {
            "spec": {"terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
                     "containers": [{"name": "app",
                                     "command": [memhog_bin().display().to_string(), "600", "400"]}]}})
-}
-
-/// `reactor events --json` beside the test (the start's recovery events are replayed first).
-fn follow_events(agent: &TestAgent) -> (ChildGuard, mpsc::Receiver<Value>) {
-    let mut child = ChildGuard(
-        Command::new(reactor_bin())
-            .args(["events", "--json", "--socket"])
-            .arg(&agent.socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                break;
-            };
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
 }
 
 /// Events received within `within` that match `pred`, waiting until one does.
@@ -219,7 +190,7 @@ fn a_truncated_pod_checkpoint_neither_stops_the_agent_nor_hides_its_pod() {
 
     // It starts (restart panics if it exits), says what happened, and shows the pod.
     agent.restart();
-    let (_f, events) = follow_events(&agent);
+    let (_f, events) = agent.follow_events(None);
     let set_aside = wait_event(
         &events,
         Duration::from_secs(10),
@@ -294,7 +265,7 @@ fn a_pod_whose_spec_is_lost_everywhere_is_an_orphan_until_its_grace_period_ends(
         }
     }
     agent.restart();
-    let (_f, events) = follow_events(&agent);
+    let (_f, events) = agent.follow_events(None);
     let pods = listed(&agent);
     assert_no_hidden_process(&agent, &pods);
     let lost = &pods["default/lost"];
@@ -448,7 +419,7 @@ fn every_state_file_damaged_every_way_the_agent_starts_says_so_and_writes_again(
             damage(&dir.join(f), how);
         }
         agent.restart();
-        let (_f, events) = follow_events(&agent);
+        let (_f, events) = agent.follow_events(None);
         let mut seen = Vec::new();
         for (dir, f) in &files {
             let e = match seen.iter().find(|e| recovery("set-aside", f)(e)) {
@@ -564,7 +535,7 @@ fn a_full_state_filesystem_is_reported_and_checkpoints_resume_when_space_returns
     let state = base.path().join("state");
     let tmpfs = Tmpfs::mount(&state, "2m");
     let mut agent = TestAgent::start("crash-full", &format!("stateDir: {}\n", state.display()));
-    let (_f, events) = follow_events(&agent);
+    let (_f, events) = agent.follow_events(None);
     agent.apply_ok(&sleeper("early"));
     agent.wait("early to run", || {
         agent
@@ -675,7 +646,7 @@ fn sigkill_at_random_points_loses_no_pod_and_evicts_nothing_twice() {
     let started = Instant::now();
     for run in 0..RUNS {
         let delay = Duration::from_millis(next() % 1500);
-        let (events_child, events) = follow_events(&agent);
+        let (events_child, events) = agent.follow_events(None);
         let socket = agent.socket.clone();
         let dir = agent.dir.path().to_path_buf();
         let older = run.checked_sub(2).map(|r| format!("a{r}"));

@@ -21,9 +21,7 @@
 mod devices_common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -35,8 +33,7 @@ use reactor_tests::agent::TestAgent;
 use reactor_tests::containerd::block_on_own_runtime;
 use reactor_tests::exposition::sample;
 use reactor_tests::{
-    containerd_available, is_root, memhog_bin, reactor_bin, require, ChildGuard, Containerd,
-    TestImage,
+    containerd_available, is_root, memhog_bin, reactor_bin, require, Containerd, TestImage,
 };
 use serde_json::{json, Value};
 
@@ -53,37 +50,6 @@ fn cri_ready() -> bool {
         memhog_bin().exists() && reactor_bin().exists(),
         "the reactor and memhog binaries (cargo build --workspace --bins)",
     )
-}
-
-/// `reactor events --json` beside the test, its lines on a channel.
-fn follow_events(agent: &TestAgent, kind: Option<&str>) -> (ChildGuard, mpsc::Receiver<Value>) {
-    let mut cmd = Command::new(reactor_bin());
-    cmd.args(["events", "--json"]);
-    if let Some(kind) = kind {
-        cmd.args(["--kind", kind]);
-    }
-    let mut child = ChildGuard(
-        cmd.arg("--socket")
-            .arg(&agent.socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(v) = serde_json::from_str::<Value>(&line.unwrap_or_default()) else {
-                break;
-            };
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
 }
 
 /// Receives events until one satisfies `want`; panics naming `what` after 60 s.
@@ -146,7 +112,7 @@ fn containerd_killed_during_an_eviction_the_pod_still_ends_evicted_once_and_conv
             ctd.endpoint()
         ),
     );
-    let (_events_child, events) = follow_events(&agent, Some("eviction"));
+    let (_events_child, events) = agent.follow_events(Some("eviction"));
 
     // A BestEffort pod that waits for the test's go (a file in its root) and then allocates
     // 600 MiB at 350 MiB/s on a node with 384 MiB before the threshold.
@@ -294,7 +260,7 @@ fn containerd_killed_during_image_gc_rounds_loses_no_record_and_the_next_round_s
         ),
     );
     let state = agent.dir.path().join("state");
-    let (_events_child, events) = follow_events(&agent, Some("image_gc"));
+    let (_events_child, events) = agent.follow_events(Some("image_gc"));
     let finished = |e: &Value| e["event"]["reason"] == "" && e["event"]["trigger"] == "periodic";
     next_event(&events, "a periodic round that ran to its end", finished);
     agent.wait("both images in the records checkpoint", || {

@@ -145,6 +145,20 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
     (ok, lags, sources)
 }
 
+/// The storm tests' node: 512 MiB, evicting below 128 MiB allocatable.
+fn storm_node(name: &'static str, ebpf: bool, deferred: bool) -> NodeSpec {
+    NodeSpec {
+        name,
+        capacity_mi: 512,
+        hard: &[("allocatableMemory.available", "128Mi")],
+        soft: &[],
+        min_reclaim: &[],
+        transition: Duration::from_secs(2),
+        ebpf,
+        deferred,
+    }
+}
+
 fn report(mode: &str, ok: usize, reps: usize, lags: &mut [u64], sources: &[String]) {
     lags.sort_unstable();
     let mut by_source: BTreeMap<&str, usize> = BTreeMap::new();
@@ -166,17 +180,7 @@ async fn besteffort_hog_is_evicted_before_the_oom_killer_20_times() {
     if !ready() {
         return;
     }
-    let mut node = Node::start(NodeSpec {
-        name: "reactor-storm",
-        capacity_mi: 512,
-        hard: &[("allocatableMemory.available", "128Mi")],
-        soft: &[],
-        min_reclaim: &[],
-        transition: Duration::from_secs(2),
-        ebpf: true,
-        deferred: false,
-    })
-    .await;
+    let mut node = Node::start(storm_node("reactor-storm", true, false)).await;
     let (ok, mut lags, sources) = besteffort_storm(&mut node, 20).await;
     report(
         if node.ebpf_attached {
@@ -198,17 +202,7 @@ async fn without_ebpf_psi_and_memcg_notifications_still_evict() {
     if !ready() {
         return;
     }
-    let mut node = Node::start(NodeSpec {
-        name: "reactor-noebpf",
-        capacity_mi: 512,
-        hard: &[("allocatableMemory.available", "128Mi")],
-        soft: &[],
-        min_reclaim: &[],
-        transition: Duration::from_secs(2),
-        ebpf: false,
-        deferred: false,
-    })
-    .await;
+    let mut node = Node::start(storm_node("reactor-noebpf", false, false)).await;
     assert!(!node.ebpf_attached);
     let (ok, mut lags, sources) = besteffort_storm(&mut node, 5).await;
     report("eBPF off", ok, 5, &mut lags, &sources);
@@ -227,17 +221,7 @@ async fn ebpf_alone_evicts_woken_by_the_in_kernel_usage_threshold() {
     if !ready() {
         return;
     }
-    let mut node = Node::start(NodeSpec {
-        name: "reactor-ebpfonly",
-        capacity_mi: 512,
-        hard: &[("allocatableMemory.available", "128Mi")],
-        soft: &[],
-        min_reclaim: &[],
-        transition: Duration::from_secs(2),
-        ebpf: true,
-        deferred: true,
-    })
-    .await;
+    let mut node = Node::start(storm_node("reactor-ebpfonly", true, true)).await;
     node.start_loop_with(|o, _| {
         o.psi = false;
         o.memcg = false;

@@ -36,21 +36,7 @@ pub fn child(args: &[String]) -> Result<()> {
         bail!("usage: {CHILD_FLAG} <cgroup.procs> <milliseconds>");
     };
     let run_for = Duration::from_millis(millis.parse().context("milliseconds")?);
-    std::fs::write(procs, std::process::id().to_string())
-        .with_context(|| format!("joining {procs}"))?;
-    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-    let base = unsafe {
-        rustix::mm::mmap_anonymous(
-            std::ptr::null_mut(),
-            REGION,
-            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-            rustix::mm::MapFlags::PRIVATE,
-        )
-    }
-    .context("mapping the region")?;
-    // SAFETY: the whole mapping; small pages so every write is a fault and a charge.
-    unsafe { rustix::mm::madvise(base, REGION, rustix::mm::Advice::LinuxNoHugepage) }
-        .context("madvise(MADV_NOHUGEPAGE)")?;
+    let base = crate::ring::join_and_map(procs, REGION)?;
     let start = Instant::now();
     let mut faults: u64 = 0;
     while start.elapsed() < run_for {

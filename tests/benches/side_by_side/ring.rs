@@ -48,21 +48,7 @@ pub fn child(args: &[String]) -> Result<()> {
     let mut set = rustix::thread::CpuSet::new();
     set.set(cpu);
     rustix::thread::sched_setaffinity(None, &set).context("pinning to the cpu")?;
-    std::fs::write(procs, std::process::id().to_string())
-        .with_context(|| format!("joining {procs}"))?;
-    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-    let base = unsafe {
-        rustix::mm::mmap_anonymous(
-            std::ptr::null_mut(),
-            REGION,
-            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-            rustix::mm::MapFlags::PRIVATE,
-        )
-    }
-    .context("mapping the region")?;
-    // SAFETY: advice on our own fresh mapping: small pages, one fault per page.
-    unsafe { rustix::mm::madvise(base, REGION, rustix::mm::Advice::LinuxNoHugepage) }
-        .context("madvise(MADV_NOHUGEPAGE)")?;
+    let base = join_and_map(procs, REGION)?;
     let pages = REGION / PAGE;
     let start = Instant::now();
     let mut faults: u64 = 0;
@@ -93,6 +79,27 @@ pub fn child(args: &[String]) -> Result<()> {
     }
     println!("faults {faults} nanos {}", start.elapsed().as_nanos());
     Ok(())
+}
+
+/// A faulting child's setup: joins the cgroup whose `cgroup.procs` is `procs`, then maps `len`
+/// bytes of private anonymous memory with small pages (one fault per page).
+pub(crate) fn join_and_map(procs: &str, len: usize) -> Result<*mut std::ffi::c_void> {
+    std::fs::write(procs, std::process::id().to_string())
+        .with_context(|| format!("joining {procs}"))?;
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let base = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE,
+        )
+    }
+    .context("mapping the region")?;
+    // SAFETY: advice on our own fresh mapping: small pages, one fault per page.
+    unsafe { rustix::mm::madvise(base, len, rustix::mm::Advice::LinuxNoHugepage) }
+        .context("madvise(MADV_NOHUGEPAGE)")?;
+    Ok(base)
 }
 
 /// What the consumer has counted so far.
