@@ -283,8 +283,11 @@ impl DiskNode {
         config.node.nodefs_path = self.nodefs();
         config.eviction_pressure_transition_period = GoDuration(Duration::from_secs(2));
         config.housekeeping_interval = GoDuration(housekeeping);
-        // Disk has no kernel event; eBPF would only cost attach time here.
+        // Disk has no kernel event; eBPF would only cost attach time here, and a node-wide PSI
+        // trigger (memory stalls from whatever else the machine runs) could wake a pass the
+        // tests expect the tick to wake.
         config.sense.ebpf = false;
+        config.sense.psi = false;
         let settings = ReactorSettings::from_config(&config).unwrap();
         let observe = ObserveSettings::from_config(&config, Some(&self.imagefs), None).unwrap();
         assert_eq!(
