@@ -451,8 +451,17 @@ mod programs {
         }
         let item: u64 = ctx.arg(1);
         let item = u64::from(item as u32);
-        let o = threshold_offsets();
-        if o.valid == 0 || (item != o.nr_anon_mapped && item != o.nr_file_pages) {
+        // Only the two item numbers on every entry (most entries end here); the whole offsets
+        // global is copied once per batch, below.
+        // SAFETY: plain reads of a global the loader may have rewritten; volatile so the
+        // compiler does not fold the initial values in.
+        let (anon, file) = unsafe {
+            (
+                core::ptr::read_volatile(&THRESHOLD_OFFSETS.nr_anon_mapped),
+                core::ptr::read_volatile(&THRESHOLD_OFFSETS.nr_file_pages),
+            )
+        };
+        if item != anon && item != file {
             return;
         }
         let Some(pending) = CHARGE_PENDING.get_ptr_mut(0) else {
@@ -465,6 +474,10 @@ mod programs {
             return;
         }
         *pending = 0;
+        let o = threshold_offsets();
+        if o.valid == 0 {
+            return;
+        }
         let Some(table) = THRESHOLDS.get_ptr_mut(0) else {
             return;
         };
