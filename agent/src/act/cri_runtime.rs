@@ -816,6 +816,16 @@ impl Drop for CriRuntime {
     }
 }
 
+/// No container of `entry` is created again: the restart policy is `Never` from now on and
+/// no back-off restart is pending. Runs under the `pods` lock only, never `ops`, so an
+/// eviction can fence a pod while a relist or another stop holds the CRI connection.
+fn fence_entry(entry: &mut PodEntry) {
+    entry.spec.restart_policy = RestartPolicy::Never;
+    for slot in &mut entry.slots {
+        slot.restart_at = None;
+    }
+}
+
 impl Runtime for CriRuntime {
     async fn run_pod(&self, pod: PodSpec) -> Result<(), RuntimeError> {
         validate(&pod)?;
@@ -900,6 +910,12 @@ impl Runtime for CriRuntime {
         Ok(())
     }
 
+    fn fence(&self, uid: &str) {
+        if let Some(entry) = lock(&self.inner.pods).get_mut(uid) {
+            fence_entry(entry);
+        }
+    }
+
     async fn stop_pod(&self, uid: &str, grace: Duration) -> Result<PodStatus, RuntimeError> {
         let inner = &self.inner;
         let _ops = inner.ops.lock().await;
@@ -911,10 +927,7 @@ impl Runtime for CriRuntime {
             // From here on the pod never restarts, even if this stop fails midway (the
             // runtime went down): a later relist must not bring back containers the caller
             // killed (an eviction SIGKILLs them itself), only a later stop finishes the job.
-            entry.spec.restart_policy = RestartPolicy::Never;
-            for slot in &mut entry.slots {
-                slot.restart_at = None;
-            }
+            fence_entry(entry);
             let ids: Vec<(usize, String)> = entry
                 .slots
                 .iter()

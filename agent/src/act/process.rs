@@ -1026,6 +1026,20 @@ impl Runtime for ProcessRuntime {
         Ok(Inner::status_of(&entry))
     }
 
+    fn fence(&self, uid: &str) {
+        // A stop with grace 0 asked now: the supervisors restart nothing from here on
+        // (`supervise` checks it before every restart) and kill what still runs.
+        if let Some(entry) = lock(&self.inner.pods).get(uid) {
+            entry.stop.send_if_modified(|stop| {
+                let first = stop.is_none();
+                if first {
+                    *stop = Some(Duration::ZERO);
+                }
+                first
+            });
+        }
+    }
+
     async fn pod_status(&self, uid: &str) -> Result<PodStatus, RuntimeError> {
         lock(&self.inner.pods)
             .get(uid)

@@ -400,6 +400,17 @@ pub trait Runtime: Send + Sync {
         grace: Duration,
     ) -> impl Future<Output = Result<PodStatus, RuntimeError>> + Send;
 
+    /// Fences pod `uid`, synchronously: from this moment none of its containers is started
+    /// again, whatever its restart policy, and a later [`Runtime::stop_pod`] finishes the
+    /// stop. The first step of a stop, taken on its own by an eviction that SIGKILLs the
+    /// pod's processes itself (the reactor loop's kill, `node::manager`): the kill must not
+    /// wait for anything the runtime awaits, and what it kills must not come back. A pod
+    /// the runtime does not know is left alone. Default: nothing to fence (a runtime that
+    /// restarts nothing on its own).
+    fn fence(&self, uid: &str) {
+        let _ = uid;
+    }
+
     /// The pod's status now.
     fn pod_status(&self, uid: &str)
         -> impl Future<Output = Result<PodStatus, RuntimeError>> + Send;

@@ -1,5 +1,5 @@
 //! The pod manager as the reactor loop's [`PodControl`], and the runtime view the cloneable
-//! handle keeps for the loop's hot path (container cgroups, writable layers) so it never
+//! handle keeps for the loop's hot path (container cgroups, writable layers, the eviction's fence) so it never
 //! queues behind admissions.
 
 use std::collections::BTreeMap;
@@ -70,10 +70,11 @@ type LayersFuture<'a> = std::pin::Pin<
 >;
 
 /// What the reactor loop asks of the runtime outside the owner task (it must not queue
-/// behind admissions): container cgroup names and writable-layer figures. Object safe, so
+/// behind admissions): container cgroup names, writable-layer figures, and the fence before the eviction's kill. Object safe, so
 /// the cloneable [`PodManager`] handle holds any runtime.
 pub(super) trait RuntimeView: Send + Sync {
     fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>>;
+    fn fence(&self, uid: &str);
     fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a>;
 }
 
@@ -82,6 +83,10 @@ pub(super) struct View<R>(pub(super) Arc<R>);
 impl<R: Runtime> RuntimeView for View<R> {
     fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>> {
         self.0.container_cgroups(uid)
+    }
+
+    fn fence(&self, uid: &str) {
+        self.0.fence(uid);
     }
 
     fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a> {

@@ -44,7 +44,7 @@ use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
 use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
-use crate::reactor::pods::{ActivePod, PodContainer};
+use crate::reactor::pods::{kill_cgroup_now, ActivePod, Evicted, PodContainer};
 use crate::record::checkpoint::Checkpoint;
 use crate::record::state_file::Generation;
 
@@ -75,6 +75,9 @@ pub(super) enum After {
     Evict {
         reason: String,
         message: String,
+        /// The kill the caller made itself before asking ([`PodManager::evict`] with grace
+        /// 0): the stop must not kill again, and reports this kill.
+        killed: Option<Evicted>,
         reply: Reply<EvictedPod>,
     },
     Preempted {
@@ -98,6 +101,7 @@ pub(super) enum Command {
         grace: Duration,
         reason: String,
         message: String,
+        killed: Option<Evicted>,
         reply: Reply<EvictedPod>,
     },
     List {
@@ -255,6 +259,12 @@ impl PodManager {
     /// Kills pod `uid` after `grace` and marks it `Failed` with `reason` and `message` (the
     /// reactor loop's eviction: `Evicted` and the kubelet's message). Its cgroup is removed
     /// and the tiers recomputed; the pod stays listed, Failed.
+    ///
+    /// With grace 0 the kill happens here, in the caller's task, before anything is queued
+    /// ([`PodManager::kill_now`]): the reactor loop's SIGKILL never waits for the owner task
+    /// to finish an apply or a list that 50 API clients may have queued ahead of it. The
+    /// owner task then does the bookkeeping (the stop written ahead, the runtime's stop,
+    /// the status, the cgroup) as for any eviction.
     pub async fn evict(
         &self,
         uid: &str,
@@ -262,14 +272,40 @@ impl PodManager {
         reason: &str,
         message: &str,
     ) -> Result<EvictedPod, NodeError> {
+        let killed = if grace.is_zero() {
+            self.kill_now(uid)
+        } else {
+            None
+        };
         self.ask(|reply| Command::Evict {
             uid: uid.to_string(),
             grace,
             reason: reason.to_string(),
             message: message.to_string(),
+            killed,
             reply,
         })
         .await
+    }
+
+    /// SIGKILLs every process in the cgroup of running pod `uid` at once, after fencing it
+    /// in the runtime ([`Runtime::fence`]: nothing it kills is restarted), and reaps their
+    /// memory; `None` when the pod is not running (unknown, ended or being stopped: the
+    /// owner task answers for it). Synchronous and lock-free but for the runtime's own pod
+    /// table, so the kill costs the caller microseconds whatever the owner task is doing.
+    ///
+    /// An agent killed between this and the owner task's write-ahead record finds the pod's
+    /// containers dead and no stop recorded, and treats it like any pod its runtime lost
+    /// (restarted by its policy): the eviction is undone, never done twice.
+    fn kill_now(&self, uid: &str) -> Option<Evicted> {
+        let cgroup = self
+            .active
+            .borrow()
+            .iter()
+            .find(|p| p.info.uid == uid)
+            .map(|p| p.cgroup.clone())?;
+        self.runtime.fence(uid);
+        Some(kill_cgroup_now(&self.cgroups, &cgroup))
     }
 
     /// Replaces the set of static pods with the manifests read from `staticPodPath`
@@ -404,6 +440,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     grace,
                     reason,
                     message,
+                    killed,
                     reply: tx,
                 } => {
                     if !self.pods.contains_key(&uid) {
@@ -417,6 +454,7 @@ impl<R: Runtime + 'static> Actor<R> {
                             After::Evict {
                                 reason,
                                 message,
+                                killed,
                                 reply: tx,
                             },
                         );

@@ -42,6 +42,12 @@ impl<R: Runtime + 'static> Actor<R> {
             Duration::from_secs(u64::try_from(entry.record.grace_period_seconds).unwrap_or(0))
         });
         let cgroup = entry.record.cgroup.clone();
+        // An eviction whose caller killed the processes already (`PodManager::kill_now`):
+        // the stop does not kill again, and reports that kill.
+        let prekilled = match &after {
+            After::Evict { killed, .. } => *killed,
+            _ => None,
+        };
         let live = !entry.record.ended_by_agent;
         let rt = Arc::clone(&self.rt);
         let cgroups = self.cgroups.clone();
@@ -56,7 +62,8 @@ impl<R: Runtime + 'static> Actor<R> {
                 let (rt, uid) = (Arc::clone(&rt), uid.clone());
                 async move { rt.stop_pod(&uid, grace).await }
             };
-            begin_kill(stop, grace, cgroup.as_ref(), &cgroups)
+            let kill_in = cgroup.as_ref().filter(|_| prekilled.is_none());
+            begin_kill(stop, grace, kill_in, &cgroups)
         });
         self.save();
         tokio::spawn(async move {
@@ -73,7 +80,7 @@ impl<R: Runtime + 'static> Actor<R> {
             } else if live && orphan {
                 // No runtime supervises an orphan's processes: signal them here, then tell
                 // the runtime in case it knows the pod without its spec.
-                if let Some(cg) = &cgroup {
+                if let (Some(cg), None) = (&cgroup, prekilled) {
                     killed = super::recover::stop_processes(&cgroups, cg, grace).await;
                     killed_at_ns = Some(crate::sense::monotonic_ns());
                 }
@@ -84,6 +91,9 @@ impl<R: Runtime + 'static> Actor<R> {
             } else {
                 Ok(None)
             };
+            if let Some(k) = prekilled {
+                (killed_at_ns, killed, reaped) = (k.killed_at_ns, k.killed, k.reaped);
+            }
             let status = match (status, cgroup) {
                 (Ok(s), Some(cg)) if live => {
                     let removed = tokio::task::spawn_blocking(move || {
@@ -162,6 +172,7 @@ impl<R: Runtime + 'static> Actor<R> {
                 reason,
                 message,
                 reply: tx,
+                ..
             } => {
                 if let Some(err) = failed {
                     if killed == 0 {

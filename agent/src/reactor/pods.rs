@@ -295,16 +295,26 @@ where
         Poll::Ready(r) => Ok(r),
         Poll::Pending => Err(stop),
     };
-    let mut out = Evicted::default();
-    if let (true, Some(cg)) = (grace.is_zero(), cgroup) {
-        let pids = cgroups.procs_recursive(cg).unwrap_or_default();
-        // The kill time is the signal's, before the reap (which frees the memory here).
-        let signalled = crate::act::kill::kill_all(&pids);
-        out.killed_at_ns = Some(monotonic_ns());
-        let k = signalled.reap();
-        (out.killed, out.reaped) = (k.killed, k.reaped);
-    }
+    let out = match (grace.is_zero(), cgroup) {
+        (true, Some(cg)) => kill_cgroup_now(cgroups, cg),
+        _ => Evicted::default(),
+    };
     (first, out)
+}
+
+/// SIGKILL to every process in `cgroup` and below, then their memory reaped
+/// ([`crate::act::kill`]); the kill time is the signal's, taken before the reap (which frees
+/// the memory here). The eviction's kill for grace 0.
+pub fn kill_cgroup_now(cgroups: &CgroupManager, cgroup: &CgroupPath) -> Evicted {
+    let pids = cgroups.procs_recursive(cgroup).unwrap_or_default();
+    let signalled = crate::act::kill::kill_all(&pids);
+    let killed_at_ns = Some(monotonic_ns());
+    let k = signalled.reap();
+    Evicted {
+        killed_at_ns,
+        killed: k.killed,
+        reaped: k.reaped,
+    }
 }
 
 /// The second half of [`stop_and_kill`]: awaits the runtime's stop; with a grace period the

@@ -6,7 +6,8 @@
 //! it ends; the reaction (the waking kernel event → the agent's SIGKILL) is the one the
 //! eviction record carries (`reaction_nanos` of the `eviction` event), so the figure is the
 //! agent's own account, as in `reactor events`. The ratio loaded/idle is what issue 15 asks
-//! to stay under 2×; it is reported, never judged.
+//! to stay under 2×; it is reported, never judged. `REACTOR_BENCH_AGENT_LOG=<file>` keeps the
+//! agent's log (every decision with its wake source and timings) in that file.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -227,6 +228,12 @@ pub fn run(opts: &Opts) -> Result<Part> {
         let loaded = mode(&socket, true, reps).await?;
         Ok::<_, anyhow::Error>((idle, loaded))
     })?;
+    // The agent's own account of every decision (wake source, detection lag, decide → kill),
+    // kept for a closer look at where the reaction goes.
+    if let Some(path) = std::env::var_os("REACTOR_BENCH_AGENT_LOG") {
+        std::fs::write(&path, agent.log())
+            .with_context(|| format!("writing the agent log to {}", path.to_string_lossy()))?;
+    }
     drop(agent);
 
     let (di, dl) = (Dist::of(&idle.reactions), Dist::of(&loaded.reactions));
