@@ -127,6 +127,7 @@ pub struct PodManager {
     urgent: mpsc::Sender<Command>,
     pub(super) active: watch::Receiver<Vec<ActivePod>>,
     pub(super) runtime: Arc<dyn RuntimeView>,
+    killing: Killing,
     events: EventHub,
     plan: Arc<NodePlan>,
     cgroups: CgroupManager,
@@ -177,6 +178,7 @@ impl PodManager {
         let (urgent, urgent_rx) = mpsc::channel(URGENT_QUEUE);
         let (active_tx, active) = watch::channel(Vec::new());
         let runtime: Arc<dyn RuntimeView> = Arc::new(View(Arc::clone(&config.runtime)));
+        let killing = Killing::default();
         let mut actor = Actor {
             rt: config.runtime,
             cgroups: config.cgroups.clone(),
@@ -189,6 +191,7 @@ impl PodManager {
             orphan_grace: config.orphan_grace_period,
             state_dir: config.state_dir.clone(),
             tx: urgent.downgrade(),
+            killing: killing.clone(),
             active: active_tx,
         };
         actor.reconcile(records, stale).await?;
@@ -199,6 +202,7 @@ impl PodManager {
             urgent,
             active,
             runtime,
+            killing,
             events: config.events,
             plan,
             cgroups: config.cgroups,
@@ -304,6 +308,9 @@ impl PodManager {
             .iter()
             .find(|p| p.info.uid == uid)
             .map(|p| p.cgroup.clone())?;
+        // Until the owner task takes the eviction, a list must not show the pod ended by
+        // its dead containers (Failed with no reason): it is being stopped.
+        self.killing.insert(uid);
         self.runtime.fence(uid);
         Some(kill_cgroup_now(&self.cgroups, &cgroup))
     }
@@ -348,6 +355,30 @@ impl PodManager {
     }
 }
 
+/// The uids of pods whose processes the reactor loop killed ([`PodManager::kill_now`]) and
+/// whose eviction the owner task has not taken yet: shown as being stopped meanwhile.
+#[derive(Clone, Default)]
+pub(super) struct Killing(Arc<std::sync::Mutex<BTreeSet<String>>>);
+
+impl Killing {
+    fn set(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, uid: &str) {
+        self.set().insert(uid.to_string());
+    }
+
+    fn remove(&self, uid: &str) {
+        self.set().remove(uid);
+    }
+
+    /// Whether pod `uid` was killed and its eviction not yet taken.
+    pub(super) fn contains(&self, uid: &str) -> bool {
+        self.set().contains(uid)
+    }
+}
+
 pub(super) struct Entry {
     pub(super) record: PodRecord,
     pub(super) info: PodInfo,
@@ -377,6 +408,8 @@ pub(super) struct Actor<R> {
     pub(super) pending: BTreeMap<String, Pending>,
     /// The urgent queue, for the stop tasks' completions.
     pub(super) tx: mpsc::WeakSender<Command>,
+    /// Pods killed by [`PodManager::kill_now`] whose eviction this task has not taken yet.
+    pub(super) killing: Killing,
     pub(super) active: watch::Sender<Vec<ActivePod>>,
 }
 
@@ -443,6 +476,8 @@ impl<R: Runtime + 'static> Actor<R> {
                     killed,
                     reply: tx,
                 } => {
+                    // From here the pod's own `stopping` (or its absence) says it.
+                    self.killing.remove(&uid);
                     if !self.pods.contains_key(&uid) {
                         let _ = tx.send(Err(NodeError::NotFound(format!("with uid {uid}"))));
                     } else if self.pods.get(&uid).is_some_and(|e| e.stopping) {

@@ -133,7 +133,7 @@ impl<R: Runtime + 'static> Actor<R> {
             oom_kills: None,
             memory_rank: rank,
             is_static: matches!(e.record.source, PodSource::File { .. }),
-            stopping: e.stopping,
+            stopping: e.stopping || self.killing.contains(&e.record.uid),
         }
     }
 
@@ -143,8 +143,11 @@ impl<R: Runtime + 'static> Actor<R> {
         match self.rt.list_pods().await {
             Ok(statuses) => {
                 for s in statuses {
+                    let killed = self.killing.contains(&s.uid);
                     if let Some(e) = self.pods.get_mut(&s.uid) {
-                        if !e.record.ended_by_agent {
+                        // A pod being stopped keeps its phase until the stop ends it with
+                        // its reason: its containers' end is the stop's doing.
+                        if !e.record.ended_by_agent && !e.stopping && !killed {
                             e.record.phase = s.phase;
                             e.record.containers = s.containers;
                         }
