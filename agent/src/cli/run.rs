@@ -45,11 +45,12 @@ use std::time::Duration;
 use clap::Args;
 use reactor::node::{EventHub, NodeEventKind};
 use reactor::observe::{ObserveSettings, Observer};
+use reactor::reactor::thread::LoopThread;
 use reactor::reactor::{concerns_node, memcg_targets, Action, Decision, Reactor, ReactorSettings};
 use reactor::record::human;
 use reactor::record::metrics::serve::{parse_address, MetricsServer};
 use reactor::record::metrics::Metrics;
-use reactor::sense::{AttachReport, Kind, Received, Sense, Source};
+use reactor::sense::{AttachReport, Kind, Received, Source};
 use tokio::sync::{broadcast, mpsc};
 
 use super::logging::LogFormat;
@@ -95,22 +96,33 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     let mut opts = args.sense.options(&config)?;
     let settings = ReactorSettings::from_config(&config)
         .map_err(|e| Failure::Input(format!("eviction thresholds: {e}")))?;
-    // The main thread (which drives the top-level future); the runtime's threads set it
-    // themselves as they start.
+    // The reactor loop's thread runs at `realtimePriority`, every other agent thread one
+    // below (normal scheduling below 1): API work never holds the loop off a CPU
+    // (`reactor::thread`). The main thread (which drives the top-level future) is set here;
+    // the runtimes' threads set it themselves as they start.
+    let others = config.realtime_priority.saturating_sub(1);
     if config.realtime_priority > 0 {
-        match reactor::priority::set_realtime(config.realtime_priority) {
-            Ok(()) => tracing::info!(
-                priority = config.realtime_priority,
-                "agent threads on SCHED_FIFO (pods keep normal scheduling)"
-            ),
-            Err(e) => tracing::warn!(error = %e, "agent threads keep normal scheduling"),
+        tracing::info!(
+            loop_priority = config.realtime_priority,
+            other_threads = others,
+            "agent threads on SCHED_FIFO (pods keep normal scheduling)"
+        );
+    }
+    if others > 0 {
+        if let Err(e) = reactor::priority::set_realtime(others) {
+            tracing::warn!(error = %e, "agent threads keep normal scheduling");
         }
     }
+    let loop_thread = LoopThread::start(config.realtime_priority).map_err(|e| {
+        Failure::Runtime(anyhow::anyhow!(
+            "cannot start the reactor loop's thread: {e}"
+        ))
+    })?;
     let metrics_address = match config.metrics_address.as_str() {
         "" => None,
         text => Some(parse_address(text).map_err(|e| Failure::Input(e.to_string()))?),
     };
-    runtime_with_priority(config.realtime_priority)?.block_on(async move {
+    runtime_with_priority(others)?.block_on(async move {
         let mut shutdown = Shutdown::install()
             .map_err(|e| anyhow::anyhow!("cannot install signal handlers: {e}"))?;
         let metrics = Arc::new(Metrics::new());
@@ -133,7 +145,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
                 opts.targets = targets;
             }
         }
-        let sense = Sense::start(&opts)?;
+        let sense = loop_thread.start_sense(&opts)?;
         for source in Source::ALL {
             metrics.set_source_attached(source, sense.report().has(source));
         }
@@ -163,7 +175,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         let handle = reactor.handle();
         node.serve_api(&config, sense.report(), &handle)?;
         let forwarder = tokio::spawn(forward_decisions(handle.subscribe(), events));
-        let (_, mut task) = reactor::reactor::spawn(reactor, sense, shutdown.subscribe());
+        let (_, mut task) = loop_thread.spawn(reactor, sense, shutdown.subscribe());
         tracing::info!(pid = std::process::id(), "reactor running");
         let sense = tokio::select! {
             biased;

@@ -134,6 +134,17 @@ impl CgroupFs {
             .map_err(|_| ObserveError::parse(&self.path, format!("{text:?} is not a byte count")))
     }
 
+    /// The memory usage of a (non-root) cgroup alone — `memory.usage_in_bytes` (v1) or
+    /// `memory.current` (v2), a counter read without the `memory.stat` walk — never below its
+    /// working set; `Ok(None)` when the cgroup is gone. What the bounded memory ranking
+    /// reads for every pod ([`crate::decide::rank::first_for_memory`]).
+    pub fn memory_usage(&mut self, cgroup: &str) -> Result<Option<u64>, ObserveError> {
+        match self.layout {
+            Layout::V1 => self.read_u64(cgroup, "memory.usage_in_bytes"),
+            Layout::V2 => self.read_u64(cgroup, "memory.current"),
+        }
+    }
+
     /// The memory usage and working set of a cgroup; `Ok(None)` when the cgroup is gone
     /// (a pod that just exited), so callers treat it as "no statistics".
     pub fn memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {

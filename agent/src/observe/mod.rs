@@ -53,7 +53,7 @@ use crate::decide::summary::Summary;
 
 pub use cgroupfs::{CgroupFs, Layout, MemoryUsage};
 pub use disk::{dir_usage, statvfs, DirUsage, FsFigures};
-pub use pods::{kubepods_cgroup, pod_cgroup_path, ContainerCgroup, PodCgroup};
+pub use pods::{kubepods_cgroup, pod_cgroup_path, ContainerCgroup, PodCgroup, PodReads};
 pub use procfs::{ProcFs, Tasks};
 
 /// Why a signal could not be read; each names the file or setting at fault.
@@ -468,10 +468,47 @@ impl Observer {
     /// Reads the statistics of `pods` into `summary` (reusing its allocations), one entry per
     /// pod whose cgroup exists; returns why any pod was left out.
     pub fn observe_pods(&mut self, pods: &[PodCgroup], summary: &mut Summary) -> Vec<ObserveError> {
+        self.observe_pods_for(pods, PodReads::ALL, summary)
+    }
+
+    /// The memory usage of each pod cgroup in `pods` (`None`: gone or unreadable, said at
+    /// debug): the bounds [`crate::decide::rank::first_for_memory`] starts from.
+    pub fn pod_memory_usages(&mut self, pods: &[PodCgroup]) -> Vec<Option<u64>> {
+        pods.iter()
+            .map(|p| match self.cgroups.memory_usage(&p.cgroup) {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::debug!(error = %e, "pod memory usage left out of the ranking");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The working set of pod cgroup `pod` (`None`: gone or unreadable, said at debug).
+    pub fn pod_working_set(&mut self, pod: &PodCgroup) -> Option<u64> {
+        match self.cgroups.memory(&pod.cgroup) {
+            Ok(m) => m.map(|m| m.working_set),
+            Err(e) => {
+                tracing::debug!(error = %e, "pod working set left out of the ranking");
+                None
+            }
+        }
+    }
+
+    /// [`Observer::observe_pods`] reading only `reads` (what one ranking needs): the rest of
+    /// each entry is left empty.
+    pub fn observe_pods_for(
+        &mut self,
+        pods: &[PodCgroup],
+        reads: PodReads,
+        summary: &mut Summary,
+    ) -> Vec<ObserveError> {
         let mut errors = Vec::new();
         pods::fill_summary(
             &mut self.cgroups,
             pods,
+            reads,
             self.settings.ephemeral_walk_cap,
             &mut self.scratch,
             summary,

@@ -7,10 +7,19 @@
 //! cgroup tree, and, where a directory holds a container's writable data, its disk use. A
 //! pod whose cgroup is gone gets no entry (the kubelet ranks such a pod as "no statistics").
 //! The output is filled in place so steady-state observations reuse its allocations.
+//!
+//! A ranking reads only what its signal ranks by ([`PodReads::ranking`]): memory goes by
+//! the pod cgroups' working sets alone, pids by process counts, disk by the containers'
+//! writable data. Every file costs tens of microseconds and the loop reads them for every
+//! pod between the kernel's event and the victim's SIGKILL, so on a node with fifty pods the
+//! reads nobody ranks by were most of the reaction; the victim's own details (the eviction
+//! message's per-container usage) are read for that one pod afterwards
+//! ([`PodReads::message`]).
 
 use std::path::PathBuf;
 
 use crate::decide::qos::QosClass;
+use crate::decide::signal::Resource;
 use crate::decide::summary::{
     ContainerStats, FsStats, MemoryStats, PodStats, ProcessStats, Summary,
 };
@@ -89,11 +98,69 @@ impl PodCgroup {
     }
 }
 
+/// Which statistics to read for each pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodReads {
+    /// The pod cgroup's memory (working set).
+    pub pod_memory: bool,
+    /// Each container's memory.
+    pub container_memory: bool,
+    /// The processes in the pod's cgroup tree.
+    pub processes: bool,
+    /// Each container's writable data on disk (a directory walk).
+    pub ephemeral: bool,
+}
+
+impl PodReads {
+    /// Everything the kubelet's summary gives a pod.
+    pub const ALL: PodReads = PodReads {
+        pod_memory: true,
+        container_memory: true,
+        processes: true,
+        ephemeral: true,
+    };
+
+    /// What ranking for a signal of `resource` compares ([`crate::decide::rank::rank`]).
+    pub fn ranking(resource: Resource) -> PodReads {
+        let none = PodReads {
+            pod_memory: false,
+            container_memory: false,
+            processes: false,
+            ephemeral: false,
+        };
+        match resource {
+            Resource::Memory => PodReads {
+                pod_memory: true,
+                ..none
+            },
+            Resource::Pids => PodReads {
+                processes: true,
+                ..none
+            },
+            Resource::EphemeralStorage | Resource::Inodes => PodReads {
+                ephemeral: true,
+                ..none
+            },
+        }
+    }
+
+    /// What the eviction message says of the victim for `resource`
+    /// ([`crate::decide::rank::eviction_message`]): the ranking's figures and, for memory,
+    /// each container's usage.
+    pub fn message(resource: Resource) -> PodReads {
+        PodReads {
+            container_memory: resource == Resource::Memory,
+            ..PodReads::ranking(resource)
+        }
+    }
+}
+
 /// Fills `out` with one entry per pod whose cgroup exists, reusing its allocations. A pod
 /// whose files cannot be read or parsed is left out and its error pushed to `errors`.
 pub(crate) fn fill_summary(
     fs: &mut CgroupFs,
     pods: &[PodCgroup],
+    reads: PodReads,
     walk_cap: u64,
     scratch: &mut String,
     out: &mut Summary,
@@ -104,7 +171,7 @@ pub(crate) fn fill_summary(
         if out.pods.len() <= n {
             out.pods.push(PodStats::default());
         }
-        match fill_pod(fs, pod, walk_cap, scratch, &mut out.pods[n]) {
+        match fill_pod(fs, pod, reads, walk_cap, scratch, &mut out.pods[n]) {
             Ok(true) => n += 1,
             Ok(false) => {}
             Err(e) => errors.push(e),
@@ -116,33 +183,56 @@ pub(crate) fn fill_summary(
 fn fill_pod(
     fs: &mut CgroupFs,
     pod: &PodCgroup,
+    reads: PodReads,
     walk_cap: u64,
     scratch: &mut String,
     s: &mut PodStats,
 ) -> Result<bool, ObserveError> {
-    let Some(memory) = fs.memory(&pod.cgroup)? else {
-        return Ok(false);
+    // The first file read also tells whether the pod cgroup still exists.
+    let memory = if reads.pod_memory {
+        let Some(memory) = fs.memory(&pod.cgroup)? else {
+            return Ok(false);
+        };
+        Some(memory)
+    } else {
+        None
     };
-    let processes = fs.process_count(&pod.cgroup)?.unwrap_or(0);
+    let processes = if reads.processes || memory.is_none() {
+        let Some(n) = fs.process_count(&pod.cgroup)? else {
+            return Ok(false);
+        };
+        Some(n).filter(|_| reads.processes)
+    } else {
+        None
+    };
     s.pod_ref.uid.clone_from(&pod.uid);
     s.pod_ref.name.clone_from(&pod.name);
     s.pod_ref.namespace.clone_from(&pod.namespace);
-    s.memory = Some(MemoryStats {
-        working_set_bytes: Some(memory.working_set),
+    s.memory = memory.map(|m| MemoryStats {
+        working_set_bytes: Some(m.working_set),
     });
-    s.process_stats = Some(ProcessStats {
-        process_count: Some(processes),
+    s.process_stats = processes.map(|n| ProcessStats {
+        process_count: Some(n),
     });
     s.volume.clear();
     let mut ephemeral: Option<FsStats> = None;
     let mut m = 0;
-    for c in &pod.containers {
-        scratch.clear();
-        scratch.push_str(&pod.cgroup);
-        scratch.push('/');
-        scratch.push_str(&c.cgroup);
-        let container_memory = fs.memory(scratch)?;
-        let rootfs = match &c.ephemeral_dir {
+    let containers = if reads.container_memory || reads.ephemeral {
+        &pod.containers[..]
+    } else {
+        &[]
+    };
+    for c in containers {
+        let container_memory = if reads.container_memory {
+            scratch.clear();
+            scratch.push_str(&pod.cgroup);
+            scratch.push('/');
+            scratch.push_str(&c.cgroup);
+            fs.memory(scratch)?
+        } else {
+            None
+        };
+        let rootfs = match c.ephemeral_dir.as_ref().filter(|_| reads.ephemeral) {
             None => None,
             Some(dir) => {
                 let u = dir_usage(dir, walk_cap)?;
@@ -229,7 +319,15 @@ mod tests {
         let mut errors = Vec::new();
         let mut scratch = String::new();
         let pods = [a, gone, g];
-        fill_summary(&mut fs, &pods, 1000, &mut scratch, &mut out, &mut errors);
+        fill_summary(
+            &mut fs,
+            &pods,
+            PodReads::ALL,
+            1000,
+            &mut scratch,
+            &mut out,
+            &mut errors,
+        );
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(out.pods.len(), 2);
         let pa = &out.pods[0];
@@ -260,6 +358,7 @@ mod tests {
         fill_summary(
             &mut fs,
             &pods[2..],
+            PodReads::ALL,
             1000,
             &mut scratch,
             &mut out,
@@ -282,6 +381,7 @@ mod tests {
         fill_summary(
             &mut fs,
             &pods,
+            PodReads::ALL,
             10,
             &mut String::new(),
             &mut out,

@@ -29,11 +29,13 @@
 //! ([`Reactor::with_tap`]) instead of reading the sense layer beside it; [`Reactor::run`]
 //! hands the sense layer back when it ends, for its lag statistics.
 
+mod evict;
 pub mod oom;
 pub mod pods;
 pub mod reclaim;
 pub mod record;
 pub mod status;
+pub mod thread;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -43,19 +45,17 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
-use crate::act::cgroups::{CgroupManager, CgroupPath};
+use crate::act::cgroups::CgroupManager;
 use crate::config::Config;
-use crate::decide::pod::PodInfo;
-use crate::decide::pressure::{pass, threshold_met_text, thresholds_met, EvictionState, Reclaim};
-use crate::decide::rank::{charged, eviction_message, rank};
+use crate::decide::pressure::{pass, thresholds_met, EvictionState};
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
 use crate::decide::thresholds::{
-    format_quantity, parse_thresholds, pod_grace_period_seconds, with_containerfs_thresholds,
-    EvictionSettings, Threshold, ThresholdError,
+    format_quantity, parse_thresholds, with_containerfs_thresholds, EvictionSettings, Threshold,
+    ThresholdError,
 };
-use crate::observe::{ContainerCgroup, Observer, PodCgroup, Signals};
+use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::memcg::MemcgThresholds;
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
@@ -223,6 +223,8 @@ pub struct Reactor<P> {
     reclaimer: Option<Arc<dyn NodeReclaim>>,
     state: EvictionState,
     summary: Summary,
+    /// The victim's statistics, read for its eviction message.
+    victim: Summary,
     decisions: broadcast::Sender<Decision>,
     conditions: watch::Sender<Vec<String>>,
     pressure: watch::Sender<Option<NodePressure>>,
@@ -278,6 +280,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             reclaimer,
             state: EvictionState::default(),
             summary: Summary::default(),
+            victim: Summary::default(),
             decisions: broadcast::channel(1024).0,
             conditions: watch::channel(Vec::new()).0,
             pressure: watch::channel(None).0,
@@ -607,147 +610,6 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.state.thresholds_met.retain(|&i| i < kept);
     }
 
-    /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
-    /// fills in `decision`. Returns whether a pod was evicted.
-    async fn evict_one(
-        &mut self,
-        reclaim: &Reclaim,
-        met: &[usize],
-        signals: &Signals,
-        layout: FsLayout,
-        decision: &mut Decision,
-    ) -> bool {
-        let pods = self.pods.pods();
-        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
-        let cgroups: Vec<PodCgroup> = pods.iter().map(|p| pod_cgroup(&root, p)).collect();
-        let problems = self.observer.observe_pods(&cgroups, &mut self.summary);
-        for p in problems {
-            tracing::debug!(error = %p, "pod statistics left out of the ranking");
-        }
-        if charged(reclaim.signal, layout).is_some_and(|c| c.rootfs) {
-            self.add_writable_layers().await;
-        }
-        let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
-        let index = self.summary.index();
-        let order = rank(reclaim.signal, layout, &infos, &index);
-        decision.ranking = order
-            .iter()
-            .take(self.settings.ranking_top)
-            .map(|&i| {
-                let p = &infos[i];
-                RankedPod {
-                    uid: p.uid.clone(),
-                    name: p.name.clone(),
-                    qos: p.qos.as_str().to_string(),
-                    priority: p.priority_or_zero(),
-                    working_set_bytes: index
-                        .get(p.uid.as_str())
-                        .and_then(|s| s.memory)
-                        .and_then(|m| m.working_set_bytes),
-                    critical: p.is_critical(),
-                }
-            })
-            .collect();
-        let Some(&victim) = order.iter().find(|&&i| !infos[i].is_critical()) else {
-            decision.action = Action::NothingToEvict;
-            return false;
-        };
-        let pod = &pods[victim];
-        let info = &infos[victim];
-        let Some(threshold) = self.settings.thresholds.get(reclaim.threshold) else {
-            return false;
-        };
-        let grace = pod_grace_period_seconds(
-            threshold,
-            self.settings.max_pod_grace_period,
-            pod.termination_grace_period,
-        )
-        .max(0);
-        let observations = signals.observations();
-        let resource = reclaim.signal.resource();
-        let text = threshold_met_text(&self.settings.thresholds, met, &observations, resource);
-        let message = eviction_message(
-            resource,
-            info,
-            index.get(info.uid.as_str()).copied(),
-            text.as_ref().map(|(q, a)| (q.as_str(), a.as_str())),
-        );
-        drop(index);
-        let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
-        let uid = info.uid.clone();
-        let result = self
-            .pods
-            .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
-            .await;
-        let (killed_at, error) = match &result {
-            Ok(e) => (e.killed_at_ns, None),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        decision.decide_to_kill_ns = killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
-        let waking = decision
-            .wake
-            .event
-            .as_ref()
-            .filter(|_| !decision.wake.timer);
-        if let (Some(k), Some(ev)) = (killed_at, waking) {
-            let lag = k.saturating_sub(ev.at_ns);
-            decision.reaction_lag_ns = Some(lag);
-            if let Some(m) = &self.metrics {
-                m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
-            }
-        }
-        if let (Some(m), true) = (&self.metrics, result.is_ok()) {
-            m.record_eviction(reclaim.signal, info.qos);
-        }
-        let released = self.wait_released(&pod.cgroup).await;
-        if let (Some(k), true) = (killed_at, released) {
-            decision.release_ns = Some(monotonic_ns().saturating_sub(k));
-        }
-        decision.action = Action::Evicted {
-            uid,
-            pod: info.name.clone(),
-            signal: reclaim.signal.name().to_string(),
-            qos: info.qos.as_str().to_string(),
-            grace_seconds: grace,
-            message: message.message,
-            annotations: message.annotations,
-            released,
-            error,
-        };
-        result.is_ok()
-    }
-
-    /// Puts the runtime's writable-layer figures into the pods' container statistics
-    /// (where the observer found none), for a disk signal that charges writable layers.
-    async fn add_writable_layers(&mut self) {
-        let layers = self.pods.writable_layers().await;
-        for pod in &mut self.summary.pods {
-            let Some(of_pod) = layers.get(&pod.pod_ref.uid) else {
-                continue;
-            };
-            for c in &mut pod.containers {
-                if c.rootfs.is_none() {
-                    c.rootfs = of_pod.get(&c.name).copied();
-                }
-            }
-        }
-    }
-
-    /// Waits, bounded by `release_wait`, for the pod cgroup to hold no process (a removed
-    /// cgroup counts as empty).
-    async fn wait_released(&self, cgroup: &CgroupPath) -> bool {
-        let deadline = tokio::time::Instant::now() + self.settings.release_wait;
-        loop {
-            if !self.cgroups.exists(cgroup) || self.cgroups.is_empty(cgroup).unwrap_or(false) {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
     /// Whether a memory signal is within a margin of a threshold (a quarter of its level, at
     /// least 16 MiB): then the loop re-reads every `close_poll` rather than trusting the next
     /// notification to come in time.
@@ -966,26 +828,6 @@ pub fn concerns_node(cgroup_root: &str, event: &PressureEvent) -> bool {
         None => true,
         Some(_) if root.is_empty() => true,
         Some(c) => c == root || c.starts_with(&format!("{root}/")),
-    }
-}
-
-/// A pod's cgroups as the observer names them (paths in the hierarchy).
-fn pod_cgroup(root: &str, pod: &ActivePod) -> PodCgroup {
-    let rel = pod.cgroup.names().join("/");
-    PodCgroup {
-        uid: pod.info.uid.clone(),
-        name: pod.info.name.clone(),
-        namespace: String::new(),
-        cgroup: format!("{root}/{rel}"),
-        containers: pod
-            .containers
-            .iter()
-            .map(|c| ContainerCgroup {
-                name: c.name.clone(),
-                cgroup: c.cgroup.clone(),
-                ephemeral_dir: None,
-            })
-            .collect(),
     }
 }
 

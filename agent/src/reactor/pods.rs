@@ -306,7 +306,7 @@ where
 /// ([`crate::act::kill`]); the kill time is the signal's, taken before the reap (which frees
 /// the memory here). The eviction's kill for grace 0.
 pub fn kill_cgroup_now(cgroups: &CgroupManager, cgroup: &CgroupPath) -> Evicted {
-    let pids = cgroups.procs_recursive(cgroup).unwrap_or_default();
+    let pids = cgroups.memory_procs_recursive(cgroup).unwrap_or_default();
     let signalled = crate::act::kill::kill_all(&pids);
     let killed_at_ns = Some(monotonic_ns());
     let k = signalled.reap();

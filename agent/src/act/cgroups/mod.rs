@@ -446,6 +446,15 @@ impl CgroupManager {
         dispatch!(self, procs_recursive(cgroup))
     }
 
+    /// The processes in `cgroup` and below in the memory controller's tree only: on v1 one
+    /// walk instead of one per hierarchy (the same processes, as the runtimes place them;
+    /// on v2 there is one tree anyway). The eviction's kill list, read between the decision
+    /// and the SIGKILL; whatever a stray process left in another hierarchy, the runtime's
+    /// stop that follows kills too.
+    pub fn memory_procs_recursive(&self, cgroup: &CgroupPath) -> Result<Vec<u32>, CgroupError> {
+        dispatch!(self, memory_procs_recursive(cgroup))
+    }
+
     /// The names of `cgroup`'s child cgroups, in any hierarchy (v1), sorted; none when
     /// `cgroup` does not exist. How the pod manager finds pod cgroups nobody knows about.
     pub fn children(&self, cgroup: &CgroupPath) -> Vec<String> {

@@ -172,6 +172,19 @@ impl V1 {
         Ok(pids)
     }
 
+    pub(super) fn memory_procs_recursive(
+        &self,
+        cgroup: &CgroupPath,
+    ) -> Result<Vec<u32>, CgroupError> {
+        let mut pids = Vec::new();
+        for dir in fs::subtree_leaf_first(&self.dir("memory", cgroup))? {
+            pids.extend(fs::read_pids(&dir.join("cgroup.procs"))?);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
     pub(super) fn memory_usage(&self, cgroup: &CgroupPath) -> Result<MemoryUsage, CgroupError> {
         let usage = fs::read_u64(&self.file(cgroup, "memory.usage_in_bytes"))?;
         let inactive =

@@ -99,6 +99,13 @@ impl V2 {
         Ok(pids)
     }
 
+    pub(super) fn memory_procs_recursive(
+        &self,
+        cgroup: &CgroupPath,
+    ) -> Result<Vec<u32>, CgroupError> {
+        self.procs_recursive(cgroup)
+    }
+
     pub(super) fn memory_usage(&self, cgroup: &CgroupPath) -> Result<MemoryUsage, CgroupError> {
         let usage = fs::read_u64(&self.file(cgroup, "memory.current"))?;
         let inactive =
