@@ -10,11 +10,11 @@ use std::time::Instant;
 
 use super::relist::{relist_loop, terminated};
 use super::{
-    lock, time_of, waiting, CriRuntime, CriRuntimeConfig, Inner, PodEntry, Slot,
-    ANNOTATION_POD_SPEC, EXIT_EVENTS, LABEL_MANAGED_BY, MANAGED_BY,
+    lock, time_of, CriRuntime, CriRuntimeConfig, Inner, PodEntry, Slot, ANNOTATION_POD_SPEC,
+    EXIT_EVENTS, LABEL_MANAGED_BY, MANAGED_BY,
 };
 use crate::act::cri::{self, CriError};
-use crate::act::runtime::{ContainerState, ContainerStatus, PodSpec, RuntimeError};
+use crate::act::runtime::{ContainerState, PodSpec, RuntimeError};
 
 impl Inner {
     /// Rebuilds one pod from its sandbox and containers (re-adoption).
@@ -45,18 +45,7 @@ impl Inner {
             let mut attempts: Vec<&cri::ContainerInfo> =
                 containers.iter().filter(|x| x.name == c.name).collect();
             attempts.sort_by_key(|x| (x.attempt, x.created_at_ns));
-            let mut slot = Slot {
-                status: ContainerStatus {
-                    name: c.name.clone(),
-                    state: waiting("ContainerCreating", String::new()),
-                    restart_count: 0,
-                    last_termination: None,
-                },
-                id: None,
-                old: Vec::new(),
-                backoff: None,
-                restart_at: None,
-            };
+            let mut slot = Slot::new(&c.name);
             let Some(current) = attempts.pop() else {
                 slot.restart_at = Some(self.mono());
                 slots.push(slot);

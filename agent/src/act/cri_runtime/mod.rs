@@ -144,6 +144,24 @@ struct Slot {
     restart_at: Option<Duration>,
 }
 
+impl Slot {
+    /// A container with no attempt yet, waiting as `ContainerCreating`.
+    fn new(name: &str) -> Slot {
+        Slot {
+            status: ContainerStatus {
+                name: name.to_string(),
+                state: waiting("ContainerCreating", String::new()),
+                restart_count: 0,
+                last_termination: None,
+            },
+            id: None,
+            old: Vec::new(),
+            backoff: None,
+            restart_at: None,
+        }
+    }
+}
+
 fn lock(m: &Mutex<BTreeMap<String, PodEntry>>) -> MutexGuard<'_, BTreeMap<String, PodEntry>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use super::relist::{lost, terminated};
-use super::{lock, waiting, CriRuntime, Inner, PodEntry, Slot};
+use super::{lock, CriRuntime, Inner, PodEntry, Slot};
 use crate::act::cri::{self, CriError};
 use crate::act::runtime::{
-    ContainerState, ContainerStatus, PodSpec, PodStatus, RestartPolicy, Runtime, RuntimeError,
+    ContainerState, PodSpec, PodStatus, RestartPolicy, Runtime, RuntimeError,
 };
 
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
@@ -72,22 +72,7 @@ impl Runtime for CriRuntime {
             .run_pod_sandbox(&sandbox)
             .await
             .map_err(|e| inner.err(e))?;
-        let slots = pod
-            .containers
-            .iter()
-            .map(|c| Slot {
-                status: ContainerStatus {
-                    name: c.name.clone(),
-                    state: waiting("ContainerCreating", String::new()),
-                    restart_count: 0,
-                    last_termination: None,
-                },
-                id: None,
-                old: Vec::new(),
-                backoff: None,
-                restart_at: None,
-            })
-            .collect();
+        let slots = pod.containers.iter().map(|c| Slot::new(&c.name)).collect();
         lock(&inner.pods).insert(
             pod.uid.clone(),
             PodEntry {
