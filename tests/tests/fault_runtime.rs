@@ -73,6 +73,16 @@ fn kill_containerd(ctd: &mut Containerd) {
     ctd.stop_daemon();
 }
 
+/// Asserts that the agent still answers `reactor status` (it keeps serving through a fault).
+fn assert_serving(agent: &TestAgent) {
+    let status = agent.cli(&["status", "--json"]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
 /// Every pid in the cgroups below `dir`, at any depth.
 fn procs_below(dir: &Path) -> Vec<u32> {
     let mut out: Vec<u32> = std::fs::read_to_string(dir.join("cgroup.procs"))
@@ -160,12 +170,7 @@ fn containerd_killed_during_an_eviction_the_pod_still_ends_evicted_once_and_conv
         "the container's process is gone"
     );
     // The agent kept serving through the outage.
-    let status = agent.cli(&["status", "--json"]);
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    assert_serving(&agent);
 
     // containerd back: the agent stops and removes the sandbox and the pod cgroup.
     ctd.start_daemon().expect("restart containerd");
@@ -283,12 +288,7 @@ fn containerd_killed_during_image_gc_rounds_loses_no_record_and_the_next_round_s
         before,
         "records lost or changed by the failed rounds"
     );
-    let status = agent.cli(&["status", "--json"]);
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    assert_serving(&agent);
 
     // containerd back: a round runs to its end again and every record is still there.
     ctd.start_daemon().expect("restart containerd");

@@ -23,7 +23,8 @@ pub(crate) fn run() -> Result<()> {
     Ok(())
 }
 
-fn quiet(cmd: &mut Command) -> bool {
+/// Whether `cmd` ran and succeeded, its output discarded.
+pub(crate) fn quiet(cmd: &mut Command) -> bool {
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -35,6 +36,19 @@ fn output(cmd: &mut Command) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+/// Refreshes apt's lists and installs `packages` without their recommends,
+/// non-interactively; nothing when `packages` is empty.
+pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    sh(Command::new("apt-get").arg("update").arg("-qq"))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 fn is_root() -> bool {
@@ -158,15 +172,7 @@ fn container_runtime() -> Result<()> {
         })
         .map(|(pkg, _)| *pkg)
         .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    sh(Command::new("apt-get").arg("update").arg("-qq"))?;
-    sh(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
-    .context("installing containerd, runc and busybox-static")
+    apt_install(&missing).context("installing containerd, runc and busybox-static")
 }
 
 /// Whether `cargo nextest` is available (it is on these machines; plain `cargo test` otherwise).
@@ -198,10 +204,5 @@ fn check_tools() -> Result<()> {
         eprintln!("xtask: not root: not installing {}", missing.join(", "));
         return Ok(());
     }
-    sh(Command::new("apt-get").arg("update").arg("-qq"))?;
-    sh(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
-    .with_context(|| format!("installing {}", missing.join(", ")))
+    apt_install(&missing).with_context(|| format!("installing {}", missing.join(", ")))
 }

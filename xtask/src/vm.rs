@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::setup::{apt_install, quiet};
 use crate::{cargo, sh};
 
 /// The trixie-backports kernel the guest boots (override with `REACTOR_VM_KERNEL`).
@@ -145,32 +146,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     report(&outcome, wall)
 }
 
-fn quiet_ok(cmd: &mut Command) -> bool {
-    cmd.stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// Installs the Debian packages whose file is missing.
 fn host_packages() -> Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(pkg, file)| {
             !Path::new(file).exists()
-                || !quiet_ok(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+                || !quiet(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
         })
         .map(|(pkg, _)| *pkg)
         .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    sh(Command::new("apt-get").arg("update").arg("-qq"))?;
-    sh(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
-    .context("installing the guest harness's packages")
+    apt_install(&missing).context("installing the guest harness's packages")
 }
 
 /// The machine's own Debian mirror, from its apt sources (one-line or deb822 format).

@@ -119,6 +119,49 @@ fn color(i: usize) -> RGBColor {
     COLORS[i % COLORS.len()]
 }
 
+type Root<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// A white canvas of the charts' size, written to `path` when [`finish`] presents it.
+fn canvas(path: &Path) -> Result<Root<'_>> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    Ok(root)
+}
+
+/// The frame every chart shares: its title, margin and axis label areas (`y_area` wide for
+/// the y labels).
+fn frame<'a, 'b>(
+    root: &'a Root<'b>,
+    title: &str,
+    y_area: u32,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, (FONT, 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(y_area);
+    builder
+}
+
+/// Draws the legend at `position` and writes the file: the last step of every chart.
+fn finish<'a, 'b: 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, CT>,
+    root: &Root<'b>,
+    position: SeriesLabelPosition,
+) -> Result<bool> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(true)
+}
+
 fn lag_cdf(part: &Value, path: &Path, title: &str) -> Result<bool> {
     let series: Vec<(String, Vec<(f64, f64)>)> = part["cdf"]
         .as_array()
@@ -144,13 +187,8 @@ fn lag_cdf(part: &Value, path: &Path, title: &str) -> Result<bool> {
     ) else {
         return Ok(false);
     };
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title, 64)
         .build_cartesian_2d((lo..hi).log_scale(), 0.0..1.0)
         .map_err(err)?;
     chart
@@ -187,16 +225,7 @@ fn lag_cdf(part: &Value, path: &Path, title: &str) -> Result<bool> {
                 .map_err(err)?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(true)
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }
 
 fn oom_release(part: &Value, path: &Path, title: &str) -> Result<bool> {
@@ -224,14 +253,9 @@ fn oom_release(part: &Value, path: &Path, title: &str) -> Result<bool> {
         return Ok(false);
     };
     let hi = hi * 2.0; // room for the OOM-first labels
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path)?;
     let n = modes.len();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
+    let mut chart = frame(&root, title, 64)
         .build_cartesian_2d(-0.5..n as f64 - 0.5, (lo..hi).log_scale())
         .map_err(err)?;
     chart
@@ -301,16 +325,7 @@ fn oom_release(part: &Value, path: &Path, title: &str) -> Result<bool> {
         root.draw(&Text::new(m.clone(), (x, y + 8), style.clone()))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font((FONT, 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(true)
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight)
 }
 
 fn cost(part: &Value, path: &Path, title: &str) -> Result<bool> {
@@ -343,13 +358,8 @@ fn cost(part: &Value, path: &Path, title: &str) -> Result<bool> {
     ) else {
         return Ok(false);
     };
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title, 64)
         .build_cartesian_2d((xlo..xhi).log_scale(), (ylo..yhi).log_scale())
         .map_err(err)?;
     chart
@@ -390,16 +400,7 @@ fn cost(part: &Value, path: &Path, title: &str) -> Result<bool> {
             .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(true)
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }
 
 /// One ring step: rate offered (faults/s), records received per second, drops reported.
@@ -424,13 +425,8 @@ fn ring(part: &Value, path: &Path, title: &str) -> Result<bool> {
     };
     let max_drop = all.iter().map(|s| s.2).fold(0.0, f64::max);
     let ring_kib = part["ring_bytes"].as_u64().unwrap_or(0) / 1024;
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(72)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title, 72)
         .right_y_label_area_size(72)
         .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
         .map_err(err)?
@@ -492,14 +488,5 @@ fn ring(part: &Value, path: &Path, title: &str) -> Result<bool> {
             .label("received, 4 KiB ring flooded flat out")
             .legend(move |(x, y)| TriangleMarker::new((x + 8, y), 5, orange.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(true)
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }

@@ -20,8 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use reactor::config::Config;
-use reactor::sense::{MemcgTarget, Received, Sense, SenseOptions, Source};
+use reactor::sense::{Sense, Source};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
@@ -101,33 +100,14 @@ fn storm_at(rt: &tokio::runtime::Runtime, opts: &Opts, level: u32) -> Result<Run
     let cgroup = cg.cgroup.clone();
     let (episodes, rounds) = if opts.quick { (1, 10) } else { (2, 40) };
     let events = rt.block_on(async {
-        let mut o = SenseOptions::from_config(
-            &Config::default(),
-            vec![MemcgTarget {
-                cgroup: cgroup.clone(),
-                threshold_bytes: Some(lag::THRESHOLD),
-            }],
-        );
+        let mut o = lag::storm_sense_options(&cgroup);
         o.psi = false;
-        o.poll = false;
-        let mut sense = Sense::start(&o).context("starting the sense layer")?;
+        let sense = Sense::start(&o).context("starting the sense layer")?;
         for s in [Source::Ebpf, Source::MemcgThreshold] {
             anyhow::ensure!(sense.report().has(s), "source {s} did not attach");
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let collector = tokio::spawn(async move {
-            let mut got: Vec<Received> = Vec::new();
-            while !flag.load(Ordering::SeqCst) {
-                if let Ok(Some(r)) =
-                    tokio::time::timeout(Duration::from_millis(200), sense.next()).await
-                {
-                    got.push(r);
-                }
-            }
-            sense.shutdown().await;
-            got
-        });
+        let collector = lag::collect(sense, stop.clone());
         let path = file.clone();
         let workload = tokio::task::spawn_blocking(move || {
             let r = lag::storm(

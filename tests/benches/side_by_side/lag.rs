@@ -243,15 +243,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let usage_file = cg.path.join("memory.usage_in_bytes");
 
     let (events, episodes) = rt.block_on(async {
-        let mut o = SenseOptions::from_config(
-            &Config::default(),
-            vec![MemcgTarget {
-                cgroup: cgroup.clone(),
-                threshold_bytes: Some(THRESHOLD),
-            }],
-        );
-        o.poll = false;
-        let mut sense = Sense::start(&o).context("starting the sense layer")?;
+        let o = storm_sense_options(&cgroup);
+        let sense = Sense::start(&o).context("starting the sense layer")?;
         for s in [Source::Ebpf, Source::Psi, Source::MemcgThreshold] {
             if !sense.report().has(s) {
                 let why: Vec<String> = sense
@@ -266,19 +259,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         let stop = Arc::new(AtomicBool::new(false));
         let (p1, r1, s1) = poller(Duration::from_secs(1), usage_file.clone(), stop.clone())?;
         let (p10, r10, s10) = poller(Duration::from_secs(10), usage_file.clone(), stop.clone())?;
-        let flag = stop.clone();
-        let collector = tokio::spawn(async move {
-            let mut got: Vec<Received> = Vec::new();
-            while !flag.load(Ordering::SeqCst) {
-                if let Ok(Some(r)) =
-                    tokio::time::timeout(Duration::from_millis(200), sense.next()).await
-                {
-                    got.push(r);
-                }
-            }
-            sense.shutdown().await;
-            got
-        });
+        let collector = collect(sense, stop.clone());
         let path = file.clone();
         let workload = tokio::task::spawn_blocking(move || {
             let r = storm(&mut cg, &path, episodes_wanted, cap, Until::Seen([s1, s10]));
@@ -334,6 +315,37 @@ pub fn console_level() -> Option<u32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The sense options of a storm's listeners: `cgroup` watched with [`THRESHOLD`], no
+/// polling by the sense layer (the pollers, where there are any, are the bench's own).
+pub fn storm_sense_options(cgroup: &str) -> SenseOptions {
+    let mut o = SenseOptions::from_config(
+        &Config::default(),
+        vec![MemcgTarget {
+            cgroup: cgroup.to_string(),
+            threshold_bytes: Some(THRESHOLD),
+        }],
+    );
+    o.poll = false;
+    o
+}
+
+/// Takes every event `sense` delivers until `stop` is set, then shuts it down: the storm's
+/// event collector, returning what it took.
+pub fn collect(mut sense: Sense, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Received>> {
+    tokio::spawn(async move {
+        let mut got: Vec<Received> = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            if let Ok(Some(r)) =
+                tokio::time::timeout(Duration::from_millis(200), sense.next()).await
+            {
+                got.push(r);
+            }
+        }
+        sense.shutdown().await;
+        got
+    })
 }
 
 /// The eBPF events of `cgroup` in `events` (drop reports left out).

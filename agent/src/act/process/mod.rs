@@ -1,0 +1,245 @@
+//! The process runtime: runs each container's `command`/`args` as a plain process tree in
+//! its container cgroup, for nodes (and tests) without a container runtime.
+//!
+//! How, and why that way:
+//! - **Into the cgroup before exec.** The cgroups' `cgroup.procs` files (one per v1
+//!   hierarchy) are opened before the fork; between fork and exec the child writes `0` to
+//!   each (the kernel reads "0" as "the writing process"), so not one page of the program is
+//!   charged elsewhere. The hook allocates nothing and takes no locks, as required after
+//!   `fork` in a threaded program.
+//! - **`oom_score_adj` before exec**, written by the child to `/proc/self/oom_score_adj`:
+//!   race-free — the value is in force before the container's code runs, and inherited by
+//!   everything it forks.
+//! - **Own session** (`setsid`), so the container's process group is its pid and a stop
+//!   reaches the whole tree; whatever escaped the group is SIGKILLed through the container
+//!   cgroup's `cgroup.procs` after the grace period.
+//! - **Exit detection by pidfd** (Linux ≥ 5.3): a pidfd turns readable when its process
+//!   exits, for children and non-children alike, and tokio's `AsyncFd` waits on it. For a
+//!   child the status is then reaped; a process re-adopted after an agent restart is not our
+//!   child, so its exit code cannot be read and is reported as the kubelet reports a lost
+//!   container (`ContainerStatusUnknown`, 137) — unless the cgroup's OOM-kill counter rose.
+//! - **OOM kills**: the container cgroup's kill counter (v1 `memory.oom_control` `oom_kill`,
+//!   v2 `memory.events`) is read when a run starts and when it ends; a rise with a non-zero
+//!   exit is `OOMKilled` (exit 137), as containerd reports it.
+//! - **Restarts** follow `restartPolicy` with the kubelet's back-off
+//!   ([`BackOffPolicy`], injectable so tests use milliseconds).
+//! - **Re-adoption**: the runtime checkpoints every pod with each container's pid and start
+//!   time (field 22 of `/proc/<pid>/stat`). [`ProcessRuntime::open`] reads it back and, for a
+//!   pid still in its container cgroup with the same start time (checked again after
+//!   `pidfd_open`, so a reused pid cannot slip in), keeps supervising without a restart.
+//!   Dropping a [`ProcessRuntime`] stops supervising but kills nothing, as an agent crash
+//!   would.
+//!
+//! - **Init containers** (flagged `init`, first in the pod's container list) run one at a
+//!   time, each supervised until it exits 0 (restarted with the back-off after a failure,
+//!   unless `restartPolicy` is `Never`, which fails the pod); only then do the app
+//!   containers start, waiting as `PodInitializing` meanwhile. The pod's status lists the
+//!   app containers only. A restarted agent resumes at the first init container that has
+//!   not succeeded (re-adopting it if it is still running).
+//!
+//! Output goes to `<stateDir>/logs/<namespace>_<name>_<uid>/<container>/<restart>.log`.
+
+mod runtime_impl;
+mod spawn;
+mod state;
+mod supervise;
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::cgroups::{CgroupManager, CgroupPath};
+use super::runtime::{
+    pod_phase, ContainerExit, ContainerSpec, ContainerState, ContainerStatus, PodPhase, PodSpec,
+    PodStatus, RestartPolicy, RuntimeError, Terminated,
+};
+use crate::decide::backoff::BackOffPolicy;
+use crate::record::checkpoint::Checkpoint;
+
+pub use spawn::start_ticks;
+
+/// How many container exits a slow subscriber may fall behind by before it misses some
+/// (it is told how many it missed).
+const EXIT_EVENTS: usize = 1024;
+
+/// What the process runtime needs.
+#[derive(Debug, Clone)]
+pub struct ProcessRuntimeConfig {
+    /// The cgroup writer, rooted at the agent's `cgroupRoot`.
+    pub cgroups: CgroupManager,
+    /// Where the runtime keeps its checkpoint and container logs (the config's `stateDir`).
+    pub state_dir: PathBuf,
+    /// Restart back-off (the kubelet's 10 s doubling to 5 min unless a test says otherwise).
+    pub backoff: BackOffPolicy,
+}
+
+/// The process runtime; see the module doc.
+pub struct ProcessRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cgroups: CgroupManager,
+    backoff: BackOffPolicy,
+    checkpoint: Checkpoint,
+    log_dir: PathBuf,
+    origin: Instant,
+    pods: Mutex<BTreeMap<String, PodEntry>>,
+    exits: tokio::sync::broadcast::Sender<ContainerExit>,
+}
+
+struct PodEntry {
+    spec: PodSpec,
+    containers: Vec<ContainerRecord>,
+    stop: watch::Sender<Option<Duration>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What is checkpointed per container.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerRecord {
+    status: ContainerStatus,
+    pid: Option<u32>,
+    start_ticks: Option<u64>,
+    oom_kills_at_start: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedPod {
+    spec: PodSpec,
+    containers: Vec<ContainerRecord>,
+}
+
+/// A running container process.
+struct Proc {
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    child: Option<std::process::Child>,
+    started_at: SystemTime,
+    oom_kills_at_start: u64,
+}
+
+impl Proc {
+    async fn exited(&self) {
+        // A pidfd only ever becomes readable when the process has exited; an error here
+        // means the fd is unusable, and treating that as an exit lets the caller look.
+        let _ = self.pidfd.readable().await;
+    }
+}
+
+/// How a container's supervision begins.
+enum First {
+    /// Started by the supervisor: record it.
+    Started(Proc),
+    /// Started by `run_pod` or re-adopted: already recorded.
+    Running(Proc),
+    Failed(Terminated),
+    Restart,
+}
+
+fn lock(m: &Mutex<BTreeMap<String, PodEntry>>) -> MutexGuard<'_, BTreeMap<String, PodEntry>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn waiting(reason: &str, message: String) -> ContainerState {
+    ContainerState::Waiting {
+        reason: reason.to_string(),
+        message,
+    }
+}
+
+impl Inner {
+    fn mono(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    fn container_cgroup(pod: &PodSpec, c: &ContainerSpec) -> Result<CgroupPath, RuntimeError> {
+        Ok(pod.cgroup.join(&c.name)?)
+    }
+
+    fn status_of(entry: &PodEntry) -> PodStatus {
+        let init = entry.spec.init_count();
+        let containers: Vec<ContainerStatus> = entry
+            .containers
+            .iter()
+            .skip(init)
+            .map(|c| c.status.clone())
+            .collect();
+        // An init container that failed for good (the pod never restarts) fails the pod,
+        // as in the kubelet; otherwise the app containers decide.
+        let init_failed = entry.spec.restart_policy == RestartPolicy::Never
+            && entry.containers.iter().take(init).any(
+                |c| matches!(&c.status.state, ContainerState::Terminated(t) if t.exit_code != 0),
+            );
+        PodStatus {
+            uid: entry.spec.uid.clone(),
+            namespace: entry.spec.namespace.clone(),
+            name: entry.spec.name.clone(),
+            cgroup: entry.spec.cgroup.clone(),
+            phase: if init_failed {
+                PodPhase::Failed
+            } else {
+                pod_phase(&containers)
+            },
+            containers,
+        }
+    }
+
+    /// Whether init container `idx` of pod `uid` has run to completion (exit 0).
+    fn succeeded(&self, uid: &str, idx: usize) -> bool {
+        lock(&self.pods)
+            .get(uid)
+            .and_then(|p| p.containers.get(idx))
+            .is_some_and(
+                |r| matches!(&r.status.state, ContainerState::Terminated(t) if t.exit_code == 0),
+            )
+    }
+}
+
+impl ProcessRuntime {
+    /// The cgroup writer this runtime uses.
+    pub fn cgroups(&self) -> &CgroupManager {
+        &self.inner.cgroups
+    }
+
+    /// Where container output goes for one run of one container.
+    pub fn log_path(&self, pod: &PodSpec, container: &str, run: u32) -> PathBuf {
+        self.inner
+            .log_dir
+            .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid))
+            .join(container)
+            .join(format!("{run}.log"))
+    }
+
+    /// Every container that ends on its own from now on (crashes, completions, OOM kills),
+    /// for the event stream; stops the agent asked for are not included.
+    pub fn subscribe_exits(&self) -> tokio::sync::broadcast::Receiver<ContainerExit> {
+        self.inner.exits.subscribe()
+    }
+
+    /// The checkpoint file.
+    pub fn checkpoint_path(&self) -> &Path {
+        self.inner.checkpoint.path()
+    }
+}
+
+impl Drop for ProcessRuntime {
+    /// Stops supervising (as an agent crash would) and kills nothing: the next
+    /// [`ProcessRuntime::open`] re-adopts the processes.
+    fn drop(&mut self) {
+        for entry in lock(&self.inner.pods).values() {
+            for task in &entry.tasks {
+                task.abort();
+            }
+        }
+    }
+}
