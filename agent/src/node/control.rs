@@ -21,6 +21,12 @@ impl PodControl for PodManager {
         self.active()
     }
 
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<Vec<ActivePod>>> {
+        let mut rx = self.active.clone();
+        rx.mark_unchanged();
+        Some(rx)
+    }
+
     async fn evict(
         &self,
         uid: &str,

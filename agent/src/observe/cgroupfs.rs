@@ -10,8 +10,10 @@
 //! (v2, hierarchical by design). The v2 root cgroup has no `memory.current`; there runc (and so
 //! cadvisor) takes `anon + file` from the root's `memory.stat`, and so do we.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::ObserveError;
@@ -44,6 +46,12 @@ pub struct CgroupFs {
     root: PathBuf,
     path: PathBuf,
     buf: Vec<u8>,
+    /// The usage files [`CgroupFs::memory_usage`] read, kept open and re-read at offset 0:
+    /// opening one walks its path and costs several times the read itself, and the bounded
+    /// memory ranking reads one per pod between the kernel's event and the kill. Each with
+    /// the pass it was last read in; [`CgroupFs::end_usage_pass`] closes the others.
+    usage_files: HashMap<String, (File, u64)>,
+    usage_pass: u64,
 }
 
 /// Whether `dir/cgroup.controllers` lists the memory controller.
@@ -81,6 +89,8 @@ impl CgroupFs {
             root,
             path: PathBuf::with_capacity(256),
             buf: Vec::with_capacity(8192),
+            usage_files: HashMap::new(),
+            usage_pass: 0,
         }
     }
 
@@ -139,10 +149,58 @@ impl CgroupFs {
     /// working set; `Ok(None)` when the cgroup is gone. What the bounded memory ranking
     /// reads for every pod ([`crate::decide::rank::first_for_memory`]).
     pub fn memory_usage(&mut self, cgroup: &str) -> Result<Option<u64>, ObserveError> {
-        match self.layout {
-            Layout::V1 => self.read_u64(cgroup, "memory.usage_in_bytes"),
-            Layout::V2 => self.read_u64(cgroup, "memory.current"),
+        let mut text = [0u8; 32];
+        if let Some((file, pass)) = self.usage_files.get_mut(cgroup) {
+            *pass = self.usage_pass;
+            match file.read_at(&mut text, 0) {
+                Ok(n) => return self.parse_usage(cgroup, &text[..n]).map(Some),
+                // Gone (`ENODEV` once the cgroup is removed): opened afresh below, which
+                // tells a removed cgroup from a new one of the same name.
+                Err(_) => {
+                    self.usage_files.remove(cgroup);
+                }
+            }
         }
+        let name = match self.layout {
+            Layout::V1 => "memory.usage_in_bytes",
+            Layout::V2 => "memory.current",
+        };
+        self.set_path(cgroup, Some(name))?;
+        let file = match File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ObserveError::io(&self.path, e)),
+        };
+        let n = match file.read_at(&mut text, 0) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(19) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(ObserveError::io(&self.path, e)),
+        };
+        let usage = self.parse_usage(cgroup, &text[..n])?;
+        self.usage_files
+            .insert(cgroup.to_string(), (file, self.usage_pass));
+        Ok(Some(usage))
+    }
+
+    fn parse_usage(&mut self, cgroup: &str, text: &[u8]) -> Result<u64, ObserveError> {
+        let text = std::str::from_utf8(text).unwrap_or("").trim();
+        text.parse::<u64>().map_err(|_| {
+            let file = match self.layout {
+                Layout::V1 => "memory.usage_in_bytes",
+                Layout::V2 => "memory.current",
+            };
+            let path = self.dir(cgroup).map(|d| d.join(file)).unwrap_or_default();
+            ObserveError::parse(&path, format!("{text:?} is not a byte count"))
+        })
+    }
+
+    /// Closes the usage files not read since the last call (pods gone from the node).
+    pub fn end_usage_pass(&mut self) {
+        let pass = self.usage_pass;
+        self.usage_files.retain(|_, (_, used)| *used == pass);
+        self.usage_pass = pass.wrapping_add(1);
     }
 
     /// The memory usage and working set of a cgroup; `Ok(None)` when the cgroup is gone

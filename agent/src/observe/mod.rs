@@ -474,7 +474,8 @@ impl Observer {
     /// The memory usage of each pod cgroup in `pods` (`None`: gone or unreadable, said at
     /// debug): the bounds [`crate::decide::rank::first_for_memory`] starts from.
     pub fn pod_memory_usages(&mut self, pods: &[PodCgroup]) -> Vec<Option<u64>> {
-        pods.iter()
+        let usages = pods
+            .iter()
             .map(|p| match self.cgroups.memory_usage(&p.cgroup) {
                 Ok(u) => u,
                 Err(e) => {
@@ -482,7 +483,9 @@ impl Observer {
                     None
                 }
             })
-            .collect()
+            .collect();
+        self.cgroups.end_usage_pass();
+        usages
     }
 
     /// The working set of pod cgroup `pod` (`None`: gone or unreadable, said at debug).

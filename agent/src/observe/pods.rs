@@ -144,13 +144,18 @@ impl PodReads {
         }
     }
 
-    /// What the eviction message says of the victim for `resource`
-    /// ([`crate::decide::rank::eviction_message`]): the ranking's figures and, for memory,
-    /// each container's usage.
+    /// What the eviction message says of the victim for `resource` beyond what its ranking
+    /// read ([`crate::decide::rank::eviction_message`]): for memory each container's usage
+    /// (the caller has the pod's own), for the others the ranking's figures.
     pub fn message(resource: Resource) -> PodReads {
-        PodReads {
-            container_memory: resource == Resource::Memory,
-            ..PodReads::ranking(resource)
+        match resource {
+            Resource::Memory => PodReads {
+                pod_memory: false,
+                container_memory: true,
+                processes: false,
+                ephemeral: false,
+            },
+            _ => PodReads::ranking(resource),
         }
     }
 }
@@ -188,7 +193,8 @@ fn fill_pod(
     scratch: &mut String,
     s: &mut PodStats,
 ) -> Result<bool, ObserveError> {
-    // The first file read also tells whether the pod cgroup still exists.
+    // The first file read also tells whether the pod cgroup still exists; with no pod or
+    // container memory to read, the process list does.
     let memory = if reads.pod_memory {
         let Some(memory) = fs.memory(&pod.cgroup)? else {
             return Ok(false);
@@ -197,7 +203,8 @@ fn fill_pod(
     } else {
         None
     };
-    let processes = if reads.processes || memory.is_none() {
+    let check_exists = !reads.pod_memory && !reads.container_memory;
+    let processes = if reads.processes || check_exists {
         let Some(n) = fs.process_count(&pod.cgroup)? else {
             return Ok(false);
         };

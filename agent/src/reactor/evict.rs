@@ -25,6 +25,9 @@ use crate::decide::thresholds::pod_grace_period_seconds;
 use crate::observe::{ContainerCgroup, PodCgroup, PodReads, Signals};
 use crate::sense::monotonic_ns;
 
+/// What a bounded memory search read: each pod's usage, and the working sets it asked for.
+type MemoryReads = (Vec<Option<u64>>, Vec<Option<Option<u64>>>);
+
 impl<P: PodControl + 'static> Reactor<P> {
     /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
     /// fills in `decision`. Returns whether a pod was evicted.
@@ -49,7 +52,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             let observer = &mut self.observer;
             let (victim, asked) =
                 first_for_memory(&infos, &usage, |i| observer.pod_working_set(&cgroups[i]));
-            (victim, Some(asked))
+            (victim, Some((usage, asked)))
         } else {
             let problems = self.observer.observe_pods_for(
                 &cgroups,
@@ -68,8 +71,8 @@ impl<P: PodControl + 'static> Reactor<P> {
             (victim, None)
         };
         let Some(victim) = victim else {
-            if let Some(asked) = memory_reads {
-                self.rank_memory_for_record(reclaim, layout, &infos, &cgroups, asked, decision);
+            if let Some(reads) = memory_reads {
+                self.rank_memory_for_record(reclaim, layout, &infos, &cgroups, reads, decision);
             }
             decision.action = Action::NothingToEvict;
             return false;
@@ -95,6 +98,12 @@ impl<P: PodControl + 'static> Reactor<P> {
         for p in problems {
             tracing::debug!(error = %p, "the victim's statistics left out of its message");
         }
+        // For memory the pod's own working set is the one the search read.
+        if let (Some((_, asked)), Some(stats)) = (&memory_reads, self.victim.pods.first_mut()) {
+            stats.memory = asked[victim].flatten().map(|ws| MemoryStats {
+                working_set_bytes: Some(ws),
+            });
+        }
         let observations = signals.observations();
         let text = threshold_met_text(&self.settings.thresholds, met, &observations, resource);
         let message = eviction_message(
@@ -110,8 +119,8 @@ impl<P: PodControl + 'static> Reactor<P> {
             .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
             .await;
         // Off the reaction's path now: the rest of the memory ranking, for the record.
-        if let Some(asked) = memory_reads {
-            self.rank_memory_for_record(reclaim, layout, &infos, &cgroups, asked, decision);
+        if let Some(reads) = memory_reads {
+            self.rank_memory_for_record(reclaim, layout, &infos, &cgroups, reads, decision);
         }
         let (killed_at, error) = match &result {
             Ok(e) => (e.killed_at_ns, None),
@@ -151,6 +160,20 @@ impl<P: PodControl + 'static> Reactor<P> {
         result.is_ok()
     }
 
+    /// Opens the memory usage file of every running pod (and closes the ones of pods gone)
+    /// as the pods change, so the bounded memory search at an eviction re-reads open files
+    /// instead of opening one per pod between the kernel's event and the kill.
+    pub(super) fn warm_pods(&mut self) {
+        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
+        let cgroups: Vec<PodCgroup> = self
+            .pods
+            .pods()
+            .iter()
+            .map(|p| pod_cgroup(&root, p))
+            .collect();
+        self.observer.pod_memory_usages(&cgroups);
+    }
+
     /// The decision's ranking (its first `ranking_top` pods) from `order`.
     fn ranked(&self, order: &[usize], infos: &[PodInfo]) -> Vec<RankedPod> {
         let index = self.summary.index();
@@ -175,22 +198,33 @@ impl<P: PodControl + 'static> Reactor<P> {
     }
 
     /// Completes a bounded memory search into the full ranking for the record: the working
-    /// sets read before the kill (`asked`) are kept, the other pods' read now (a pod without
-    /// statistics stays without). A pod that grew in the meantime may rank differently from
-    /// how it would have before the kill; the victim was chosen on the figures read then.
+    /// sets read before the kill are kept, the other pods' read now. A pod without statistics
+    /// at the decision stays without; one that had them but is gone now is left out of the
+    /// record (it was not what the decision compared). A pod that grew in the meantime may
+    /// rank differently from how it would have before the kill; the victim was chosen on the
+    /// figures read then.
     fn rank_memory_for_record(
         &mut self,
         reclaim: &Reclaim,
         layout: FsLayout,
         infos: &[PodInfo],
         cgroups: &[PodCgroup],
-        asked: Vec<Option<Option<u64>>>,
+        (usage, asked): MemoryReads,
         decision: &mut Decision,
     ) {
         self.summary.pods.clear();
+        let mut listed = Vec::with_capacity(infos.len());
         for (i, (cg, known)) in cgroups.iter().zip(asked).enumerate() {
-            let ws = known.unwrap_or_else(|| self.observer.pod_working_set(cg));
+            let ws = match (usage[i], known) {
+                (None, _) => {
+                    listed.push(infos[i].clone());
+                    continue;
+                }
+                (Some(_), Some(ws)) => ws,
+                (Some(_), None) => self.observer.pod_working_set(cg),
+            };
             let Some(ws) = ws else { continue };
+            listed.push(infos[i].clone());
             self.summary.pods.push(PodStats {
                 pod_ref: PodRef {
                     uid: infos[i].uid.clone(),
@@ -203,8 +237,8 @@ impl<P: PodControl + 'static> Reactor<P> {
                 ..PodStats::default()
             });
         }
-        let order = rank(reclaim.signal, layout, infos, &self.summary.index());
-        decision.ranking = self.ranked(&order, infos);
+        let order = rank(reclaim.signal, layout, &listed, &self.summary.index());
+        decision.ranking = self.ranked(&order, &listed);
     }
 
     /// Puts the runtime's writable-layer figures into the pods' container statistics

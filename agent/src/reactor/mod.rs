@@ -248,6 +248,17 @@ pub struct Reactor<P> {
 /// What [`Reactor::with_tap`] takes: called with every event the loop receives.
 pub type EventTap = Box<dyn Fn(&Received) + Send + Sync>;
 
+/// Waits for the next change of the pods; never resolves without a change feed (or once
+/// the feed has closed), so it can sit in a `select!` unconditionally.
+async fn next_change<T>(changes: &mut Option<watch::Receiver<T>>) -> Option<()> {
+    if let Some(rx) = changes {
+        if rx.changed().await.is_ok() {
+            return Some(());
+        }
+    }
+    std::future::pending().await
+}
+
 /// Polls a future once; `None` when it is not ready (it is dropped).
 async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
@@ -326,18 +337,25 @@ impl<P: PodControl + 'static> Reactor<P> {
     pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
         self.thresholds = sense.memcg_thresholds();
+        let mut pods_changed = self.pods.changes();
+        self.warm_pods();
         loop {
             if *shutdown.borrow() {
                 return sense;
             }
             let sleep = self.next_recheck();
             let first = tokio::select! {
+                biased;
                 r = sense.next() => match r {
                     Some(r) => Some(r),
                     None => return sense,
                 },
                 () = tokio::time::sleep(sleep) => None,
                 _ = shutdown.changed() => return sense,
+                Some(()) = next_change(&mut pods_changed) => {
+                    self.warm_pods();
+                    continue;
+                }
             };
             let mut received: Vec<Received> = first.into_iter().collect();
             self.drain(&mut sense, &mut received).await;

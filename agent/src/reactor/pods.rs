@@ -124,6 +124,12 @@ pub trait PodControl: Send + Sync {
         status: EvictionStatus,
     ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
 
+    /// A feed that changes whenever the running pods do, where the implementation has one:
+    /// the loop then prepares its reads of new pods ahead of any eviction. Default: none.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<Vec<ActivePod>>> {
+        None
+    }
+
     /// What the pods' containers have written to their writable layers, by pod uid, then by
     /// container name, where the runtime measures it: disk-pressure ranking charges it to the pod (seed 003). Asked only on disk
     /// pressure. Default: nothing known.
