@@ -6,7 +6,16 @@
 //!
 //! CPU is the on-CPU time of every agent thread (`/proc/<pid>/task/*/schedstat`) over the
 //! window; RSS is `VmRSS` sampled every 250 ms, and the peak is `VmHWM`.
+//!
+//! The machine is shared, so each window also says what the events were (source, kind and
+//! cgroup of each `pressure event` line) and how long the node's tasks stalled on memory in
+//! it (`/proc/pressure/memory` totals): node-wide PSI triggers (5 ms of stall in a 2 s window)
+//! fire on any memory stall on the node, the agent's own cgroups or not, and each one is a
+//! logged event and a pass of the loop, so an "idle" window with events and a stall figure
+//! beside them measured other work on the machine, not an idle agent. (The kernel updates
+//! those totals every 2 s, so the stall figure is the window's give or take 2 s.)
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +56,20 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The node's memory stall totals in microseconds (`some`, `full`), from
+/// `/proc/pressure/memory`; zeros without PSI.
+fn node_stall_us() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/pressure/memory").unwrap_or_default();
+    let total = |level: &str| {
+        text.lines()
+            .find(|l| l.starts_with(level))
+            .and_then(|l| l.rsplit("total=").next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (total("some "), total("full "))
+}
+
 /// One window's figures.
 struct Window {
     secs: f64,
@@ -54,15 +77,50 @@ struct Window {
     rss_avg_kib: u64,
     rss_max_kib: u64,
     events: usize,
+    /// `source kind cgroup` of each event line → how many.
+    by_kind: BTreeMap<String, usize>,
+    /// The node's memory stall in the window, µs (`some`, `full`).
+    stall_us: (u64, u64),
 }
 
-fn pressure_events(agent: &TestAgent) -> usize {
-    agent.log().matches("pressure event").count()
+/// `source kind cgroup` of one `pressure event` log line (plain format): the kind's leading
+/// words (`psi-trigger some`, `oom-kill`), not its figures.
+fn event_key(line: &str) -> String {
+    let field = |name: &str| {
+        line.split_once(&format!(" {name}="))
+            .map(|(_, rest)| rest.trim_start_matches('"'))
+            .map(|rest| rest.split(['"', ' ']).next().unwrap_or("").to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    let kind = line
+        .split_once(" kind=")
+        .map(|(_, rest)| {
+            rest.split(' ')
+                .take_while(|w| !w.contains('='))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| "?".into());
+    format!("{} {kind} {}", field("source"), field("cgroup"))
+}
+
+/// The `pressure event` lines of the agent's log after byte `from`, counted by
+/// [`event_key`]; and the log's length.
+fn pressure_events(agent: &TestAgent, from: usize) -> (BTreeMap<String, usize>, usize) {
+    let log = agent.log();
+    let mut by_kind = BTreeMap::new();
+    for line in log.get(from..).unwrap_or("").lines() {
+        if line.contains("pressure event ") {
+            *by_kind.entry(event_key(line)).or_insert(0) += 1;
+        }
+    }
+    (by_kind, log.len())
 }
 
 fn measure(agent: &TestAgent, length: Duration) -> Result<Window> {
     let pid = agent.pid();
-    let events0 = pressure_events(agent);
+    let (_, log0) = pressure_events(agent, 0);
+    let stall0 = node_stall_us();
     let cpu0 = cpu_ns(pid);
     let t = Instant::now();
     let mut rss = Vec::new();
@@ -76,12 +134,19 @@ fn measure(agent: &TestAgent, length: Duration) -> Result<Window> {
     }
     let secs = t.elapsed().as_secs_f64();
     let cpu = cpu_ns(pid).saturating_sub(cpu0);
+    let stall1 = node_stall_us();
+    let (by_kind, _) = pressure_events(agent, log0);
     Ok(Window {
         secs,
         cpu_percent: cpu as f64 / 1e9 / secs * 100.0,
         rss_avg_kib: rss.iter().sum::<u64>() / rss.len().max(1) as u64,
         rss_max_kib: rss.iter().copied().max().unwrap_or(0),
-        events: pressure_events(agent).saturating_sub(events0),
+        events: by_kind.values().sum(),
+        by_kind,
+        stall_us: (
+            stall1.0.saturating_sub(stall0.0),
+            stall1.1.saturating_sub(stall0.1),
+        ),
     })
 }
 
@@ -159,11 +224,29 @@ pub fn run(opts: &Opts) -> Result<Part> {
          thrash; CPU is % of one core",
         mib(hwm)
     ));
+    for (name, w) in [("idle", &idle), ("storm", &busy)] {
+        let events = if w.by_kind.is_empty() {
+            "none".to_string()
+        } else {
+            w.by_kind
+                .iter()
+                .map(|(k, n)| format!("{k} ×{n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        t.note(format!(
+            "{name}: node memory stall in the window (/proc/pressure/memory) some {:.1} ms, \
+             full {:.1} ms; events (source kind cgroup): {events}",
+            w.stall_us.0 as f64 / 1e3,
+            w.stall_us.1 as f64 / 1e3,
+        ));
+    }
     let wj = |w: &Window| {
         json!({
             "seconds": w.secs, "cpu_percent_of_one_core": w.cpu_percent,
             "rss_avg_bytes": w.rss_avg_kib * 1024, "rss_max_bytes": w.rss_max_kib * 1024,
-            "pressure_events": w.events,
+            "pressure_events": w.events, "pressure_events_by_kind": w.by_kind,
+            "node_memory_stall_some_us": w.stall_us.0, "node_memory_stall_full_us": w.stall_us.1,
         })
     };
     Ok(Part {
