@@ -142,8 +142,11 @@ pub struct Config {
     /// `SCHED_FIFO` priority for the agent's threads (1–99), 0 for normal scheduling. On a
     /// busy node the scheduler can hold a normal thread back for a few milliseconds, which is
     /// most of the time between the kernel's notification and the eviction; a real-time
-    /// agent is not held back by the very pods it is about to evict. Pods and other child
-    /// processes never inherit it (`SCHED_RESET_ON_FORK`). Needs `CAP_SYS_NICE`.
+    /// agent is not held back by the very pods it is about to evict. The reactor loop's own
+    /// thread (`reactor-loop`, with the sense sources) runs at this priority and every other
+    /// agent thread one below it (normal scheduling for 1), so API work never holds the loop
+    /// off a CPU. Pods and other child processes never inherit it (`SCHED_RESET_ON_FORK`).
+    /// Needs `CAP_SYS_NICE`.
     pub realtime_priority: u8,
     /// The node this agent models.
     pub node: NodeConfig,

@@ -34,9 +34,9 @@ const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
                     realtimePriority: 10\n\
                     sense: {ebpf: true, psi: false, memcgThreshold: true}\n";
 
-/// The scheduling policy of every thread of `pid` (`/proc/<pid>/task/*/stat` field 41:
-/// 0 normal, 1 FIFO).
-fn policies(pid: u32) -> Vec<u32> {
+/// Every thread of `pid`: its name, scheduling policy and real-time priority
+/// (`/proc/<pid>/task/*/stat` fields 2, 41 and 40; policy 0 normal, 1 FIFO).
+fn threads(pid: u32) -> Vec<(String, u32, u32)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
@@ -45,10 +45,19 @@ fn policies(pid: u32) -> Vec<u32> {
         .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
         .filter_map(|stat| {
             // Fields after the command (which may hold spaces) start after the last ')'.
+            let comm = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
             let rest = &stat[stat.rfind(')')? + 2..];
-            rest.split_whitespace().nth(38)?.parse().ok()
+            let mut fields = rest.split_whitespace().skip(37);
+            let priority = fields.next()?.parse().ok()?;
+            let policy = fields.next()?.parse().ok()?;
+            Some((comm, policy, priority))
         })
         .collect()
+}
+
+/// The scheduling policy of every thread of `pid`.
+fn policies(pid: u32) -> Vec<u32> {
+    threads(pid).into_iter().map(|(_, p, _)| p).collect()
 }
 
 fn pod(name: &str, resources: Value, args: &[&str]) -> Value {
@@ -134,12 +143,23 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
     }
     let steady = agent.pod("default/steady").unwrap();
     assert_eq!(steady["phase"], "Running", "the Burstable pod is untouched");
-    // The agent's threads run SCHED_FIFO; the pods it started do not.
-    let agent_policies = policies(agent.pid());
+    // The agent's threads run SCHED_FIFO: the reactor loop's own thread at
+    // realtimePriority, every other one below it (API work never holds the loop off a CPU);
+    // the pods it started keep normal scheduling.
+    let agent_threads = threads(agent.pid());
     assert!(
-        !agent_policies.is_empty() && agent_policies.iter().all(|&p| p == 1),
-        "{agent_policies:?}"
+        agent_threads.iter().all(|(_, policy, _)| *policy == 1),
+        "{agent_threads:?}"
     );
+    let loop_threads: Vec<_> = agent_threads
+        .iter()
+        .filter(|(comm, _, _)| comm == "reactor-loop")
+        .collect();
+    assert!(!loop_threads.is_empty(), "{agent_threads:?}");
+    for (comm, _, priority) in &agent_threads {
+        let want = if comm == "reactor-loop" { 10 } else { 9 };
+        assert_eq!(*priority, want, "thread {comm}: {agent_threads:?}");
+    }
     let steady_cgroup = steady["cgroup"].as_str().unwrap().trim_start_matches('/');
     let steady_pids = agent.procs(&format!("{steady_cgroup}/app"));
     assert!(!steady_pids.is_empty(), "{steady}");

@@ -399,6 +399,29 @@ mod tests {
         assert_eq!(fs.memory("/kubepods/gone").unwrap(), None);
     }
     #[test]
+    fn usage_files_stay_open_between_reads_and_close_when_not_read_in_a_pass() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("memory");
+        v1_memcg(&root, "/", 1, 0);
+        v1_memcg(&root, "/kubepods/a", 100, 0);
+        v1_memcg(&root, "/kubepods/b", 200, 0);
+        let mut fs = CgroupFs::new(Layout::V1, root.clone());
+        assert_eq!(fs.memory_usage("/kubepods/a").unwrap(), Some(100));
+        assert_eq!(fs.memory_usage("/kubepods/b").unwrap(), Some(200));
+        assert_eq!(fs.memory_usage("/kubepods/gone").unwrap(), None);
+        fs.end_usage_pass();
+        assert_eq!(fs.usage_files.len(), 2);
+        // The open file is read again at offset 0: the new figure, not the first one.
+        set(&root, "/kubepods/a", "memory.usage_in_bytes", "150\n");
+        assert_eq!(fs.memory_usage("/kubepods/a").unwrap(), Some(150));
+        fs.end_usage_pass();
+        assert_eq!(fs.usage_files.keys().collect::<Vec<_>>(), ["/kubepods/a"]);
+        set(&root, "/kubepods/a", "memory.usage_in_bytes", "lots\n");
+        let err = fs.memory_usage("/kubepods/a").unwrap_err().to_string();
+        assert!(err.contains("/kubepods/a/memory.usage_in_bytes"), "{err}");
+    }
+
+    #[test]
     fn hybrid_without_v2_memory_resolves_to_v1_and_nothing_is_an_error() {
         let tmp = tempfile::tempdir().unwrap();
         set(tmp.path(), "/unified", "cgroup.controllers", "pids\n");

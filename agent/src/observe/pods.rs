@@ -137,8 +137,11 @@ impl PodReads {
                 processes: true,
                 ..none
             },
+            // A container is listed only with some statistics of its own, and the runtime's
+            // writable-layer figures are added to the containers listed: so their memory too.
             Resource::EphemeralStorage | Resource::Inodes => PodReads {
                 ephemeral: true,
+                container_memory: true,
                 ..none
             },
         }
@@ -305,6 +308,23 @@ mod tests {
             "100\n101\n",
         );
         v1_memcg(&mem, "/node/kubepods/podg", 50 << 20, 0);
+    }
+
+    #[test]
+    fn a_ranking_reads_only_what_it_compares() {
+        use crate::decide::signal::Resource;
+        let memory = PodReads::ranking(Resource::Memory);
+        assert!(memory.pod_memory && !memory.container_memory && !memory.processes);
+        assert!(!memory.ephemeral);
+        let pids = PodReads::ranking(Resource::Pids);
+        assert!(pids.processes && !pids.pod_memory && !pids.container_memory);
+        let disk = PodReads::ranking(Resource::EphemeralStorage);
+        assert!(disk.ephemeral && !disk.pod_memory && !disk.processes);
+        // The memory victim's message adds its containers; the pod's own figure is the
+        // search's.
+        let message = PodReads::message(Resource::Memory);
+        assert!(message.container_memory && !message.pod_memory);
+        assert_eq!(PodReads::message(Resource::Pids), pids);
     }
 
     #[test]
