@@ -335,7 +335,7 @@ impl Node {
     /// Stops the loop and every pod, removes kubepods and checks nothing is left.
     pub async fn finish(mut self) {
         self.stop_loop().await;
-        for p in reactor::reactor::PodControl::pods(&*self.pods) {
+        for p in reactor::reactor::PodControl::pods(&*self.pods).iter() {
             let _ = self.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
             self.pods.remove(&p.info.uid);
         }

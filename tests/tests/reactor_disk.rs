@@ -353,7 +353,7 @@ impl DiskNode {
         if let Some(l) = self.lp.take() {
             l.stop().await;
         }
-        for p in self.pods.pods() {
+        for p in self.pods.pods().iter() {
             let _ = self.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
             self.pods.remove(&p.info.uid);
             self.cgroups

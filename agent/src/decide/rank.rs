@@ -208,7 +208,8 @@ pub fn memory_key(pod: &PodInfo, working_set: Option<u64>) -> u128 {
 /// The first non-critical pod [`rank`] would order for memory, found without every pod's
 /// working set: `usage` holds each pod's memory usage (`None`: no statistics), which is never
 /// below its working set, so its key is never after the pod's real one. The pods are tried
-/// in the order of those bound keys and `working_set(i)` asked only for a pod that could
+/// in the order of those bound keys (`info` gives each one's [`PodInfo`], so the caller's
+/// pods need not be copied) and `working_set(i)` asked only for a pod that could
 /// still come first; the search stops when the next bound is past the best real key found.
 /// Ties keep the input order, as in [`rank`]. Returns the victim (`None`: every pod is
 /// critical) and the working sets asked for, by pod.
@@ -216,14 +217,16 @@ pub fn memory_key(pod: &PodInfo, working_set: Option<u64>) -> u128 {
 /// On a node of fifty pods with one pod growing, that is fifty cheap usage reads and one or
 /// two `memory.stat` reads, where [`rank`] over a full summary needs fifty of each — the
 /// reaction time no longer grows with the number of pods.
-pub fn first_for_memory(
-    pods: &[PodInfo],
+pub fn first_for_memory<T>(
+    pods: &[T],
+    info: impl Fn(&T) -> &PodInfo,
     usage: &[Option<u64>],
     mut working_set: impl FnMut(usize) -> Option<u64>,
 ) -> (Option<usize>, Vec<Option<Option<u64>>>) {
     let mut asked: Vec<Option<Option<u64>>> = vec![None; pods.len()];
     let mut bounds: Vec<(u128, usize)> = pods
         .iter()
+        .map(&info)
         .enumerate()
         .filter(|(_, p)| !p.is_critical())
         .map(|(i, p)| (memory_key(p, usage.get(i).copied().flatten()), i))
@@ -240,7 +243,7 @@ pub fn first_for_memory(
             Some(_) => {
                 let ws = working_set(i);
                 asked[i] = Some(ws);
-                memory_key(&pods[i], ws)
+                memory_key(info(&pods[i]), ws)
             }
         };
         if best.is_none_or(|b| (key, i) < b) {
@@ -446,21 +449,26 @@ mod tests {
             .map(|i| Some(if i == 0 { 400 << 20 } else { 10 << 20 }))
             .collect();
         let mut reads = 0;
-        let (victim, asked) = first_for_memory(&ps, &usage, |i| {
-            reads += 1;
-            usage[i].map(|u| u - (1 << 20))
-        });
+        let (victim, asked) = first_for_memory(
+            &ps,
+            |p| p,
+            &usage,
+            |i| {
+                reads += 1;
+                usage[i].map(|u| u - (1 << 20))
+            },
+        );
         assert_eq!(victim, Some(0));
         assert_eq!(reads, 1);
         assert_eq!(asked.iter().filter(|a| a.is_some()).count(), 1);
         // A pod without statistics goes first, unread; critical pods are never chosen.
         let mut usage = usage;
         usage[7] = None;
-        let (victim, _) = first_for_memory(&ps, &usage, |i| usage[i]);
+        let (victim, _) = first_for_memory(&ps, |p| p, &usage, |i| usage[i]);
         assert_eq!(victim, Some(7));
         let critical = pods(vec![pod("node-critical", Some(2_000_001_000), None)]);
         assert_eq!(
-            first_for_memory(&critical, &[Some(1 << 30)], |_| Some(1 << 30)).0,
+            first_for_memory(&critical, |p| p, &[Some(1 << 30)], |_| Some(1 << 30)).0,
             None
         );
     }
@@ -912,7 +920,7 @@ mod tests {
                 let full = rank(Signal::MemoryAvailable, FsLayout::Shared, &pods, &index)
                     .into_iter()
                     .find(|&i| !pods[i].is_critical());
-                let (found, asked) = first_for_memory(&pods, &usage, ws);
+                let (found, asked) = first_for_memory(&pods, |p| p, &usage, ws);
                 prop_assert_eq!(found, full);
                 for (i, a) in asked.iter().enumerate() {
                     // Only pods with a usage are asked, and the answer is what was read.

@@ -11,17 +11,17 @@ use super::NodeError;
 use crate::act::runtime::{Runtime, RuntimeError};
 use crate::decide::summary::FsStats;
 use crate::reactor::pods::{
-    writable_layers_of, ActivePod, EvictError, Evicted, EvictionStatus, PodControl,
+    writable_layers_of, ActivePods, EvictError, Evicted, EvictionStatus, PodControl,
 };
 
 /// The reactor loop drives eviction through the pod manager, so an evicted pod ends with its
 /// status recorded, checkpointed and published like any other change on the node.
 impl PodControl for PodManager {
-    fn pods(&self) -> Vec<ActivePod> {
+    fn pods(&self) -> ActivePods {
         self.active()
     }
 
-    fn changes(&self) -> Option<tokio::sync::watch::Receiver<Vec<ActivePod>>> {
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<ActivePods>> {
         let mut rx = self.active.clone();
         rx.mark_unchanged();
         Some(rx)

@@ -44,7 +44,7 @@ use crate::decide::cgroups::{pod_config, qos_tiers};
 use crate::decide::pod::PodInfo;
 use crate::decide::preempt::{handle_admission_failure, AdmitFailure};
 use crate::devices::{ContainerRequest, DeviceManager, PodRequest};
-use crate::reactor::pods::{kill_cgroup_now, ActivePod, Evicted, PodContainer};
+use crate::reactor::pods::{kill_cgroup_now, ActivePod, ActivePods, Evicted, PodContainer};
 use crate::record::checkpoint::Checkpoint;
 use crate::record::state_file::Generation;
 
@@ -125,7 +125,7 @@ pub(super) enum Command {
 pub struct PodManager {
     tx: mpsc::Sender<Command>,
     urgent: mpsc::Sender<Command>,
-    pub(super) active: watch::Receiver<Vec<ActivePod>>,
+    pub(super) active: watch::Receiver<ActivePods>,
     pub(super) runtime: Arc<dyn RuntimeView>,
     killing: Killing,
     events: EventHub,
@@ -176,7 +176,7 @@ impl PodManager {
             .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let (urgent, urgent_rx) = mpsc::channel(URGENT_QUEUE);
-        let (active_tx, active) = watch::channel(Vec::new());
+        let (active_tx, active) = watch::channel(ActivePods::from([]));
         let runtime: Arc<dyn RuntimeView> = Arc::new(View(Arc::clone(&config.runtime)));
         let killing = Killing::default();
         let mut actor = Actor {
@@ -324,19 +324,27 @@ impl PodManager {
 
     /// The pods running now (admitted, not ended, not being stopped) with their cgroups, as
     /// the owner task last published them: the reactor loop reads this on every decision,
-    /// so it costs a clone, not a round trip through the owner's queue.
-    pub fn active(&self) -> Vec<ActivePod> {
-        let mut pods = self.active.borrow().clone();
-        for p in &mut pods {
-            if let Some(cgroups) = self.runtime.container_cgroups(&p.info.uid) {
-                for c in &mut p.containers {
-                    if let Some(dir) = cgroups.get(&c.name) {
-                        c.cgroup.clone_from(dir);
-                    }
+    /// so it costs a reference count (a copy only where the runtime names container cgroups
+    /// its own way, CRI), never a round trip through the owner's queue.
+    pub fn active(&self) -> ActivePods {
+        let published = self.active.borrow().clone();
+        let named: Vec<Option<BTreeMap<String, String>>> = published
+            .iter()
+            .map(|p| self.runtime.container_cgroups(&p.info.uid))
+            .collect();
+        if named.iter().all(Option::is_none) {
+            return published;
+        }
+        let mut pods = published.to_vec();
+        for (p, cgroups) in pods.iter_mut().zip(named) {
+            let Some(cgroups) = cgroups else { continue };
+            for c in &mut p.containers {
+                if let Some(dir) = cgroups.get(&c.name) {
+                    c.cgroup.clone_from(dir);
                 }
             }
         }
-        pods
+        pods.into()
     }
 
     /// The event hub: subscribe to what happens, or publish (the reactor loop's evictions).
@@ -410,7 +418,7 @@ pub(super) struct Actor<R> {
     pub(super) tx: mpsc::WeakSender<Command>,
     /// Pods killed by [`PodManager::kill_now`] whose eviction this task has not taken yet.
     pub(super) killing: Killing,
-    pub(super) active: watch::Sender<Vec<ActivePod>>,
+    pub(super) active: watch::Sender<ActivePods>,
 }
 
 pub(super) fn reply<T>(tx: Option<Reply<T>>, value: Result<T, NodeError>) {
@@ -549,10 +557,10 @@ impl<R: Runtime + 'static> Actor<R> {
             })
             .collect();
         self.active.send_if_modified(|old| {
-            if *old == active {
+            if old[..] == active[..] {
                 false
             } else {
-                *old = active;
+                *old = active.into();
                 true
             }
         });

@@ -471,12 +471,17 @@ impl Observer {
         self.observe_pods_for(pods, PodReads::ALL, summary)
     }
 
-    /// The memory usage of each pod cgroup in `pods` (`None`: gone or unreadable, said at
-    /// debug): the bounds [`crate::decide::rank::first_for_memory`] starts from.
-    pub fn pod_memory_usages(&mut self, pods: &[PodCgroup]) -> Vec<Option<u64>> {
-        let usages = pods
-            .iter()
-            .map(|p| match self.cgroups.memory_usage(&p.cgroup) {
+    /// The memory usage of each pod cgroup in `cgroups` (paths in the hierarchy; `None`:
+    /// gone or unreadable, said at debug): the bounds
+    /// [`crate::decide::rank::first_for_memory`] starts from. The files of cgroups not in
+    /// `cgroups` are closed.
+    pub fn pod_memory_usages<S: AsRef<str>>(
+        &mut self,
+        cgroups: impl IntoIterator<Item = S>,
+    ) -> Vec<Option<u64>> {
+        let usages = cgroups
+            .into_iter()
+            .map(|cg| match self.cgroups.memory_usage(cg.as_ref()) {
                 Ok(u) => u,
                 Err(e) => {
                     tracing::debug!(error = %e, "pod memory usage left out of the ranking");
@@ -488,9 +493,10 @@ impl Observer {
         usages
     }
 
-    /// The working set of pod cgroup `pod` (`None`: gone or unreadable, said at debug).
-    pub fn pod_working_set(&mut self, pod: &PodCgroup) -> Option<u64> {
-        match self.cgroups.memory(&pod.cgroup) {
+    /// The working set of the pod cgroup at `cgroup` (`None`: gone or unreadable, said at
+    /// debug).
+    pub fn pod_working_set(&mut self, cgroup: &str) -> Option<u64> {
+        match self.cgroups.memory(cgroup) {
             Ok(m) => m.map(|m| m.working_set),
             Err(e) => {
                 tracing::debug!(error = %e, "pod working set left out of the ranking");

@@ -25,8 +25,9 @@ use crate::decide::thresholds::pod_grace_period_seconds;
 use crate::observe::{ContainerCgroup, PodCgroup, PodReads, Signals};
 use crate::sense::monotonic_ns;
 
-/// What a bounded memory search read: each pod's usage, and the working sets it asked for.
-type MemoryReads = (Vec<Option<u64>>, Vec<Option<Option<u64>>>);
+/// What a bounded memory search read: each pod cgroup's path, its usage, and the working
+/// sets it asked for.
+type MemoryReads = (Vec<String>, Vec<Option<u64>>, Vec<Option<Option<u64>>>);
 
 impl<P: PodControl + 'static> Reactor<P> {
     /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
@@ -41,19 +42,27 @@ impl<P: PodControl + 'static> Reactor<P> {
     ) -> bool {
         let pods = self.pods.pods();
         let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
-        let cgroups: Vec<PodCgroup> = pods.iter().map(|p| pod_cgroup(&root, p)).collect();
-        let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
         let resource = reclaim.signal.resource();
         // Memory: the victim from every pod's usage and the fewest working sets
-        // (`first_for_memory`); the full ranking for the record is completed after the kill.
-        // Other signals: the full ranking first, as the kubelet does.
+        // (`first_for_memory`), nothing copied per pod but its cgroup's path; the full
+        // ranking for the record is completed after the kill. Other signals: the full
+        // ranking first, as the kubelet does.
         let (victim, memory_reads) = if resource == Resource::Memory {
-            let usage = self.observer.pod_memory_usages(&cgroups);
+            let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(&root, p)).collect();
+            let usage = self
+                .observer
+                .pod_memory_usages(paths.iter().map(String::as_str));
             let observer = &mut self.observer;
-            let (victim, asked) =
-                first_for_memory(&infos, &usage, |i| observer.pod_working_set(&cgroups[i]));
-            (victim, Some((usage, asked)))
+            let (victim, asked) = first_for_memory(
+                &pods,
+                |p| &p.info,
+                &usage,
+                |i| observer.pod_working_set(&paths[i]),
+            );
+            (victim, Some((paths, usage, asked)))
         } else {
+            let cgroups: Vec<PodCgroup> = pods.iter().map(|p| pod_cgroup(&root, p)).collect();
+            let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
             let problems = self.observer.observe_pods_for(
                 &cgroups,
                 PodReads::ranking(resource),
@@ -72,13 +81,13 @@ impl<P: PodControl + 'static> Reactor<P> {
         };
         let Some(victim) = victim else {
             if let Some(reads) = memory_reads {
-                self.rank_memory_for_record(reclaim, layout, &infos, &cgroups, reads, decision);
+                self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
             }
             decision.action = Action::NothingToEvict;
             return false;
         };
         let pod = &pods[victim];
-        let info = &infos[victim];
+        let info = &pod.info;
         let Some(threshold) = self.settings.thresholds.get(reclaim.threshold) else {
             return false;
         };
@@ -91,7 +100,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         // The victim's own figures for its message (per container, for memory): one pod's
         // reads, where reading them for every pod would have delayed the kill.
         let problems = self.observer.observe_pods_for(
-            std::slice::from_ref(&cgroups[victim]),
+            &[pod_cgroup(&root, pod)],
             PodReads::message(resource),
             &mut self.victim,
         );
@@ -99,7 +108,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             tracing::debug!(error = %p, "the victim's statistics left out of its message");
         }
         // For memory the pod's own working set is the one the search read.
-        if let (Some((_, asked)), Some(stats)) = (&memory_reads, self.victim.pods.first_mut()) {
+        if let (Some((_, _, asked)), Some(stats)) = (&memory_reads, self.victim.pods.first_mut()) {
             stats.memory = asked[victim].flatten().map(|ws| MemoryStats {
                 working_set_bytes: Some(ws),
             });
@@ -120,7 +129,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             .await;
         // Off the reaction's path now: the rest of the memory ranking, for the record.
         if let Some(reads) = memory_reads {
-            self.rank_memory_for_record(reclaim, layout, &infos, &cgroups, reads, decision);
+            self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
         }
         let (killed_at, error) = match &result {
             Ok(e) => (e.killed_at_ns, None),
@@ -165,13 +174,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// instead of opening one per pod between the kernel's event and the kill.
     pub(super) fn warm_pods(&mut self) {
         let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
-        let cgroups: Vec<PodCgroup> = self
-            .pods
-            .pods()
-            .iter()
-            .map(|p| pod_cgroup(&root, p))
-            .collect();
-        self.observer.pod_memory_usages(&cgroups);
+        let pods = self.pods.pods();
+        self.observer
+            .pod_memory_usages(pods.iter().map(|p| pod_cgroup_path(&root, p)));
     }
 
     /// The decision's ranking (its first `ranking_top` pods) from `order`.
@@ -207,28 +212,28 @@ impl<P: PodControl + 'static> Reactor<P> {
         &mut self,
         reclaim: &Reclaim,
         layout: FsLayout,
-        infos: &[PodInfo],
-        cgroups: &[PodCgroup],
-        (usage, asked): MemoryReads,
+        pods: &[ActivePod],
+        (paths, usage, asked): MemoryReads,
         decision: &mut Decision,
     ) {
         self.summary.pods.clear();
-        let mut listed = Vec::with_capacity(infos.len());
-        for (i, (cg, known)) in cgroups.iter().zip(asked).enumerate() {
+        let mut listed = Vec::with_capacity(pods.len());
+        for (i, (path, known)) in paths.iter().zip(asked).enumerate() {
+            let info = &pods[i].info;
             let ws = match (usage[i], known) {
                 (None, _) => {
-                    listed.push(infos[i].clone());
+                    listed.push(info.clone());
                     continue;
                 }
                 (Some(_), Some(ws)) => ws,
-                (Some(_), None) => self.observer.pod_working_set(cg),
+                (Some(_), None) => self.observer.pod_working_set(path),
             };
             let Some(ws) = ws else { continue };
-            listed.push(infos[i].clone());
+            listed.push(info.clone());
             self.summary.pods.push(PodStats {
                 pod_ref: PodRef {
-                    uid: infos[i].uid.clone(),
-                    name: infos[i].name.clone(),
+                    uid: info.uid.clone(),
+                    name: info.name.clone(),
                     namespace: String::new(),
                 },
                 memory: Some(MemoryStats {
@@ -273,14 +278,24 @@ impl<P: PodControl + 'static> Reactor<P> {
     }
 }
 
+/// A pod cgroup's path in the hierarchy, as the observer names it.
+fn pod_cgroup_path(root: &str, pod: &ActivePod) -> String {
+    let mut path = String::with_capacity(root.len() + 64);
+    path.push_str(root);
+    for name in pod.cgroup.names() {
+        path.push('/');
+        path.push_str(name);
+    }
+    path
+}
+
 /// A pod's cgroups as the observer names them (paths in the hierarchy).
 fn pod_cgroup(root: &str, pod: &ActivePod) -> PodCgroup {
-    let rel = pod.cgroup.names().join("/");
     PodCgroup {
         uid: pod.info.uid.clone(),
         name: pod.info.name.clone(),
         namespace: String::new(),
-        cgroup: format!("{root}/{rel}"),
+        cgroup: pod_cgroup_path(root, pod),
         containers: pod
             .containers
             .iter()

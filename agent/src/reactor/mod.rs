@@ -651,7 +651,7 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// Reads each container's OOM kill counter as the starting point.
     fn baseline_oom_counts(&mut self) {
-        for p in self.pods.pods() {
+        for p in self.pods.pods().iter() {
             for c in &p.containers {
                 let key = (p.info.uid.clone(), c.name.clone());
                 if self.oom_counts.contains_key(&key) {
@@ -703,7 +703,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             hits.push((pod, name));
         } else {
             let mut seen = BTreeSet::new();
-            for p in &pods {
+            for p in pods.iter() {
                 for c in &p.containers {
                     let Some(now) = p
                         .cgroup

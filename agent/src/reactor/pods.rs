@@ -37,6 +37,10 @@ pub struct ActivePod {
     pub termination_grace_period: Option<i64>,
 }
 
+/// The running pods as the loop reads them: shared, so handing them to the loop on every
+/// decision is a reference count, not a copy of every pod.
+pub type ActivePods = Arc<[ActivePod]>;
+
 /// A container of an active pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodContainer {
@@ -112,7 +116,7 @@ pub enum EvictError {
 /// by [`RuntimePods`] where there is none.
 pub trait PodControl: Send + Sync {
     /// The pods running now (admitted, not terminated), with their cgroups.
-    fn pods(&self) -> Vec<ActivePod>;
+    fn pods(&self) -> ActivePods;
 
     /// Stops the pod `uid` — SIGKILL at once when `grace` is zero, SIGTERM then SIGKILL after
     /// `grace` otherwise — and sets its status to `status`. Returns once the runtime has
@@ -126,7 +130,7 @@ pub trait PodControl: Send + Sync {
 
     /// A feed that changes whenever the running pods do, where the implementation has one:
     /// the loop then prepares its reads of new pods ahead of any eviction. Default: none.
-    fn changes(&self) -> Option<tokio::sync::watch::Receiver<Vec<ActivePod>>> {
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<ActivePods>> {
         None
     }
 
@@ -187,7 +191,7 @@ impl<R: Runtime> RuntimePods<R> {
 }
 
 impl<R: Runtime> PodControl for RuntimePods<R> {
-    fn pods(&self) -> Vec<ActivePod> {
+    fn pods(&self) -> ActivePods {
         lock(&self.pods).values().cloned().collect()
     }
 

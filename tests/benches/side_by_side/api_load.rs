@@ -1,7 +1,9 @@
 //! Part 6: the reactor loop's reaction while the API is loaded. The release `reactor run` on
 //! the OOM part's modelled 512 MiB node (evicting below 128 MiB allocatable, eBPF and the
-//! memcg notification on, SCHED_FIFO), the same eviction repeated with the API idle and with
-//! 50 gRPC clients on its unix socket applying, listing and removing pods without pause.
+//! memcg notification on, SCHED_FIFO), the same eviction repeated with the API idle, with 50
+//! sleeping pods resident and the API idle (as many pods as under load: the pods' share of
+//! the figure, told from the API's), and with 50 gRPC clients on its unix socket applying,
+//! listing and removing pods without pause.
 //! Each repetition applies a BestEffort pod allocating 600 MiB at 350 MiB/s and waits until
 //! it ends; the reaction (the waking kernel event → the agent's SIGKILL) is the one the
 //! eviction record carries (`reaction_nanos` of the `eviction` event), so the figure is the
@@ -154,7 +156,20 @@ struct Mode {
     calls_per_s: f64,
 }
 
-async fn mode(socket: &std::path::Path, loaded: bool, reps: usize) -> Result<Mode> {
+/// What runs beside the evictions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    /// Nothing: the hog is the node's one pod.
+    Idle,
+    /// As many resident pods as the clients keep, the API idle: the pods' share of the
+    /// loaded mode's figure, without the API's.
+    Resident,
+    /// The clients applying, listing and removing pods.
+    Clients,
+}
+
+async fn mode(socket: &std::path::Path, load: Load, reps: usize) -> Result<Mode> {
+    let loaded = load == Load::Clients;
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = if loaded {
@@ -172,6 +187,13 @@ async fn mode(socket: &std::path::Path, loaded: bool, reps: usize) -> Result<Mod
         Vec::new()
     };
     let mut c = client(socket).await?;
+    if load == Load::Resident {
+        for i in 0..CLIENTS {
+            let sleep = vec!["/bin/sleep".to_string(), "3600".to_string()];
+            c.apply_pod(doc("resident", &format!("r{i}"), sleep))
+                .await?;
+        }
+    }
     let mut events = c
         .events(pb::EventsRequest {
             kinds: vec!["eviction".into()],
@@ -189,7 +211,11 @@ async fn mode(socket: &std::path::Path, loaded: bool, reps: usize) -> Result<Mod
         reactions: Vec::new(),
         calls_per_s: 0.0,
     };
-    let tag = if loaded { "loaded" } else { "idle" };
+    let tag = match load {
+        Load::Idle => "idle",
+        Load::Resident => "resident",
+        Load::Clients => "loaded",
+    };
     let mut result = Ok(());
     for i in 0..reps {
         match one_eviction(&mut c, &mut events, &format!("hog-{tag}-{i}")).await {
@@ -207,6 +233,11 @@ async fn mode(socket: &std::path::Path, loaded: bool, reps: usize) -> Result<Mod
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     out.calls_per_s = calls.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    if load == Load::Resident {
+        for i in 0..CLIENTS {
+            c.remove_pod(remove("resident", &format!("r{i}"))).await?;
+        }
+    }
     stop.store(true, Ordering::SeqCst);
     for cl in clients {
         cl.await.context("a load client panicked")??;
@@ -223,10 +254,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (idle, loaded) = rt.block_on(async {
-        let idle = mode(&socket, false, reps).await?;
-        let loaded = mode(&socket, true, reps).await?;
-        Ok::<_, anyhow::Error>((idle, loaded))
+    let (idle, resident, loaded) = rt.block_on(async {
+        let idle = mode(&socket, Load::Idle, reps).await?;
+        let resident = mode(&socket, Load::Resident, reps).await?;
+        let loaded = mode(&socket, Load::Clients, reps).await?;
+        Ok::<_, anyhow::Error>((idle, resident, loaded))
     })?;
     // The agent's own account of every decision (wake source, detection lag, decide → kill),
     // kept for a closer look at where the reaction goes.
@@ -236,7 +268,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
     }
     drop(agent);
 
-    let (di, dl) = (Dist::of(&idle.reactions), Dist::of(&loaded.reactions));
+    let (di, dr, dl) = (
+        Dist::of(&idle.reactions),
+        Dist::of(&resident.reactions),
+        Dist::of(&loaded.reactions),
+    );
     let some = |d: &Dist, v: u64| (d.n > 0).then_some(v);
     let mut t = Table::new(
         "6. Reaction with the API idle and under 50 clients' load (same eviction)",
@@ -251,7 +287,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "API calls/s",
         ],
     );
-    for (name, m, d) in [("idle", &idle, &di), ("50 clients", &loaded, &dl)] {
+    for (name, m, d) in [
+        ("idle", &idle, &di),
+        ("idle, 50 pods", &resident, &dr),
+        ("50 clients", &loaded, &dl),
+    ] {
         t.row(vec![
             name.to_string(),
             m.runs.to_string(),
@@ -269,6 +309,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
          {CLIENTS} gRPC clients on the API socket each applying, listing and removing pods \
          without pause"
     ));
+    t.note(format!(
+        "idle, 50 pods: {CLIENTS} sleeping pods applied first and left running, the API idle, \
+         so the node holds as many pods as under the clients' load; ×idle compares with the \
+         first row"
+    ));
     t.note(
         "reaction: the eviction record's own figure (waking kernel event → SIGKILL, \
          `reaction_nanos` of the `eviction` event); right pod evicted: Evicted with no OOM \
@@ -284,10 +329,13 @@ pub fn run(opts: &Opts) -> Result<Part> {
         json: json!({
             "clients": CLIENTS,
             "idle": mj(&idle, &di),
+            "resident": mj(&resident, &dr),
             "loaded": mj(&loaded, &dl),
             "p50_ratio": ratio_json(some(&dl, dl.p50), some(&di, di.p50)),
             "p99_ratio": ratio_json(some(&dl, dl.p99), some(&di, di.p99)),
+            "p50_ratio_to_resident": ratio_json(some(&dl, dl.p50), some(&dr, dr.p50)),
+            "p99_ratio_to_resident": ratio_json(some(&dl, dl.p99), some(&dr, dr.p99)),
         }),
-        samples: di.n.min(dl.n),
+        samples: di.n.min(dr.n).min(dl.n),
     })
 }

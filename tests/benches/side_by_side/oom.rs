@@ -371,7 +371,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             }
         }
         watcher.abort();
-        for p in node.pods.pods() {
+        for p in node.pods.pods().iter() {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
         }
         node.finish().await;
