@@ -92,13 +92,31 @@ struct Inner {
     log_dir: PathBuf,
     origin: Instant,
     pods: Mutex<BTreeMap<String, PodEntry>>,
+    /// Each pod's stop signal again, under a lock of its own: `pods` is held across the
+    /// checkpoint's writes (fsyncs), and an eviction's [`Runtime::fence`] must never wait
+    /// for a disk — measured under API load, it did, for up to 1.3 ms.
+    stops: Mutex<BTreeMap<String, StopSignal>>,
     exits: tokio::sync::broadcast::Sender<ContainerExit>,
+}
+
+/// A pod's stop request (`None`: running; `Some(grace)`: stop with that grace), watched by
+/// its supervisors.
+type StopSignal = Arc<watch::Sender<Option<Duration>>>;
+
+impl Inner {
+    /// A new pod's stop signal, registered for [`Runtime::fence`].
+    fn new_stop(&self, uid: &str) -> (StopSignal, watch::Receiver<Option<Duration>>) {
+        let (stop, rx) = watch::channel(None);
+        let stop = Arc::new(stop);
+        lock(&self.stops).insert(uid.to_string(), Arc::clone(&stop));
+        (stop, rx)
+    }
 }
 
 struct PodEntry {
     spec: PodSpec,
     containers: Vec<ContainerRecord>,
-    stop: watch::Sender<Option<Duration>>,
+    stop: StopSignal,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -146,7 +164,7 @@ enum First {
     Restart,
 }
 
-fn lock(m: &Mutex<BTreeMap<String, PodEntry>>) -> MutexGuard<'_, BTreeMap<String, PodEntry>> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

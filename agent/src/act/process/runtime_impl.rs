@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use super::supervise::{initialize, supervise};
 use super::{lock, waiting, ContainerRecord, First, Inner, PodEntry, ProcessRuntime};
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
@@ -51,7 +49,7 @@ impl Runtime for ProcessRuntime {
                 return Err(e.into());
             }
         }
-        let (stop, stop_rx) = watch::channel(None);
+        let (stop, stop_rx) = inner.new_stop(&pod.uid);
         let init = pod.init_count();
         let containers = pod
             .containers
@@ -159,6 +157,7 @@ impl Runtime for ProcessRuntime {
         let entry = pods.remove(uid).ok_or_else(|| RuntimeError::NotFound {
             uid: uid.to_string(),
         })?;
+        lock(&inner.stops).remove(uid);
         // The pod is stopped whether or not this is written (a full disk): the failure is
         // reported by the checkpoint and the write retried until it succeeds.
         let _ = inner.save(&pods);
@@ -168,8 +167,8 @@ impl Runtime for ProcessRuntime {
     fn fence(&self, uid: &str) {
         // A stop with grace 0 asked now: the supervisors restart nothing from here on
         // (`supervise` checks it before every restart) and kill what still runs.
-        if let Some(entry) = lock(&self.inner.pods).get(uid) {
-            entry.stop.send_if_modified(|stop| {
+        if let Some(signal) = lock(&self.inner.stops).get(uid) {
+            signal.send_if_modified(|stop| {
                 let first = stop.is_none();
                 if first {
                     *stop = Some(Duration::ZERO);

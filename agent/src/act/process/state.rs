@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::spawn::{start_ticks, to_pid, watch_pidfd};
@@ -152,6 +151,7 @@ impl ProcessRuntime {
             backoff: config.backoff,
             origin: Instant::now(),
             pods: Mutex::new(BTreeMap::new()),
+            stops: Mutex::new(BTreeMap::new()),
             exits: tokio::sync::broadcast::channel(EXIT_EVENTS).0,
         });
         let loaded = inner.checkpoint.load();
@@ -162,7 +162,7 @@ impl ProcessRuntime {
         let stale = loaded.generation == Generation::Previous;
         let saved: Vec<SavedPod> = loaded.value.unwrap_or_default();
         for pod in saved {
-            let (stop, stop_rx) = watch::channel(None);
+            let (stop, stop_rx) = inner.new_stop(&pod.spec.uid);
             let mut firsts = Vec::new();
             let mut containers = pod.containers;
             // A record missing from the file (it should not be) starts from scratch.
