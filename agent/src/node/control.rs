@@ -33,7 +33,7 @@ impl PodControl for PodManager {
         grace: Duration,
         status: EvictionStatus,
     ) -> Result<Evicted, EvictError> {
-        let done = PodManager::evict(self, uid, grace, &status.reason, &status.message)
+        PodManager::evict(self, uid, grace, &status.reason, &status.message)
             .await
             .map_err(|e| match e {
                 NodeError::Runtime(r) => EvictError::Runtime(r),
@@ -44,12 +44,8 @@ impl PodControl for PodManager {
                 other => EvictError::Runtime(RuntimeError::Unavailable {
                     reason: other.to_string(),
                 }),
-            })?;
-        Ok(Evicted {
-            killed_at_ns: done.killed_at_ns,
-            killed: done.killed,
-            reaped: done.reaped,
-        })
+            })
+            .map(|done| done.killed)
     }
 
     async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {

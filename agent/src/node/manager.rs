@@ -113,9 +113,7 @@ pub(super) enum Command {
     Stopped {
         uid: String,
         status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
-        killed_at_ns: Option<u64>,
-        killed: usize,
-        reaped: usize,
+        killed: Evicted,
         after: After,
     },
 }
@@ -295,8 +293,9 @@ impl PodManager {
     /// SIGKILLs every process in the cgroup of running pod `uid` at once, after fencing it
     /// in the runtime ([`Runtime::fence`]: nothing it kills is restarted), and reaps their
     /// memory; `None` when the pod is not running (unknown, ended or being stopped: the
-    /// owner task answers for it). Synchronous and lock-free but for the runtime's own pod
-    /// table, so the kill costs the caller microseconds whatever the owner task is doing.
+    /// owner task answers for it). Synchronous, and it takes only locks that are never held
+    /// across I/O (the fence's, the pods watch's), so the kill costs the caller
+    /// microseconds whatever the owner task or the runtime is doing.
     ///
     /// An agent killed between this and the owner task's write-ahead record finds the pod's
     /// containers dead and no stop recorded, and treats it like any pod its runtime lost
@@ -511,14 +510,9 @@ impl<R: Runtime + 'static> Actor<R> {
                 Command::Stopped {
                     uid,
                     status,
-                    killed_at_ns,
                     killed,
-                    reaped,
                     after,
-                } => {
-                    self.stopped(uid, status, (killed_at_ns, killed, reaped), after)
-                        .await
-                }
+                } => self.stopped(uid, status, killed, after).await,
             }
             self.publish_active();
         }

@@ -13,7 +13,7 @@ use super::view::{EvictedPod, Removed};
 use super::NodeError;
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
 use crate::act::runtime::{PodPhase, Runtime, RuntimeError};
-use crate::reactor::pods::{begin_kill, finish_kill};
+use crate::reactor::pods::{begin_kill, finish_kill, Evicted};
 
 impl<R: Runtime + 'static> Actor<R> {
     pub(super) fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {
@@ -67,11 +67,10 @@ impl<R: Runtime + 'static> Actor<R> {
         });
         self.save();
         tokio::spawn(async move {
-            let (mut killed_at_ns, mut killed, mut reaped) = (None, 0, 0);
+            let mut killed = Evicted::default();
             let status = if let Some((first, evicted)) = begun {
-                let (status, evicted) = finish_kill(first, evicted).await;
-                (killed_at_ns, killed, reaped) =
-                    (evicted.killed_at_ns, evicted.killed, evicted.reaped);
+                let status;
+                (status, killed) = finish_kill(first, evicted).await;
                 match status {
                     Ok(s) => Ok(Some(s)),
                     Err(RuntimeError::NotFound { .. }) => Ok(None),
@@ -81,8 +80,8 @@ impl<R: Runtime + 'static> Actor<R> {
                 // No runtime supervises an orphan's processes: signal them here, then tell
                 // the runtime in case it knows the pod without its spec.
                 if let (Some(cg), None) = (&cgroup, prekilled) {
-                    killed = super::recover::stop_processes(&cgroups, cg, grace).await;
-                    killed_at_ns = Some(crate::sense::monotonic_ns());
+                    killed.killed = super::recover::stop_processes(&cgroups, cg, grace).await;
+                    killed.killed_at_ns = Some(crate::sense::monotonic_ns());
                 }
                 match rt.stop_pod(&uid, Duration::ZERO).await {
                     Ok(s) => Ok(Some(s)),
@@ -92,7 +91,7 @@ impl<R: Runtime + 'static> Actor<R> {
                 Ok(None)
             };
             if let Some(k) = prekilled {
-                (killed_at_ns, killed, reaped) = (k.killed_at_ns, k.killed, k.reaped);
+                killed = k;
             }
             let status = match (status, cgroup) {
                 (Ok(s), Some(cg)) if live => {
@@ -115,9 +114,7 @@ impl<R: Runtime + 'static> Actor<R> {
                     .send(Command::Stopped {
                         uid,
                         status,
-                        killed_at_ns,
                         killed,
-                        reaped,
                         after,
                     })
                     .await;
@@ -129,7 +126,7 @@ impl<R: Runtime + 'static> Actor<R> {
         &mut self,
         uid: String,
         status: Result<Option<crate::act::runtime::PodStatus>, RuntimeError>,
-        (killed_at_ns, killed, reaped): (Option<u64>, usize, usize),
+        killed: Evicted,
         after: After,
     ) {
         let failed = status.as_ref().err().map(ToString::to_string);
@@ -175,7 +172,7 @@ impl<R: Runtime + 'static> Actor<R> {
                 ..
             } => {
                 if let Some(err) = failed {
-                    if killed == 0 {
+                    if killed.killed == 0 {
                         let _ = tx.send(Err(NodeError::Runtime(RuntimeError::Unavailable {
                             reason: err,
                         })));
@@ -192,13 +189,8 @@ impl<R: Runtime + 'static> Actor<R> {
                 self.release_devices().await;
                 let view = self.pods.get(&uid).map(|e| self.view(e, None, None));
                 let _ = tx.send(
-                    view.map(|pod| EvictedPod {
-                        pod,
-                        killed_at_ns,
-                        killed,
-                        reaped,
-                    })
-                    .ok_or_else(|| NodeError::NotFound(uid.clone())),
+                    view.map(|pod| EvictedPod { pod, killed })
+                        .ok_or_else(|| NodeError::NotFound(uid.clone())),
                 );
             }
             After::Preempted { preemptor } => {

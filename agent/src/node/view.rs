@@ -9,6 +9,7 @@ use super::record::PodSource;
 use crate::act::cgroups::{CgroupPath, MemoryUsage};
 use crate::act::runtime::{ContainerState, ContainerStatus, PodPhase, Runtime};
 use crate::decide::pod::PodInfo;
+use crate::reactor::pods::Evicted;
 
 /// A pod as the API and the reactor loop see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,13 +102,9 @@ impl std::fmt::Display for RemoveTarget {
 pub struct EvictedPod {
     /// The pod as it ended (`Failed`, with the reason and message given).
     pub pod: PodView,
-    /// `CLOCK_MONOTONIC` ns when its processes were sent SIGKILL by the agent (grace 0), or
-    /// when the runtime reported them stopped (a grace period); `None` when nothing ran.
-    pub killed_at_ns: Option<u64>,
-    /// How many processes the agent itself sent SIGKILL (grace 0).
-    pub killed: usize,
-    /// Of those, how many had their memory reaped by `process_mrelease` (Linux 5.15+).
-    pub reaped: usize,
+    /// The kill: when SIGKILL went to its processes (grace 0; with a grace period, when the
+    /// runtime reported them stopped), how many the agent signalled and reaped.
+    pub killed: Evicted,
 }
 
 impl<R: Runtime + 'static> Actor<R> {
