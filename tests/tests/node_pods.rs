@@ -593,6 +593,17 @@ fn node_events_stream_and_status_report_what_exists() {
         .any(|s| s["attached"] == true));
 }
 
+/// The exact bytes of a quantity string in `--json` output (`"1004268Ki"`).
+fn quantity_bytes(v: &Value) -> u128 {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{v} is not a quantity string"))
+        .parse::<Quantity>()
+        .unwrap()
+        .value()
+        .try_into()
+        .unwrap()
+}
+
 /// Reads back a byte quantity `reactor status`/`pod ls` printed (`496Ki`, `~23.4Gi`, `1000`)
 /// and checks it against the exact bytes `--json` gave, by hand rather than through the
 /// agent's own formatter: an exact form must equal the value; a `~` form must be the value
@@ -752,17 +763,7 @@ fn node_status_and_pod_ls_print_quantities_as_kubectl_does() {
         .nth(1)
         .and_then(|t| t.split(' ').next())
         .unwrap();
-    check_bytes(
-        available,
-        m["available"]
-            .as_str()
-            .unwrap()
-            .parse::<Quantity>()
-            .unwrap()
-            .value()
-            .try_into()
-            .unwrap(),
-    );
+    check_bytes(available, quantity_bytes(&m["available"]));
     assert!(mem.contains(" of 1Gi "), "{mem}");
     assert!(mem.contains("hard 100Mi"), "{mem}");
     let soft = m["thresholds"]
@@ -778,17 +779,7 @@ fn node_status_and_pod_ls_print_quantities_as_kubectl_does() {
         .and_then(|t| t.split(')').next())
         .unwrap_or_else(|| panic!("a percentage threshold prints as written: {mem}"));
     assert!(th.starts_with('~'), "10% of 1Gi is not exact: {mem}");
-    check_bytes(
-        th,
-        soft["resolved"]
-            .as_str()
-            .unwrap()
-            .parse::<Quantity>()
-            .unwrap()
-            .value()
-            .try_into()
-            .unwrap(),
-    );
+    check_bytes(th, quantity_bytes(&soft["resolved"]));
     assert!(mem.contains(") for 1m30s"), "{mem}");
     // Counts stay plain integers.
     let pid = signal("pid.available");

@@ -289,7 +289,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     ))
 }
 
-/// The `realtimePriority` the shipped systemd unit and DaemonSet give the agent.
+/// The `realtimePriority` the shipped systemd unit's configuration gives the agent.
 pub const REALTIME_PRIORITY: u8 = 10;
 
 /// A runtime whose threads run as the deployed agent's do (`SCHED_FIFO` 10, reset on fork

@@ -24,6 +24,7 @@ use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::lag::{deployed_runtime, REALTIME_PRIORITY};
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
 
@@ -148,9 +149,6 @@ async fn ensure_base_pods(node: &Node) {
         node.wait_usage(uid, qos, 48 * MI).await;
     }
 }
-
-/// The `realtimePriority` the shipped systemd unit gives the agent.
-const REALTIME_PRIORITY: u8 = 10;
 
 /// When the agent's SIGKILL went out: the waking event plus the reaction lag, else the
 /// moment the signals were read just before it.
@@ -285,14 +283,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let reps = opts.oom_reps.unwrap_or(if opts.quick { 2 } else { 20 });
     // The loop's threads run as the shipped deployment runs the agent (`realtimePriority:
     // 10`); the pods keep normal scheduling (reset on fork).
-    let realtime = reactor::priority::set_realtime(REALTIME_PRIORITY).is_ok();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .on_thread_start(|| {
-            let _ = reactor::priority::set_realtime(REALTIME_PRIORITY);
-        })
-        .build()?;
+    let (rt, realtime) = deployed_runtime()?;
     let rows = rt.block_on(async {
         let mut node = Node::start(NodeSpec {
             name: "bench-oom",

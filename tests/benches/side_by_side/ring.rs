@@ -24,6 +24,7 @@ use reactor::sense::{Kind, PressureEvent};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
+use crate::lag::{deployed_runtime, REALTIME_PRIORITY};
 use crate::report::{Part, Table};
 use crate::Opts;
 
@@ -276,14 +277,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let cg = TestMemcg::new("bench-ring", 256 << 20).context("creating the test memcg")?;
     // The consumer runs as deployed (`realtimePriority: 10`); the producers are reset to
     // normal scheduling on fork.
-    let realtime = reactor::priority::set_realtime(REALTIME_PRIORITY).is_ok();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .on_thread_start(|| {
-            let _ = reactor::priority::set_realtime(REALTIME_PRIORITY);
-        })
-        .build()?;
+    let (rt, realtime) = deployed_runtime()?;
     let ring_bytes = agent_ring_bytes();
     let (counters, task) = start(&rt, ring_bytes, &cg.cgroup)?;
     let mut steps = Vec::new();
@@ -434,9 +428,6 @@ pub fn run(opts: &Opts) -> Result<Part> {
         samples: steps.len() + usize::from(flood.generated > 0),
     })
 }
-
-/// The `realtimePriority` the shipped systemd unit and DaemonSet give the agent.
-const REALTIME_PRIORITY: u8 = 10;
 
 /// The ring-buffer size the agent runs with.
 fn agent_ring_bytes() -> u32 {
