@@ -161,15 +161,8 @@ impl CgroupFs {
                 }
             }
         }
-        let name = match self.layout {
-            Layout::V1 => "memory.usage_in_bytes",
-            Layout::V2 => "memory.current",
-        };
-        self.set_path(cgroup, Some(name))?;
-        let file = match File::open(&self.path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(ObserveError::io(&self.path, e)),
+        let Some(file) = self.open_usage(cgroup)? else {
+            return Ok(None);
         };
         let n = match file.read_at(&mut text, 0) {
             Ok(n) => n,
@@ -184,16 +177,50 @@ impl CgroupFs {
         Ok(Some(usage))
     }
 
+    /// Opens `cgroup`'s usage file; `None` when the cgroup is gone.
+    fn open_usage(&mut self, cgroup: &str) -> Result<Option<File>, ObserveError> {
+        self.set_path(cgroup, Some(self.usage_file()))?;
+        match File::open(&self.path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ObserveError::io(&self.path, e)),
+        }
+    }
+
+    /// The usage file's name in this layout.
+    fn usage_file(&self) -> &'static str {
+        match self.layout {
+            Layout::V1 => "memory.usage_in_bytes",
+            Layout::V2 => "memory.current",
+        }
+    }
+
     fn parse_usage(&mut self, cgroup: &str, text: &[u8]) -> Result<u64, ObserveError> {
         let text = std::str::from_utf8(text).unwrap_or("").trim();
         text.parse::<u64>().map_err(|_| {
-            let file = match self.layout {
-                Layout::V1 => "memory.usage_in_bytes",
-                Layout::V2 => "memory.current",
-            };
+            let file = self.usage_file();
             let path = self.dir(cgroup).map(|d| d.join(file)).unwrap_or_default();
             ObserveError::parse(&path, format!("{text:?} is not a byte count"))
         })
+    }
+
+    /// Opens the usage file of each of `cgroups` not open yet, without reading any, and
+    /// closes the others (pods gone): what keeping up with the pods costs is one open per
+    /// new pod, never a read of every pod. A cgroup that cannot be opened is left for
+    /// [`CgroupFs::memory_usage`] to report.
+    pub fn keep_usage_open<S: AsRef<str>>(&mut self, cgroups: impl IntoIterator<Item = S>) {
+        // A pass of its own: `cgroups` is the whole set to keep.
+        self.usage_pass = self.usage_pass.wrapping_add(1);
+        let pass = self.usage_pass;
+        for cg in cgroups {
+            let cg = cg.as_ref();
+            if let Some((_, used)) = self.usage_files.get_mut(cg) {
+                *used = pass;
+            } else if let Ok(Some(file)) = self.open_usage(cg) {
+                self.usage_files.insert(cg.to_string(), (file, pass));
+            }
+        }
+        self.end_usage_pass();
     }
 
     /// Closes the usage files not read since the last call (pods gone from the node).
@@ -419,6 +446,10 @@ mod tests {
         set(&root, "/kubepods/a", "memory.usage_in_bytes", "lots\n");
         let err = fs.memory_usage("/kubepods/a").unwrap_err().to_string();
         assert!(err.contains("/kubepods/a/memory.usage_in_bytes"), "{err}");
+        // Keeping up with the pods opens the new ones' files and closes the others'.
+        fs.keep_usage_open(["/kubepods/b", "/kubepods/gone"]);
+        assert_eq!(fs.usage_files.keys().collect::<Vec<_>>(), ["/kubepods/b"]);
+        assert_eq!(fs.memory_usage("/kubepods/b").unwrap(), Some(200));
     }
 
     #[test]

@@ -493,6 +493,12 @@ impl Observer {
         usages
     }
 
+    /// Keeps the usage files of `cgroups` open for [`Observer::pod_memory_usages`] (opening
+    /// the new ones, closing the rest) without reading them.
+    pub fn keep_pod_usage_open<S: AsRef<str>>(&mut self, cgroups: impl IntoIterator<Item = S>) {
+        self.cgroups.keep_usage_open(cgroups);
+    }
+
     /// The working set of the pod cgroup at `cgroup` (`None`: gone or unreadable, said at
     /// debug).
     pub fn pod_working_set(&mut self, cgroup: &str) -> Option<u64> {

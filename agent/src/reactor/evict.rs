@@ -176,7 +176,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let pods = self.pods.pods();
         self.observer
-            .pod_memory_usages(pods.iter().map(|p| pod_cgroup_path(&root, p)));
+            .keep_pod_usage_open(pods.iter().map(|p| pod_cgroup_path(&root, p)));
     }
 
     /// The decision's ranking (its first `ranking_top` pods) from `order`.
