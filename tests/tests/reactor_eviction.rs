@@ -244,6 +244,89 @@ async fn ebpf_alone_evicts_woken_by_the_in_kernel_usage_threshold() {
     );
 }
 
+/// Page cache that comes after the level was set, less than a mebibyte of it (under the v1
+/// registration's step): the eBPF slot follows it page for page, so the in-kernel event
+/// comes when the working set meets the threshold and the loop it wakes evicts at once,
+/// rather than a page cache early with the close watch's timer finishing the approach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ebpf_level_follows_page_cache_under_a_mebibyte() {
+    if !ready() {
+        return;
+    }
+    let mut node = Node::start(storm_node("reactor-ebpfcache", true, true)).await;
+    node.start_loop_with(|o, _| {
+        o.psi = false;
+        o.memcg = false;
+    });
+    if !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
+        node.finish().await;
+        return;
+    }
+    // 600 KiB of inactive page cache in kubepods, written from a pod cgroup of its own into
+    // a file on disk (the state dir), after the loop's first passes set the level.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let cache = CgroupPath::pod(Some("besteffort"), "pagecache").unwrap();
+    node.cgroups.create(&cache).unwrap();
+    let procs = Path::new("/sys/fs/cgroup/memory")
+        .join(&node.root.name)
+        .join("kubepods/besteffort/podpagecache/cgroup.procs");
+    assert!(procs.exists(), "{}", procs.display());
+    let file = node.state.path().join("cache");
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {} && exec head -c 614400 /dev/zero > {}",
+            procs.display(),
+            file.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success(), "writing the page cache: {status}");
+    // Two housekeeping passes: the level has moved by the 600 KiB, if it follows.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut woken = Vec::new();
+    for rep in 0..3 {
+        let uid = format!("be{rep}");
+        node.run(
+            &uid,
+            Some("besteffort"),
+            serde_json::json!({}),
+            &["600", "350"],
+            RestartPolicy::Always,
+        )
+        .await;
+        let decision = loop {
+            let Some(d) = node.next_action(Duration::from_secs(10)).await else {
+                panic!("rep {rep}: no eviction within 10 s");
+            };
+            match &d.action {
+                Action::Evicted { uid: victim, .. } if victim == &uid => break d,
+                Action::OomKilled { .. } => panic!("rep {rep}: kernel OOM kill: {d:?}"),
+                _ => {}
+            }
+        };
+        let event = decision
+            .wake
+            .event
+            .as_ref()
+            .map(|e| format!("{} {}", e.source.name(), e.kind));
+        eprintln!(
+            "rep {rep}: timer={} event={event:?} reaction={:?}",
+            decision.wake.timer, decision.reaction_lag_ns
+        );
+        woken.push((decision.wake.timer, event));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let _ = node.cgroups.remove(&cache, Duration::from_secs(2));
+    node.finish().await;
+    assert!(
+        woken
+            .iter()
+            .all(|(timer, e)| !timer && e.as_deref().is_some_and(|e| e.contains("ebpf"))),
+        "every eviction woken by the eBPF event itself, none by the close watch: {woken:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_follow_the_ranking_one_pod_at_a_time() {
     if !ready() {

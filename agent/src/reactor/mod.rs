@@ -765,8 +765,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// Keeps each memcg usage threshold where the working set meets its level: the base
     /// (`capacity - level`, armed at start) plus the cgroup's inactive file pages now, as the
     /// kubelet's threshold notifier does, so the kernel's notification comes when the
-    /// threshold is met rather than a page cache earlier. Moved only by 1 MiB or more, so a
-    /// steady page cache does not re-register the event on every pass.
+    /// threshold is met rather than a page cache earlier. Every change is passed on: the
+    /// eBPF slot follows it page for page (one map write), the v1 registration only by
+    /// [`crate::sense::memcg::V1_MOVE_STEP_BYTES`] or more.
     fn move_thresholds(&self, signals: &Signals) {
         let settings = self.observer.settings();
         for target in self.thresholds.targets() {
@@ -783,11 +784,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             let Some(m) = memory else {
                 continue;
             };
-            let want = base.saturating_add(m.inactive_file_bytes);
-            let now = self.thresholds.current(target).unwrap_or(base);
-            if want.abs_diff(now) >= 1 << 20 {
-                self.thresholds.set(target, want);
-            }
+            self.thresholds.set(
+                target,
+                crate::sense::memcg::working_set_level(base, m.inactive_file_bytes),
+            );
         }
     }
 

@@ -64,14 +64,26 @@ impl MemcgThresholds {
             }
         }
     }
+}
 
-    /// Where `target`'s notification is armed now.
-    pub fn current(&self, target: &MemcgTarget) -> Option<u64> {
-        self.armed
-            .iter()
-            .find(|(t, _)| t == target)
-            .map(|(_, tx)| *tx.borrow())
-    }
+/// The usage at which a threshold on `base` bytes of working set is met, given the
+/// cgroup's inactive file pages now: the eviction signal is met when the working set
+/// (`usage - inactive_file`) exceeds `base`, so the kernel should wake us at the first
+/// usage past `base + inactive_file` (`+ 1`: "at or above" in the kernel's checks).
+pub fn working_set_level(base: u64, inactive_file: u64) -> u64 {
+    base.saturating_add(inactive_file).saturating_add(1)
+}
+
+/// The least move worth a new v1 registration: each one allocates the cgroup's threshold
+/// arrays anew and the old eventfd's removal waits for an RCU grace period in the kernel,
+/// so a level following the page cache page by page would churn for nothing. Inside the
+/// step the v1 notification may come up to this much early and the loop's close watch
+/// finishes the approach; the eBPF slot has no such cost and follows every page.
+pub const V1_MOVE_STEP_BYTES: u64 = 1 << 20;
+
+/// Whether a v1 threshold registered at `registered` bytes should move to `want`.
+pub fn v1_moves(registered: u64, want: u64) -> bool {
+    registered.abs_diff(want) >= V1_MOVE_STEP_BYTES
 }
 
 /// Builds [`MemcgThresholds`] while the sources attach.
@@ -506,6 +518,12 @@ impl EventfdWatch {
                     }
                 },
                 Some(bytes) = Self::moved(&mut moves) => {
+                    let V1Notification::Threshold(registered) = self.what else {
+                        continue;
+                    };
+                    if !v1_moves(registered, bytes) {
+                        continue;
+                    }
                     if let Err(e) = self.rearm(bytes) {
                         tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg threshold not moved; the old one stays");
                     }
@@ -709,6 +727,28 @@ impl EventsWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_level_is_the_first_usage_past_the_working_set_base() {
+        let base = 384 << 20;
+        // No page cache: usage must pass the base itself.
+        assert_eq!(working_set_level(base, 0), base + 1);
+        // 300 KiB of inactive page cache: 300 KiB later, a page's precision kept.
+        assert_eq!(working_set_level(base, 300 << 10), base + (300 << 10) + 1);
+        assert_eq!(working_set_level(u64::MAX, 1), u64::MAX, "no overflow");
+    }
+
+    #[test]
+    fn v1_registrations_move_only_by_a_step() {
+        let at = 384 << 20;
+        assert!(
+            !v1_moves(at, at + (300 << 10)),
+            "a page cache's drift stays"
+        );
+        assert!(!v1_moves(at, at - (1 << 20) + 1));
+        assert!(v1_moves(at, at + (1 << 20)));
+        assert!(v1_moves(at, at - (1 << 20)));
+    }
 
     const MOUNTINFO: &str = "\
 25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
