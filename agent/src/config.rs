@@ -143,9 +143,9 @@ pub struct Config {
     /// busy node the scheduler can hold a normal thread back for a few milliseconds, which is
     /// most of the time between the kernel's notification and the eviction; a real-time
     /// agent is not held back by the very pods it is about to evict. The reactor loop's own
-    /// thread (`reactor-loop`, with the sense sources) runs at this priority and every other
-    /// agent thread one below it (normal scheduling for 1), so API work never holds the loop
-    /// off a CPU. Pods and other child processes never inherit it (`SCHED_RESET_ON_FORK`).
+    /// thread (`reactor-loop`, with the sense sources) runs at this priority; every other
+    /// agent thread keeps normal scheduling, so API work under load neither holds the loop
+    /// off a CPU nor starves the kernel's own workers the loop's cgroup reads wait on. Pods and other child processes never inherit it (`SCHED_RESET_ON_FORK`).
     /// Needs `CAP_SYS_NICE`.
     pub realtime_priority: u8,
     /// The node this agent models.

@@ -7,8 +7,11 @@
 //! `SCHED_FIFO` lets the agent run as soon as it is woken. `SCHED_RESET_ON_FORK` keeps the
 //! pods (and every other process the agent starts) on normal scheduling.
 //!
-//! It must be set before the async runtime starts its threads: a thread inherits its
-//! creator's policy, so setting it on the main thread first covers every worker.
+//! Only the reactor loop's thread runs real-time (`reactor::thread`); each thread sets its
+//! own policy as it starts, since with `SCHED_RESET_ON_FORK` a new thread does not inherit
+//! its creator's. The agent's other threads run on normal scheduling, and so does the main
+//! thread once the agent has started ([`set_normal`]), whatever the service manager started
+//! it with.
 
 /// Why the priority could not be set.
 #[derive(Debug, thiserror::Error)]
@@ -20,8 +23,7 @@ pub struct PriorityError {
     pub source: std::io::Error,
 }
 
-/// Puts the calling thread (and the threads it creates from now on) on `SCHED_FIFO` at
-/// `priority`, with `SCHED_RESET_ON_FORK`.
+/// Puts the calling thread on `SCHED_FIFO` at `priority`, with `SCHED_RESET_ON_FORK`.
 pub fn set_realtime(priority: u8) -> Result<(), PriorityError> {
     let param = libc::sched_param {
         sched_priority: i32::from(priority),
@@ -38,5 +40,21 @@ pub fn set_realtime(priority: u8) -> Result<(), PriorityError> {
             priority,
             source: std::io::Error::last_os_error(),
         })
+    }
+}
+
+/// Puts the calling thread back on normal scheduling (`SCHED_OTHER`): lowering one's own
+/// policy needs no privilege. The main thread of an agent started real-time by its service
+/// manager (the systemd unit's `CPUSchedulingPolicy=fifo`, for the start) calls it once the
+/// loop's thread runs, so API work on it never competes with the loop or the kernel's
+/// workers at real-time priority.
+pub fn set_normal() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as in `set_realtime`: the sched_param is read during the call only.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }

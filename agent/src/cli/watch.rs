@@ -47,30 +47,10 @@ pub(crate) fn load_config_reporting(
 
 /// A runtime with two workers: the sources are few and mostly asleep.
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    builder()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
         .build()
-        .map_err(|e| Failure::Runtime(anyhow::anyhow!("cannot start the tokio runtime: {e}")))
-}
-
-fn builder() -> tokio::runtime::Builder {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.worker_threads(2).enable_all();
-    b
-}
-
-/// [`runtime`] whose every thread (workers and blocking pool) runs `SCHED_FIFO` at
-/// `priority` when it is not 0. Each thread sets it itself: with `SCHED_RESET_ON_FORK` a new
-/// thread does not inherit it. A refusal is logged once per thread and the thread runs on.
-pub(crate) fn runtime_with_priority(priority: u8) -> Result<tokio::runtime::Runtime, Failure> {
-    let mut b = builder();
-    if priority > 0 {
-        b.on_thread_start(move || {
-            if let Err(e) = reactor::priority::set_realtime(priority) {
-                tracing::warn!(error = %e, "runtime thread keeps normal scheduling");
-            }
-        });
-    }
-    b.build()
         .map_err(|e| Failure::Runtime(anyhow::anyhow!("cannot start the tokio runtime: {e}")))
 }
 

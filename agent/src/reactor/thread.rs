@@ -8,9 +8,9 @@
 //! with one worker thread, `reactor-loop`, and the sense layer's sources are attached to
 //! that runtime too (their fds are registered with its I/O driver, their tasks run on its
 //! worker), so an event goes from the kernel to the loop without touching the agent's
-//! other threads. With `realtimePriority` set, that thread runs at the priority configured
-//! and the agent's other threads one below it (`cli::run`), so API work never holds the
-//! loop off a CPU.
+//! other threads. With `realtimePriority` set, that thread alone runs `SCHED_FIFO` at the
+//! priority configured, so neither the pods nor API work hold the loop off a CPU; the
+//! agent's other threads keep normal scheduling (`cli::run` says why).
 //!
 //! What the loop asks of the rest of the agent (the pod manager's eviction bookkeeping,
 //! the runtime's writable layers) goes over channels that work across runtimes; the kill
