@@ -52,6 +52,71 @@ pub struct CgroupFs {
     /// the pass it was last read in; [`CgroupFs::end_usage_pass`] closes the others.
     usage_files: HashMap<String, (File, u64)>,
     usage_pass: u64,
+    /// The cgroups every observation reads (the node's and kubepods', [`CgroupFs::keep_open`])
+    /// and their files, kept open the same way: under a churn of pod cgroups being created
+    /// and removed, each path walk in cgroupfs waits on the same kernfs locks as the
+    /// `mkdir`s and `rmdir`s.
+    kept_cgroups: Vec<String>,
+    kept: KeptFiles,
+}
+
+/// Files read again and again, kept open and re-read from offset 0 (cgroupfs and procfs
+/// regenerate the text on every read from the start).
+#[derive(Debug, Default)]
+pub(crate) struct KeptFiles {
+    files: HashMap<PathBuf, File>,
+}
+
+impl KeptFiles {
+    /// Reads `path` into `buf` (cleared first) through the file kept open for it, opening it
+    /// the first time; `Ok(false)` when it does not exist. A kept file that can no longer be
+    /// read (`ENODEV`: its cgroup was removed) is dropped and the path opened afresh, which
+    /// tells a removed cgroup from a new one of the same name.
+    pub(crate) fn read(&mut self, path: &Path, buf: &mut Vec<u8>) -> Result<bool, ObserveError> {
+        if let Some(file) = self.files.get(path) {
+            if pread_all(file, buf).is_ok() {
+                return Ok(true);
+            }
+            self.files.remove(path);
+        }
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(ObserveError::io(path, e)),
+        };
+        match pread_all(&file, buf) {
+            Ok(()) => {}
+            Err(e) if is_gone(&e) => return Ok(false),
+            Err(e) => return Err(ObserveError::io(path, e)),
+        }
+        self.files.insert(path.to_path_buf(), file);
+        Ok(true)
+    }
+}
+
+/// A read error that means the file's cgroup was removed under us.
+fn is_gone(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
+}
+
+/// Reads all of `file` from offset 0 into `buf` (cleared first). A read that does not fill
+/// the space offered is the end: the kernel hands over a generated file's text whole, and
+/// one more read past it would make it generate the text again only to find nothing.
+fn pread_all(file: &File, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    buf.clear();
+    let mut len = 0;
+    loop {
+        if buf.capacity() - len < 4096 {
+            buf.reserve(8192);
+        }
+        buf.resize(buf.capacity(), 0);
+        let n = file.read_at(&mut buf[len..], len as u64)?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            buf.truncate(len);
+            return Ok(());
+        }
+    }
 }
 
 /// Whether `dir/cgroup.controllers` lists the memory controller.
@@ -91,6 +156,16 @@ impl CgroupFs {
             buf: Vec::with_capacity(8192),
             usage_files: HashMap::new(),
             usage_pass: 0,
+            kept_cgroups: Vec::new(),
+            kept: KeptFiles::default(),
+        }
+    }
+
+    /// Keeps the files of `cgroup` open once read ([`CgroupFs::memory`] reads it on every
+    /// observation): for the few cgroups read on every pass, never per pod.
+    pub fn keep_open(&mut self, cgroup: &str) {
+        if !self.kept_cgroups.iter().any(|c| c == cgroup) {
+            self.kept_cgroups.push(cgroup.to_string());
         }
     }
 
@@ -131,6 +206,9 @@ impl CgroupFs {
     /// Reads `cgroup/file` into the buffer; `Ok(false)` when the file (or cgroup) is absent.
     fn read(&mut self, cgroup: &str, file: &str) -> Result<bool, ObserveError> {
         self.set_path(cgroup, Some(file))?;
+        if self.kept_cgroups.iter().any(|c| c == cgroup) {
+            return self.kept.read(&self.path, &mut self.buf);
+        }
         read_into(&self.path, &mut self.buf)
     }
 
@@ -425,6 +503,38 @@ mod tests {
         assert_eq!(kubepods.working_set, 0);
         assert_eq!(fs.memory("/kubepods/gone").unwrap(), None);
     }
+    #[test]
+    fn kept_cgroups_are_read_through_open_files_whole_and_afresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("memory");
+        v1_memcg(&root, "/kubepods", 300, 100);
+        // A memory.stat longer than the first read offered (8 KiB): read whole.
+        let long: String = (0..1000).map(|i| format!("padding_{i} 0\n")).collect();
+        let stat = format!("{long}total_inactive_file 100\n");
+        assert!(stat.len() > 12 << 10);
+        set(&root, "/kubepods", "memory.stat", &stat);
+        let mut fs = CgroupFs::new(Layout::V1, root.clone());
+        fs.keep_open("/kubepods");
+        let m = fs.memory("/kubepods").unwrap().unwrap();
+        assert_eq!((m.usage, m.inactive_file, m.working_set), (300, 100, 200));
+        assert_eq!(fs.kept.files.len(), 2, "usage and memory.stat kept open");
+        // Read again at offset 0: the new figures, shorter text and all.
+        set(&root, "/kubepods", "memory.usage_in_bytes", "500\n");
+        set(
+            &root,
+            "/kubepods",
+            "memory.stat",
+            "total_inactive_file 50\n",
+        );
+        let m = fs.memory("/kubepods").unwrap().unwrap();
+        assert_eq!((m.usage, m.inactive_file), (500, 50));
+        // A cgroup not kept is opened per read and nothing more is held.
+        v1_memcg(&root, "/kubepods/pod", 10, 0);
+        assert!(fs.memory("/kubepods/pod").unwrap().is_some());
+        assert_eq!(fs.kept.files.len(), 2);
+        assert_eq!(fs.memory("/gone").unwrap(), None);
+    }
+
     #[test]
     fn usage_files_stay_open_between_reads_and_close_when_not_read_in_a_pass() {
         let tmp = tempfile::tempdir().unwrap();

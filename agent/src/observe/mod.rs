@@ -364,8 +364,10 @@ impl Observer {
     /// a known layout).
     pub fn with_cgroupfs(
         settings: ObserveSettings,
-        cgroups: CgroupFs,
+        mut cgroups: CgroupFs,
     ) -> Result<Observer, ObserveError> {
+        cgroups.keep_open(&settings.node_cgroup);
+        cgroups.keep_open(&settings.kubepods_cgroup);
         let mut proc = ProcFs::new(settings.proc_root.clone());
         let memory_capacity = match settings.memory_capacity {
             Some(bytes) => bytes,

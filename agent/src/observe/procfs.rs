@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::cgroupfs::read_into;
+use super::cgroupfs::KeptFiles;
 use super::ObserveError;
 
 /// `/proc`, or a directory standing in for it.
@@ -19,6 +19,8 @@ pub struct ProcFs {
     root: PathBuf,
     path: PathBuf,
     buf: Vec<u8>,
+    /// The few files read on every observation, kept open.
+    files: KeptFiles,
 }
 
 /// The node's task limit and current task count.
@@ -46,6 +48,7 @@ impl ProcFs {
             root,
             path: PathBuf::with_capacity(64),
             buf: Vec::with_capacity(4096),
+            files: KeptFiles::default(),
         }
     }
 
@@ -53,7 +56,7 @@ impl ProcFs {
         self.path.as_mut_os_string().clear();
         self.path.push(&self.root);
         self.path.push(rel);
-        if !read_into(&self.path, &mut self.buf)? {
+        if !self.files.read(&self.path, &mut self.buf)? {
             return Err(ObserveError::parse(&self.path, "absent".to_string()));
         }
         std::str::from_utf8(&self.buf)
