@@ -8,21 +8,32 @@
 //! time from the threshold crossing to the victim's memory being released.
 //!
 //! The crossing is timed by the bench's own memcg threshold eventfd on kubepods (a separate
-//! sense layer, so every mode is timed alike): its wake-up when usage reaches 384 MiB.
+//! sense layer, so every mode is timed alike): its wake-up when the threshold is actually
+//! met, which is when kubepods' *working set* (usage − inactive_file) passes 384 MiB, not its
+//! usage. A fixed registration at 384 MiB of usage fired early by kubepods' inactive page
+//! cache (a few MiB, different every run: several ms at 350 MiB/s), inflating crossing →
+//! SIGKILL for every mode by a varying amount. So each repetition registers a fresh eventfd
+//! at [`working_set_level`]`(384 MiB, inactive_file)` with inactive_file read just before its
+//! hog starts, and takes its crossing from that registration alone. (Moving one registration
+//! through [`MemcgThresholds`](reactor::sense::memcg::MemcgThresholds) would not do: the v1
+//! watch re-registers only on moves of 1 MiB or more.) It stays a kernel notification rather
+//! than a time computed from usage reads; the kernel checks v1 thresholds every 128 charged
+//! pages, so it can come up to that much late.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use reactor::act::cgroups::CgroupPath;
 use reactor::act::runtime::{RestartPolicy, Runtime};
 use reactor::config::Config;
 use reactor::reactor::{Action, Decision, PodControl};
+use reactor::sense::memcg::working_set_level;
 use reactor::sense::{monotonic_ns, Kind, MemcgTarget, Sense, SenseOptions, Source};
 use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::oneshot;
 
 use crate::lag::{deployed_runtime, REALTIME_PRIORITY};
 use crate::report::{Dist, Part, Table};
@@ -119,6 +130,13 @@ struct Rep {
     crossing_to_kill_ns: Option<u64>,
     kill_to_released_ns: Option<u64>,
     woken_by: Option<String>,
+    /// The usage this repetition's crossing reference was registered at, and kubepods'
+    /// inactive file pages it added to the 384 MiB (see [`Reference`]).
+    reference_level: u64,
+    reference_inactive_file: u64,
+    /// Whether that registration fired (it may not when the agent kills and the kernel
+    /// uncharges before its next threshold check).
+    crossed: bool,
 }
 
 /// One mode at one rate.
@@ -150,6 +168,92 @@ async fn ensure_base_pods(node: &Node) {
     }
 }
 
+/// The bench's clock for one repetition's crossing: a v1 threshold eventfd on kubepods of its
+/// own (a sense layer with only the memcg source), registered where the eviction threshold is
+/// met given kubepods' inactive file pages now, so the crossing is the working-set crossing
+/// rather than a usage one that comes early by the page cache.
+struct Reference {
+    /// kubepods' inactive file pages when it was registered.
+    inactive_file: u64,
+    /// The usage it is registered at: [`working_set_level`]`(384 MiB, inactive_file)`.
+    level: u64,
+    /// The first crossing's wake-up, sent by `watcher`.
+    crossed: oneshot::Receiver<u64>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Reference {
+    /// Reads kubepods' inactive file pages and registers a fresh threshold there. Call it on
+    /// a settled node: the first notification is then the upward crossing.
+    fn arm(node: &Node) -> Result<Reference> {
+        let now = node
+            .cgroups
+            .memory_usage(&CgroupPath::kubepods())
+            .context("kubepods' usage and inactive file pages")?;
+        let inactive_file = now.inactive_file_bytes;
+        let level = working_set_level((CAPACITY_MI - HARD_MI) * MI, inactive_file);
+        if now.usage_bytes >= level {
+            bail!(
+                "kubepods at {} bytes, already past the crossing reference at {level}: the node \
+                 did not settle",
+                now.usage_bytes
+            );
+        }
+        let mut o = SenseOptions::from_config(
+            &Config::default(),
+            vec![MemcgTarget {
+                cgroup: format!("/{}/kubepods", node.root.name),
+                threshold_bytes: Some(level),
+            }],
+        );
+        o.ebpf = false;
+        o.psi = false;
+        o.poll = false;
+        let mut sense = Sense::start(&o).context("the crossing eventfd on kubepods")?;
+        // The start succeeds on any part that attached (the OOM notification alone would do).
+        if let Some(m) = sense
+            .report()
+            .missing
+            .iter()
+            .find(|m| m.source == Source::MemcgThreshold)
+        {
+            bail!("the crossing eventfd on kubepods: {}", m.reason);
+        }
+        let (tx, crossed) = oneshot::channel();
+        let watcher = tokio::spawn(async move {
+            while let Some(r) = sense.next().await {
+                // Not told apart by the usage the watch reads at wake-up: a fast agent has
+                // released the victim by then. Registered below the level, the first
+                // notification is the upward crossing.
+                if matches!(r.event.kind, Kind::ThresholdCrossed { .. }) {
+                    let _ = tx.send(r.event.at_ns);
+                    break;
+                }
+            }
+            sense.shutdown().await;
+        });
+        Ok(Reference {
+            inactive_file,
+            level,
+            crossed,
+            watcher,
+        })
+    }
+
+    /// When the registration first fired, waiting up to `wait` for a wake-up still on its
+    /// way to the watcher; `None` if it did not. Unregisters it either way.
+    async fn crossing(self, wait: Duration) -> Option<u64> {
+        let at = tokio::time::timeout(wait, self.crossed)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        // Dropping the sense layer closes the eventfds, which removes the registration.
+        self.watcher.abort();
+        let _ = self.watcher.await;
+        at
+    }
+}
+
 /// When the agent's SIGKILL went out: the waking event plus the reaction lag, else the
 /// moment the signals were read just before it.
 fn kill_at(d: &Decision) -> u64 {
@@ -159,13 +263,8 @@ fn kill_at(d: &Decision) -> u64 {
     }
 }
 
-async fn repetition(
-    node: &mut Node,
-    uid: &str,
-    rate: u64,
-    crossings: &Mutex<Vec<u64>>,
-) -> Result<Rep> {
-    let t0 = monotonic_ns();
+async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
+    let reference = Reference::arm(node)?;
     node.run(
         uid,
         Some("besteffort"),
@@ -174,7 +273,11 @@ async fn repetition(
         RestartPolicy::Never,
     )
     .await;
-    let mut rep = Rep::default();
+    let mut rep = Rep {
+        reference_level: reference.level,
+        reference_inactive_file: reference.inactive_file,
+        ..Rep::default()
+    };
     let mut oom_at: Option<u64> = None;
     let mut evicted: Option<Decision> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -219,6 +322,8 @@ async fn repetition(
             () = tokio::time::sleep_until(deadline) => break,
         }
     }
+    let crossing = reference.crossing(Duration::from_millis(100)).await;
+    rep.crossed = crossing.is_some();
     if let Some(d) = &evicted {
         let k = kill_at(d);
         rep.oom_first = oom_at.is_some_and(|o| o <= k);
@@ -231,10 +336,6 @@ async fn repetition(
             rep.right = victim == uid;
             rep.evicted = Some(victim.clone());
             if *released {
-                let crossing = crossings
-                    .lock()
-                    .ok()
-                    .and_then(|c| c.iter().copied().find(|&c| c >= t0));
                 if let (Some(c), Some(r)) = (crossing, d.release_ns) {
                     rep.crossing_to_released_ns = Some((k + r).saturating_sub(c));
                     rep.crossing_to_kill_ns = Some(k.saturating_sub(c));
@@ -296,32 +397,6 @@ pub fn run(opts: &Opts) -> Result<Part> {
             deferred: true,
         })
         .await;
-        // The bench's own clock for the crossing: a memcg eventfd on kubepods.
-        let mut o = SenseOptions::from_config(
-            &Config::default(),
-            vec![MemcgTarget {
-                cgroup: format!("/{}/kubepods", node.root.name),
-                threshold_bytes: Some((CAPACITY_MI - HARD_MI) * MI),
-            }],
-        );
-        o.ebpf = false;
-        o.psi = false;
-        o.poll = false;
-        let mut reference = Sense::start(&o).context("the crossing eventfd on kubepods")?;
-        let crossings: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let c = crossings.clone();
-        let watcher = tokio::spawn(async move {
-            while let Some(r) = reference.next().await {
-                // Either direction: a fast agent has released the victim by the time this
-                // task reads usage for the upward crossing; a repetition takes the first
-                // notification after its start, which is the upward one.
-                if matches!(r.event.kind, Kind::ThresholdCrossed { .. }) {
-                    if let Ok(mut v) = c.lock() {
-                        v.push(r.event.at_ns);
-                    }
-                }
-            }
-        });
         ensure_base_pods(&node).await;
         let mut rows = Vec::new();
         for &rate in &rates {
@@ -349,8 +424,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
                 };
                 for rep in 0..reps {
                     let uid = format!("be-{rate}-{mi}-{rep}");
-                    row.reps
-                        .push(repetition(&mut node, &uid, rate, &crossings).await?);
+                    row.reps.push(repetition(&mut node, &uid, rate).await?);
                 }
                 eprintln!(
                     "bench: oom {rate} MiB/s {}: {} of {reps} evicted before any OOM kill",
@@ -361,7 +435,6 @@ pub fn run(opts: &Opts) -> Result<Part> {
                 rows.push(row);
             }
         }
-        watcher.abort();
         for p in node.pods.pods().iter() {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
         }
@@ -460,6 +533,11 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
             "reaction_lag": reaction.json(), "crossing_to_released": release.json(),
             "crossing_to_kill": to_kill.json(), "kill_to_released": to_released.json(),
             "woken_by": woken,
+            "references": r.reps.iter().map(|x| json!({
+                "level_bytes": x.reference_level,
+                "inactive_file_bytes": x.reference_inactive_file,
+                "crossed": x.crossed,
+            })).collect::<Vec<_>>(),
         }));
     }
     t.note(format!(
@@ -472,14 +550,24 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
          no eviction); right pod evicted: the BestEffort hog evicted with no OOM kill before it"
             .to_string(),
     );
-    t.note(
+    let added = rows
+        .iter()
+        .flat_map(|r| &r.reps)
+        .map(|x| x.reference_inactive_file);
+    let mib = |b: u64| format!("{:.1}", b as f64 / MI as f64);
+    let added = match (added.clone().min(), added.max()) {
+        (Some(lo), Some(hi)) => format!("{}–{} MiB", mib(lo), mib(hi)),
+        _ => "-".to_string(),
+    };
+    t.note(format!(
         "reaction: the decision's waking kernel event → SIGKILL (decisions the loop's own close \
-         watch woke have no kernel event and are left out); crossing→released: the bench's \
-         own memcg eventfd on kubepods at 384 MiB usage (its wake-up; the kernel checks v1 \
-         thresholds every 128 charged pages, so it can come after an eBPF-woken SIGKILL, and \
-         crossing → SIGKILL then reads 0) → the victim's pod cgroup empty"
-            .to_string(),
-    );
+         watch woke have no kernel event and are left out); crossing→released: the working-set \
+         crossing, where the threshold is met, by the bench's own memcg eventfd on kubepods, \
+         registered afresh per repetition at usage 384 MiB + kubepods' inactive_file at the \
+         repetition's start ({added} added over the repetitions; its wake-up; the kernel \
+         checks v1 thresholds every 128 charged pages, so it can come after an eBPF-woken \
+         SIGKILL, and crossing → SIGKILL then reads 0) → the victim's pod cgroup empty"
+    ));
     for n in halves_notes {
         t.note(if reaping {
             format!(
