@@ -728,3 +728,75 @@ async fn a_failed_init_container_fails_a_pod_that_never_restarts() {
     drop(rt);
     s.finish();
 }
+
+/// The eviction's kill takes the containers' own processes from the runtime (pidfds it holds
+/// while it supervises them) and signals them before it walks the pod cgroup; the walk then
+/// signals the rest (a container's fork) and nothing twice. A container that exited is no
+/// longer offered, and a re-adopted one is offered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kill_signals_the_runtimes_own_processes_first_and_the_walk_the_rest() {
+    if !ready() {
+        return;
+    }
+    let s = setup("proc-known");
+    let rt = s.runtime(short_backoff()).await;
+    let pod = s.pod(
+        "kkkk-1",
+        RestartPolicy::Never,
+        vec![
+            // The main process forks a child that stays in the container cgroup.
+            container("app", &["sh", "-c", "sleep 300 & exec sleep 301"], 0),
+            container("quick", &["true"], 0),
+        ],
+    );
+    let cgroup = pod.cgroup.clone();
+    rt.run_pod(pod).await.unwrap();
+    let status = wait_for(&rt, "kkkk-1", "app running, quick ended", |p| {
+        matches!(p.containers[0].state, ContainerState::Running { .. })
+            && matches!(p.containers[1].state, ContainerState::Terminated(_))
+    })
+    .await;
+    let main = running_pid(&status, 0);
+    let known = rt.known_processes("kkkk-1");
+    assert_eq!(
+        known.iter().map(|k| k.pid).collect::<Vec<_>>(),
+        [main],
+        "the running container's process alone, not the ended one's"
+    );
+    let start = Instant::now();
+    let all = loop {
+        let pids = s.cgroups.memory_procs_recursive(&cgroup).unwrap();
+        if pids.len() == 2 || start.elapsed() > Duration::from_secs(5) {
+            break pids;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(all.len(), 2, "the main process and its fork: {all:?}");
+    // Not fenced first: a fence with grace 0 has the supervisor kill the process too, and
+    // whichever kill came first would take the count.
+    let evicted = reactor::reactor::pods::kill_cgroup_now(&s.cgroups, &cgroup, known);
+    assert_eq!(
+        evicted.killed, 2,
+        "each process signalled once: {evicted:?}"
+    );
+    assert!(evicted.killed_at_ns.is_some());
+    let start = Instant::now();
+    while !all.iter().all(|&p| gone(p)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{all:?} still run"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_for(&rt, "kkkk-1", "app ended", |p| {
+        matches!(p.containers[0].state, ContainerState::Terminated(_))
+    })
+    .await;
+    assert!(
+        rt.known_processes("kkkk-1").is_empty(),
+        "an exited process is let go"
+    );
+    rt.stop_pod("kkkk-1", Duration::ZERO).await.unwrap();
+    drop(rt);
+    s.finish();
+}

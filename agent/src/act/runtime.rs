@@ -411,6 +411,16 @@ pub trait Runtime: Send + Sync {
         let _ = uid;
     }
 
+    /// The running container processes of pod `uid` the runtime holds pidfds for (its own
+    /// children), each with a pidfd of its own: the eviction's kill signals these first,
+    /// before it lists the pod cgroup for any others, so the containers' main processes die
+    /// without waiting for a cgroupfs walk. Default: none known (the runtime's processes are
+    /// another daemon's children, CRI), and the walk finds them all.
+    fn known_processes(&self, uid: &str) -> Vec<crate::act::kill::KnownProcess> {
+        let _ = uid;
+        Vec::new()
+    }
+
     /// The pod's status now.
     fn pod_status(&self, uid: &str)
         -> impl Future<Output = Result<PodStatus, RuntimeError>> + Send;

@@ -77,6 +77,7 @@ type LayersFuture<'a> = std::pin::Pin<
 pub(super) trait RuntimeView: Send + Sync {
     fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>>;
     fn fence(&self, uid: &str);
+    fn known_processes(&self, uid: &str) -> Vec<crate::act::kill::KnownProcess>;
     fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a>;
 }
 
@@ -89,6 +90,10 @@ impl<R: Runtime> RuntimeView for View<R> {
 
     fn fence(&self, uid: &str) {
         self.0.fence(uid);
+    }
+
+    fn known_processes(&self, uid: &str) -> Vec<crate::act::kill::KnownProcess> {
+        self.0.known_processes(uid)
     }
 
     fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a> {

@@ -311,7 +311,8 @@ impl PodManager {
         // its dead containers (Failed with no reason): it is being stopped.
         self.killing.insert(uid);
         self.runtime.fence(uid);
-        Some(kill_cgroup_now(&self.cgroups, &cgroup))
+        let known = self.runtime.known_processes(uid);
+        Some(kill_cgroup_now(&self.cgroups, &cgroup, known))
     }
 
     /// Replaces the set of static pods with the manifests read from `staticPodPath`

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
-use crate::act::kill::{kill_and_reap, Killed};
+use crate::act::kill::{kill_and_reap, Killed, KnownProcess};
 use crate::act::runtime::{PodStatus, RestartPolicy, Runtime, RuntimeError};
 use crate::decide::pod::PodInfo;
 use crate::decide::summary::FsStats;
@@ -274,8 +274,9 @@ pub async fn stop_and_kill<R: Runtime>(
     cgroup: Option<&CgroupPath>,
     cgroups: &CgroupManager,
 ) -> (Result<PodStatus, RuntimeError>, Evicted) {
+    let known = rt.known_processes(uid);
     let stop = rt.stop_pod(uid, grace);
-    let (first, out) = begin_kill(stop, grace, cgroup, cgroups);
+    let (first, out) = begin_kill(stop, grace, cgroup, cgroups, known);
     finish_kill(first, out).await
 }
 
@@ -293,6 +294,7 @@ pub fn begin_kill<F>(
     grace: Duration,
     cgroup: Option<&CgroupPath>,
     cgroups: &CgroupManager,
+    known: Vec<KnownProcess>,
 ) -> Begun<std::pin::Pin<Box<F>>>
 where
     F: Future<Output = Result<PodStatus, RuntimeError>>,
@@ -306,19 +308,30 @@ where
         Poll::Pending => Err(stop),
     };
     let out = match (grace.is_zero(), cgroup) {
-        (true, Some(cg)) => kill_cgroup_now(cgroups, cg),
+        (true, Some(cg)) => kill_cgroup_now(cgroups, cg, known),
         _ => Evicted::default(),
     };
     (first, out)
 }
 
 /// SIGKILL to every process in `cgroup` and below, then their memory reaped
-/// ([`crate::act::kill`]); the kill time is the signal's, taken before the reap (which frees
-/// the memory here). The eviction's kill for grace 0.
-pub fn kill_cgroup_now(cgroups: &CgroupManager, cgroup: &CgroupPath) -> Evicted {
+/// ([`crate::act::kill`]). The eviction's kill for grace 0. The processes the runtime named
+/// (`known`, its containers' own processes, through their pidfds) are signalled first and
+/// that is the kill time: a container's main process then dies without waiting for the walk
+/// of the pod's cgroups, a cgroupfs walk that contends with every pod cgroup being created
+/// or removed. The walk follows at once and signals whatever else runs there (forks); with
+/// nothing known, the kill time is the walk's signal. Either way it is taken before the
+/// reap (which frees the memory here).
+pub fn kill_cgroup_now(
+    cgroups: &CgroupManager,
+    cgroup: &CgroupPath,
+    known: Vec<KnownProcess>,
+) -> Evicted {
+    let mut signalled = crate::act::kill::kill_known(known);
+    let first = (signalled.killed() > 0).then(monotonic_ns);
     let pids = cgroups.memory_procs_recursive(cgroup).unwrap_or_default();
-    let signalled = crate::act::kill::kill_all(&pids);
-    let killed_at_ns = Some(monotonic_ns());
+    signalled.kill_rest(&pids);
+    let killed_at_ns = Some(first.unwrap_or_else(monotonic_ns));
     let k = signalled.reap();
     Evicted {
         killed_at_ns,

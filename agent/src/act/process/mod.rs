@@ -96,14 +96,43 @@ struct Inner {
     /// checkpoint's writes (fsyncs), and an eviction's [`Runtime::fence`] must never wait
     /// for a disk — measured under API load, it did, for up to 1.3 ms.
     stops: Mutex<BTreeMap<String, StopSignal>>,
+    /// Each pod's running container processes (by container index) with a pidfd of their
+    /// own, for [`Runtime::known_processes`]; held while the supervisor watches the
+    /// process, under a lock of its own for the same reason as `stops`.
+    held: Mutex<BTreeMap<String, HeldProcesses>>,
     exits: tokio::sync::broadcast::Sender<ContainerExit>,
 }
+
+/// A pod's running container processes by container index: pid and a pidfd of its own.
+type HeldProcesses = BTreeMap<usize, (u32, OwnedFd)>;
 
 /// A pod's stop request (`None`: running; `Some(grace)`: stop with that grace), watched by
 /// its supervisors.
 type StopSignal = Arc<watch::Sender<Option<Duration>>>;
 
 impl Inner {
+    /// Holds a pidfd of container `idx`'s process while it runs ([`Runtime::known_processes`]);
+    /// one that cannot be duplicated is left to the cgroup walk.
+    fn hold(&self, uid: &str, idx: usize, proc: &Proc) {
+        if let Ok(fd) = proc.pidfd.get_ref().try_clone() {
+            lock(&self.held)
+                .entry(uid.to_string())
+                .or_default()
+                .insert(idx, (proc.pid, fd));
+        }
+    }
+
+    /// Lets container `idx`'s process go: it exited or was stopped.
+    fn release(&self, uid: &str, idx: usize) {
+        let mut held = lock(&self.held);
+        if let Some(pod) = held.get_mut(uid) {
+            pod.remove(&idx);
+            if pod.is_empty() {
+                held.remove(uid);
+            }
+        }
+    }
+
     /// A new pod's stop signal, registered for [`Runtime::fence`].
     fn new_stop(&self, uid: &str) -> (StopSignal, watch::Receiver<Option<Duration>>) {
         let (stop, rx) = watch::channel(None);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::supervise::{initialize, supervise};
 use super::{lock, waiting, ContainerRecord, First, Inner, PodEntry, ProcessRuntime};
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
+use crate::act::kill::KnownProcess;
 use crate::act::runtime::{ContainerStatus, PodSpec, PodStatus, Runtime, RuntimeError};
 
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
@@ -158,6 +159,7 @@ impl Runtime for ProcessRuntime {
             uid: uid.to_string(),
         })?;
         lock(&inner.stops).remove(uid);
+        lock(&inner.held).remove(uid);
         // The pod is stopped whether or not this is written (a full disk): the failure is
         // reported by the checkpoint and the write retried until it succeeds.
         let _ = inner.save(&pods);
@@ -176,6 +178,20 @@ impl Runtime for ProcessRuntime {
                 first
             });
         }
+    }
+
+    fn known_processes(&self, uid: &str) -> Vec<KnownProcess> {
+        lock(&self.inner.held)
+            .get(uid)
+            .into_iter()
+            .flat_map(|pod| pod.values())
+            .filter_map(|(pid, fd)| {
+                Some(KnownProcess {
+                    pid: *pid,
+                    pidfd: fd.try_clone().ok()?,
+                })
+            })
+            .collect()
     }
 
     async fn pod_status(&self, uid: &str) -> Result<PodStatus, RuntimeError> {

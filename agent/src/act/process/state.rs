@@ -152,6 +152,7 @@ impl ProcessRuntime {
             origin: Instant::now(),
             pods: Mutex::new(BTreeMap::new()),
             stops: Mutex::new(BTreeMap::new()),
+            held: Mutex::new(BTreeMap::new()),
             exits: tokio::sync::broadcast::channel(EXIT_EVENTS).0,
         });
         let loaded = inner.checkpoint.load();

@@ -50,10 +50,15 @@ pub(super) async fn supervise(
                 continue;
             }
             First::Running(proc) => {
+                inner.hold(&pod.uid, idx, &proc);
                 tokio::select! {
-                    () = proc.exited() => inner.finish(&cgroup, proc),
+                    () = proc.exited() => {
+                        inner.release(&pod.uid, idx);
+                        inner.finish(&cgroup, proc)
+                    }
                     grace = stop_requested(&mut stop) => {
                         inner.terminate(&cgroup, &proc, grace).await;
+                        inner.release(&pod.uid, idx);
                         let t = inner.finish(&cgroup, proc);
                         // stop_pod saves once all containers are down.
                         inner.change(&pod.uid, idx, false, |r| {
