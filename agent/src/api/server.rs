@@ -572,7 +572,7 @@ fn transport_refusal_codes<B>(
 /// [`MAX_CONNECTIONS`] connections, each with at most [`MAX_STREAMS_PER_CONNECTION`] open
 /// calls of which [`MAX_CALLS_PER_CONNECTION`] are handled at once, messages up to
 /// [`MAX_MESSAGE_BYTES`] (a larger one is answered `ResourceExhausted`, a body that is not the
-/// message it claims `InvalidArgument`: [`transport_refusal_codes`]), bytes that are not HTTP/2 close that
+/// message it claims `InvalidArgument`: `transport_refusal_codes`), bytes that are not HTTP/2 close that
 /// connection only), and keepalive pings that drop dead peers.
 pub async fn serve(
     socket: ApiSocket,

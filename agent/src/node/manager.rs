@@ -263,7 +263,7 @@ impl PodManager {
     /// and the tiers recomputed; the pod stays listed, Failed.
     ///
     /// With grace 0 the kill happens here, in the caller's task, before anything is queued
-    /// ([`PodManager::kill_now`]): the reactor loop's SIGKILL never waits for the owner task
+    /// (`PodManager::kill_now`): the reactor loop's SIGKILL never waits for the owner task
     /// to finish an apply or a list that 50 API clients may have queued ahead of it. The
     /// owner task then does the bookkeeping (the stop written ahead, the runtime's stop,
     /// the status, the cgroup) as for any eviction.

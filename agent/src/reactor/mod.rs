@@ -2,7 +2,7 @@
 //!
 //! sense → observe → decide → act → record, once per wake-up:
 //!
-//! 1. Wake on every [`PressureEvent`](crate::sense::PressureEvent) (a storm of them is drained
+//! 1. Wake on every [`PressureEvent`] (a storm of them is drained
 //!    and becomes one evaluation), on the housekeeping tick, or on a timer of its own (a
 //!    grace period or a condition's transition period running out, or a memory signal close
 //!    to a threshold, which is then re-read every few milliseconds).

@@ -1,5 +1,5 @@
 //! Checkpoints: one serde value per file, versioned, checksummed, and crash-safe through
-//! [`StateFile`](super::state_file::StateFile).
+//! [`StateFile`].
 //!
 //! Why this shape: the agent must come back from a crash or a power cut with the state it
 //! acted on (which pods it runs, which devices it handed out, which images it has seen).

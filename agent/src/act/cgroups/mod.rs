@@ -532,7 +532,7 @@ pub(crate) fn remove_tree(
 
 impl Resources {
     /// The cpu and memory part as `decide`'s [`ResourceConfig`], whose
-    /// [`files`](crate::decide::cgroups::files) says which file gets which value on each
+    /// [`files`](crate::decide::cgroups::files()) says which file gets which value on each
     /// cgroup version: the writer and `reactor plan cgroups` share one mapping.
     pub fn config(&self) -> ResourceConfig {
         ResourceConfig {
