@@ -77,6 +77,8 @@ pub struct Crossing {
     /// The hog died inside that chunk: the crossing is placed from the chunk's start time,
     /// the earlier chunks' mean burst and an assumed 1 MiB for the chunk.
     pub incomplete: bool,
+    /// How far into the chunk's burst it was placed (0 at its start, 1 at its end).
+    pub fraction: f64,
 }
 
 /// Why no crossing could be placed.
@@ -141,6 +143,7 @@ pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCro
                         at_ns: before_ns + (f * burst as f64).round() as u64,
                         chunk: i - 1,
                         incomplete: false,
+                        fraction: f,
                     });
                 }
                 burst_sum += burst;
@@ -160,6 +163,7 @@ pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCro
                     at_ns: before_ns + (f * mean).round() as u64,
                     chunk: i - 1,
                     incomplete: true,
+                    fraction: f,
                 });
             }
             Slot::Unwritten => break,
@@ -262,7 +266,8 @@ mod tests {
             Crossing {
                 at_ns: 1030 * MS + 100_000,
                 chunk: 10,
-                incomplete: false
+                incomplete: false,
+                fraction: 0.25
             }
         );
     }
@@ -296,7 +301,8 @@ mod tests {
             Crossing {
                 at_ns: 1030 * MS + 200_000,
                 chunk: 10,
-                incomplete: true
+                incomplete: true,
+                fraction: 0.5
             }
         );
         // A level more than 1 MiB on is not reached by the unfinished chunk.

@@ -17,7 +17,12 @@
 //! usage reaches that level: inside the first chunk whose usage after does, interpolated
 //! linearly over the chunk's touch burst by the usage it added (a chunk the hog was killed
 //! inside is taken as 1 MiB over the earlier chunks' mean burst). Its precision is one touch
-//! burst; the other two pods hold steady, which U0 assumes.
+//! burst; the other two pods hold steady, which U0 assumes. Within the burst the page
+//! counter moves in charge batches of 64 pages rather than page by page, so the linear
+//! placement can be off by up to a quarter of a chunk's burst either way. Per repetition the
+//! JSON keeps the waking kernel event's own time and usage against the crossing
+//! (`event_after_crossing_ns`, `event_usage_past_level_bytes`): an eBPF record is stamped
+//! at the charge that met its level, so it checks the clock.
 //!
 //! The reference before it was a v1 memcg threshold eventfd on kubepods at that level, but
 //! the kernel checks v1 thresholds only every 128 charged pages per CPU (about 1.4 ms at
@@ -32,7 +37,7 @@ use reactor::act::cgroups::CgroupPath;
 use reactor::act::runtime::{RestartPolicy, Runtime};
 use reactor::reactor::{Action, Decision, PodControl};
 use reactor::sense::memcg::working_set_level;
-use reactor::sense::{monotonic_ns, Source};
+use reactor::sense::{monotonic_ns, Kind, Source};
 use reactor_tests::hog_record::{self, layout, RecordFile};
 use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::json;
@@ -137,6 +142,12 @@ struct Rep {
     /// SIGKILL − crossing, signed: below 0 the agent killed before the clock's crossing
     /// (the figures above read 0 then).
     kill_after_crossing_ns: Option<i64>,
+    /// For a decision a kernel event woke: the event's time − the crossing, signed, and the
+    /// usage it saw where it carries one (the eBPF record's page counter, the v1 watch's read
+    /// at wake-up). A check on the clock: an eBPF event is stamped at the charge that met its
+    /// level, at most 16 pages per CPU after the crossing.
+    event_after_crossing_ns: Option<i64>,
+    event_usage: Option<u64>,
     woken_by: Option<String>,
     /// The crossing as the hog's record placed it (see [`Clock`]).
     clock: ClockRep,
@@ -155,6 +166,8 @@ struct ClockRep {
     /// start time and the mean burst, not its own).
     chunk: Option<usize>,
     incomplete: bool,
+    /// How far into that chunk's burst.
+    fraction: Option<f64>,
     /// Why there is no crossing, if there is none.
     none: Option<&'static str>,
     /// The mean of this hog's complete chunks' touch bursts: the clock's resolution.
@@ -203,11 +216,24 @@ struct Clock {
 }
 
 impl Clock {
-    /// Makes the hog's record (its pages charged to the bench, not to kubepods) and reads
-    /// kubepods' usage and inactive file pages. Call it on a settled node, right before the
-    /// hog starts.
-    fn arm(node: &Node) -> Result<Clock> {
+    /// Makes the hog's record (its pages charged to the bench, not to kubepods) and the
+    /// hog's pod and container cgroups, then reads kubepods' usage and inactive file pages.
+    /// Call it on a settled node, right before the hog starts.
+    ///
+    /// The cgroups come first because making a memory cgroup charges its own kernel
+    /// structures to its parent (a 64-page charge batch each here: kubepods' counter rose
+    /// by 256 KiB per mkdir), outside the hog's own usage: read before them, U0 missed up
+    /// to 512 KiB of kubepods' usage and the clock placed the crossing late, 45–216 µs after
+    /// eBPF records stamped at a charge that already saw usage past the level. (The runtime
+    /// keeps cgroups that exist.)
+    fn arm(node: &Node, uid: &str) -> Result<Clock> {
         let record = RecordFile::create(HOG_MI).context("the hog's progress record")?;
+        let container = CgroupPath::pod(Some("besteffort"), uid)
+            .and_then(|p| p.join("app"))
+            .context("the hog's container cgroup")?;
+        node.cgroups
+            .create(&container)
+            .context("the hog's container cgroup")?;
         let now = node
             .cgroups
             .memory_usage(&CgroupPath::kubepods())
@@ -250,6 +276,7 @@ impl Clock {
             Ok(c) => {
                 rep.chunk = Some(c.chunk);
                 rep.incomplete = c.incomplete;
+                rep.fraction = Some(c.fraction);
                 (Some(c.at_ns), rep)
             }
             Err(why) => {
@@ -270,7 +297,7 @@ fn kill_at(d: &Decision) -> u64 {
 }
 
 async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
-    let clock = Clock::arm(node)?;
+    let clock = Clock::arm(node, uid)?;
     let record = clock
         .record
         .path()
@@ -357,6 +384,16 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
             }
         }
         rep.reaction_ns = d.reaction_lag_ns;
+        if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
+            rep.event_after_crossing_ns = Some(e.at_ns.wrapping_sub(c) as i64);
+            if let Kind::ThresholdCrossed {
+                usage_bytes: Some(u),
+                ..
+            } = e.kind
+            {
+                rep.event_usage = Some(u);
+            }
+        }
         rep.woken_by = Some(if d.wake.timer {
             "timer".to_string()
         } else {
@@ -554,7 +591,12 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
                 "killed_inside_chunk": x.clock.incomplete,
                 "no_crossing": x.clock.none,
                 "mean_burst_ns": x.clock.mean_burst_ns,
+                "fraction": x.clock.fraction,
                 "kill_after_crossing_ns": x.kill_after_crossing_ns,
+                "reaction_ns": x.reaction_ns,
+                "event_after_crossing_ns": x.event_after_crossing_ns,
+                "event_usage_past_level_bytes":
+                    x.event_usage.map(|u| u.wrapping_sub(x.clock.level) as i64),
             })).collect::<Vec<_>>(),
         }));
     }
