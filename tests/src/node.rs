@@ -231,6 +231,21 @@ impl Node {
             .await;
     }
 
+    /// Like `run`, with environment variables for the container (`memhog`'s progress
+    /// record, say).
+    pub async fn run_env(
+        &self,
+        uid: &str,
+        qos_dir: Option<&str>,
+        resources: serde_json::Value,
+        args: &[&str],
+        env: &[(&str, &str)],
+        policy: RestartPolicy,
+    ) {
+        self.run_pod(uid, qos_dir, resources, args, env, policy, None)
+            .await;
+    }
+
     /// Like `run`, with a memory limit on the container cgroup. The container's
     /// `oom_score_adj` is 0 whatever its QoS class: the kubelet's -997 for Guaranteed pods
     /// needs CAP_SYS_RESOURCE, which a test process may lack, and 0 keeps every pod an equal
@@ -241,6 +256,21 @@ impl Node {
         qos_dir: Option<&str>,
         resources: serde_json::Value,
         args: &[&str],
+        policy: RestartPolicy,
+        memory_limit: Option<i64>,
+    ) {
+        self.run_pod(uid, qos_dir, resources, args, &[], policy, memory_limit)
+            .await;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_pod(
+        &self,
+        uid: &str,
+        qos_dir: Option<&str>,
+        resources: serde_json::Value,
+        args: &[&str],
+        env: &[(&str, &str)],
         policy: RestartPolicy,
         memory_limit: Option<i64>,
     ) {
@@ -265,7 +295,10 @@ impl Node {
                     image: String::new(),
                     command,
                     args: vec![],
-                    env: vec![],
+                    env: env
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
                     resources: Resources {
                         memory_limit_bytes: memory_limit,
                         ..Resources::default()

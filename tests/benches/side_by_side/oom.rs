@@ -7,18 +7,27 @@
 //! the agent evicted, the decision's reaction lag (waking kernel event → SIGKILL) and the
 //! time from the threshold crossing to the victim's memory being released.
 //!
-//! The crossing is timed by the bench's own memcg threshold eventfd on kubepods (a separate
-//! sense layer, so every mode is timed alike): its wake-up when the threshold is actually
-//! met, which is when kubepods' *working set* (usage − inactive_file) passes 384 MiB, not its
-//! usage. A fixed registration at 384 MiB of usage fired early by kubepods' inactive page
-//! cache (a few MiB, different every run: several ms at 350 MiB/s), inflating crossing →
-//! SIGKILL for every mode by a varying amount. So each repetition registers a fresh eventfd
-//! at [`working_set_level`]`(384 MiB, inactive_file)` with inactive_file read just before its
-//! hog starts, and takes its crossing from that registration alone. (Moving one registration
-//! through [`MemcgThresholds`](reactor::sense::memcg::MemcgThresholds) would not do: the v1
-//! watch re-registers only on moves of 1 MiB or more.) It stays a kernel notification rather
-//! than a time computed from usage reads; the kernel checks v1 thresholds every 128 charged
-//! pages, so it can come up to that much late.
+//! The crossing is timed by the workload itself, so every mode is timed alike and by none of
+//! the kernel notifications under test: the hog keeps a progress record
+//! ([`reactor_tests::hog_record`]) of the CLOCK_MONOTONIC times just before and just after it
+//! touches each 1 MiB chunk and its own cgroup's usage after. The threshold is met when
+//! kubepods' *working set* (usage − inactive_file) passes 384 MiB, i.e. at usage
+//! [`working_set_level`]`(384 MiB, inactive_file)`; each repetition reads kubepods' usage U0
+//! and inactive_file just before its hog starts, and the crossing is where U0 + the hog's
+//! usage reaches that level: inside the first chunk whose usage after does, interpolated
+//! linearly over the chunk's touch burst by the usage it added (a chunk the hog was killed
+//! inside is taken as 1 MiB over the earlier chunks' mean burst). Its precision is one touch
+//! burst; the other two pods hold steady, which U0 assumes. Within the burst the page
+//! counter moves in charge batches of 64 pages rather than page by page, so the linear
+//! placement can be off by up to a quarter of a chunk's burst either way. Per repetition the
+//! JSON keeps the waking kernel event's own time and usage against the crossing
+//! (`event_after_crossing_ns`, `event_usage_past_level_bytes`): an eBPF record is stamped
+//! at the charge that met its level, so it checks the clock.
+//!
+//! The reference before it was a v1 memcg threshold eventfd on kubepods at that level, but
+//! the kernel checks v1 thresholds only every 128 charged pages per CPU (about 1.4 ms at
+//! 350 MiB/s): an eBPF-woken SIGKILL (its threshold checked every 16 pages) often came
+//! first, and crossing → SIGKILL read 0 or the reference fired only on the way down.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -26,14 +35,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use reactor::act::cgroups::CgroupPath;
 use reactor::act::runtime::{RestartPolicy, Runtime};
-use reactor::config::Config;
 use reactor::reactor::{Action, Decision, PodControl};
 use reactor::sense::memcg::working_set_level;
-use reactor::sense::{monotonic_ns, Kind, MemcgTarget, Sense, SenseOptions, Source};
+use reactor::sense::{monotonic_ns, Kind, Source};
+use reactor_tests::hog_record::{self, layout, RecordFile};
 use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::oneshot;
 
 use crate::lag::{deployed_runtime, REALTIME_PRIORITY};
 use crate::report::{Dist, Part, Table};
@@ -41,6 +49,8 @@ use crate::Opts;
 
 const CAPACITY_MI: u64 = 512;
 const HARD_MI: u64 = 128;
+/// What the BestEffort hog allocates, MiB (the node has 512).
+const HOG_MI: u64 = 600;
 
 /// Which sources the loop listens to.
 struct Mode {
@@ -129,14 +139,39 @@ struct Rep {
     /// has it).
     crossing_to_kill_ns: Option<u64>,
     kill_to_released_ns: Option<u64>,
+    /// SIGKILL − crossing, signed: below 0 the agent killed before the clock's crossing
+    /// (the figures above read 0 then).
+    kill_after_crossing_ns: Option<i64>,
+    /// For a decision a kernel event woke: the event's time − the crossing, signed, and the
+    /// usage it saw where it carries one (the eBPF record's page counter, the v1 watch's read
+    /// at wake-up). A check on the clock: an eBPF event is stamped at the charge that met its
+    /// level, at most 16 pages per CPU after the crossing.
+    event_after_crossing_ns: Option<i64>,
+    event_usage: Option<u64>,
     woken_by: Option<String>,
-    /// The usage this repetition's crossing reference was registered at, and kubepods'
-    /// inactive file pages it added to the 384 MiB (see [`Reference`]).
-    reference_level: u64,
-    reference_inactive_file: u64,
-    /// Whether that registration fired (it may not when the agent kills and the kernel
-    /// uncharges before its next threshold check).
-    crossed: bool,
+    /// The crossing as the hog's record placed it (see [`Clock`]).
+    clock: ClockRep,
+}
+
+/// One repetition's crossing clock: what it was set from and what the hog's record gave.
+#[derive(Default)]
+struct ClockRep {
+    /// The usage the threshold is met at: [`working_set_level`]`(384 MiB, inactive_file)`.
+    level: u64,
+    /// kubepods' inactive file pages just before the hog started, added to the 384 MiB.
+    inactive_file: u64,
+    /// kubepods' usage then (the Guaranteed and Burstable pods and the rest), U0.
+    base: u64,
+    /// The chunk the crossing fell in, and whether the hog died inside it (placed from its
+    /// start time and the mean burst, not its own).
+    chunk: Option<usize>,
+    incomplete: bool,
+    /// How far into that chunk's burst.
+    fraction: Option<f64>,
+    /// Why there is no crossing, if there is none.
+    none: Option<&'static str>,
+    /// The mean of this hog's complete chunks' touch bursts: the clock's resolution.
+    mean_burst_ns: Option<u64>,
 }
 
 /// One mode at one rate.
@@ -168,24 +203,37 @@ async fn ensure_base_pods(node: &Node) {
     }
 }
 
-/// The bench's clock for one repetition's crossing: a v1 threshold eventfd on kubepods of its
-/// own (a sense layer with only the memcg source), registered where the eviction threshold is
-/// met given kubepods' inactive file pages now, so the crossing is the working-set crossing
-/// rather than a usage one that comes early by the page cache.
-struct Reference {
-    /// kubepods' inactive file pages when it was registered.
-    inactive_file: u64,
-    /// The usage it is registered at: [`working_set_level`]`(384 MiB, inactive_file)`.
+/// The bench's clock for one repetition's crossing, set just before its hog starts: the
+/// level the threshold is met at given kubepods' inactive file pages now, and kubepods'
+/// usage U0 the hog's own usage adds to. Read from the hog's progress record afterwards
+/// ([`hog_record::crossing`]), it gives when the hog charged the crossing page, a clock no
+/// sensing mode under test has a part in.
+struct Clock {
+    record: RecordFile,
     level: u64,
-    /// The first crossing's wake-up, sent by `watcher`.
-    crossed: oneshot::Receiver<u64>,
-    watcher: tokio::task::JoinHandle<()>,
+    inactive_file: u64,
+    base: u64,
 }
 
-impl Reference {
-    /// Reads kubepods' inactive file pages and registers a fresh threshold there. Call it on
-    /// a settled node: the first notification is then the upward crossing.
-    fn arm(node: &Node) -> Result<Reference> {
+impl Clock {
+    /// Makes the hog's record (its pages charged to the bench, not to kubepods) and the
+    /// hog's pod and container cgroups, then reads kubepods' usage and inactive file pages.
+    /// Call it on a settled node, right before the hog starts.
+    ///
+    /// The cgroups come first because making a memory cgroup charges its own kernel
+    /// structures to its parent (a 64-page charge batch each here: kubepods' counter rose
+    /// by 256 KiB per mkdir), outside the hog's own usage: read before them, U0 missed up
+    /// to 512 KiB of kubepods' usage and the clock placed the crossing late, 45–216 µs after
+    /// eBPF records stamped at a charge that already saw usage past the level. (The runtime
+    /// keeps cgroups that exist.)
+    fn arm(node: &Node, uid: &str) -> Result<Clock> {
+        let record = RecordFile::create(HOG_MI).context("the hog's progress record")?;
+        let container = CgroupPath::pod(Some("besteffort"), uid)
+            .and_then(|p| p.join("app"))
+            .context("the hog's container cgroup")?;
+        node.cgroups
+            .create(&container)
+            .context("the hog's container cgroup")?;
         let now = node
             .cgroups
             .memory_usage(&CgroupPath::kubepods())
@@ -194,63 +242,48 @@ impl Reference {
         let level = working_set_level((CAPACITY_MI - HARD_MI) * MI, inactive_file);
         if now.usage_bytes >= level {
             bail!(
-                "kubepods at {} bytes, already past the crossing reference at {level}: the node \
-                 did not settle",
+                "kubepods at {} bytes, already past the crossing at {level}: the node did not \
+                 settle",
                 now.usage_bytes
             );
         }
-        let mut o = SenseOptions::from_config(
-            &Config::default(),
-            vec![MemcgTarget {
-                cgroup: format!("/{}/kubepods", node.root.name),
-                threshold_bytes: Some(level),
-            }],
-        );
-        o.ebpf = false;
-        o.psi = false;
-        o.poll = false;
-        let mut sense = Sense::start(&o).context("the crossing eventfd on kubepods")?;
-        // The start succeeds on any part that attached (the OOM notification alone would do).
-        if let Some(m) = sense
-            .report()
-            .missing
-            .iter()
-            .find(|m| m.source == Source::MemcgThreshold)
-        {
-            bail!("the crossing eventfd on kubepods: {}", m.reason);
-        }
-        let (tx, crossed) = oneshot::channel();
-        let watcher = tokio::spawn(async move {
-            while let Some(r) = sense.next().await {
-                // Not told apart by the usage the watch reads at wake-up: a fast agent has
-                // released the victim by then. Registered below the level, the first
-                // notification is the upward crossing.
-                if matches!(r.event.kind, Kind::ThresholdCrossed { .. }) {
-                    let _ = tx.send(r.event.at_ns);
-                    break;
-                }
-            }
-            sense.shutdown().await;
-        });
-        Ok(Reference {
-            inactive_file,
+        Ok(Clock {
+            record,
             level,
-            crossed,
-            watcher,
+            inactive_file,
+            base: now.usage_bytes,
         })
     }
 
-    /// When the registration first fired, waiting up to `wait` for a wake-up still on its
-    /// way to the watcher; `None` if it did not. Unregisters it either way.
-    async fn crossing(self, wait: Duration) -> Option<u64> {
-        let at = tokio::time::timeout(wait, self.crossed)
-            .await
-            .ok()
-            .and_then(Result::ok);
-        // Dropping the sense layer closes the eventfds, which removes the registration.
-        self.watcher.abort();
-        let _ = self.watcher.await;
-        at
+    /// The crossing from the record as the hog left it, CLOCK_MONOTONIC ns, with what the
+    /// repetition keeps of it.
+    fn read(&self) -> (Option<u64>, ClockRep) {
+        let mut rep = ClockRep {
+            level: self.level,
+            inactive_file: self.inactive_file,
+            base: self.base,
+            ..ClockRep::default()
+        };
+        let slots = match self.record.read() {
+            Ok(s) => s,
+            Err(_) => {
+                rep.none = Some("the hog's record could not be read");
+                return (None, rep);
+            }
+        };
+        rep.mean_burst_ns = hog_record::mean_burst_ns(&slots);
+        match hog_record::crossing(&slots, self.base, self.level) {
+            Ok(c) => {
+                rep.chunk = Some(c.chunk);
+                rep.incomplete = c.incomplete;
+                rep.fraction = Some(c.fraction);
+                (Some(c.at_ns), rep)
+            }
+            Err(why) => {
+                rep.none = Some(why.why());
+                (None, rep)
+            }
+        }
     }
 }
 
@@ -264,20 +297,23 @@ fn kill_at(d: &Decision) -> u64 {
 }
 
 async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
-    let reference = Reference::arm(node)?;
-    node.run(
+    let clock = Clock::arm(node, uid)?;
+    let record = clock
+        .record
+        .path()
+        .to_str()
+        .context("the hog's record path is not UTF-8")?
+        .to_string();
+    node.run_env(
         uid,
         Some("besteffort"),
         json!({}),
-        &["600", &rate.to_string()],
+        &[&HOG_MI.to_string(), &rate.to_string()],
+        &[(layout::ENV, &record)],
         RestartPolicy::Never,
     )
     .await;
-    let mut rep = Rep {
-        reference_level: reference.level,
-        reference_inactive_file: reference.inactive_file,
-        ..Rep::default()
-    };
+    let mut rep = Rep::default();
     let mut oom_at: Option<u64> = None;
     let mut evicted: Option<Decision> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -322,8 +358,10 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
             () = tokio::time::sleep_until(deadline) => break,
         }
     }
-    let crossing = reference.crossing(Duration::from_millis(100)).await;
-    rep.crossed = crossing.is_some();
+    // Entries are final once complete, so the record may be read with the hog still running
+    // (no eviction, or a kernel kill of another pod).
+    let (crossing, clock_rep) = clock.read();
+    rep.clock = clock_rep;
     if let Some(d) = &evicted {
         let k = kill_at(d);
         rep.oom_first = oom_at.is_some_and(|o| o <= k);
@@ -340,10 +378,22 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
                     rep.crossing_to_released_ns = Some((k + r).saturating_sub(c));
                     rep.crossing_to_kill_ns = Some(k.saturating_sub(c));
                     rep.kill_to_released_ns = Some(r);
+                    // Two CLOCK_MONOTONIC times: their difference fits an i64.
+                    rep.kill_after_crossing_ns = Some(k.wrapping_sub(c) as i64);
                 }
             }
         }
         rep.reaction_ns = d.reaction_lag_ns;
+        if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
+            rep.event_after_crossing_ns = Some(e.at_ns.wrapping_sub(c) as i64);
+            if let Kind::ThresholdCrossed {
+                usage_bytes: Some(u),
+                ..
+            } = e.kind
+            {
+                rep.event_usage = Some(u);
+            }
+        }
         rep.woken_by = Some(if d.wake.timer {
             "timer".to_string()
         } else {
@@ -533,10 +583,20 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
             "reaction_lag": reaction.json(), "crossing_to_released": release.json(),
             "crossing_to_kill": to_kill.json(), "kill_to_released": to_released.json(),
             "woken_by": woken,
-            "references": r.reps.iter().map(|x| json!({
-                "level_bytes": x.reference_level,
-                "inactive_file_bytes": x.reference_inactive_file,
-                "crossed": x.crossed,
+            "crossings": r.reps.iter().map(|x| json!({
+                "level_bytes": x.clock.level,
+                "inactive_file_bytes": x.clock.inactive_file,
+                "kubepods_before_hog_bytes": x.clock.base,
+                "chunk": x.clock.chunk,
+                "killed_inside_chunk": x.clock.incomplete,
+                "no_crossing": x.clock.none,
+                "mean_burst_ns": x.clock.mean_burst_ns,
+                "fraction": x.clock.fraction,
+                "kill_after_crossing_ns": x.kill_after_crossing_ns,
+                "reaction_ns": x.reaction_ns,
+                "event_after_crossing_ns": x.event_after_crossing_ns,
+                "event_usage_past_level_bytes":
+                    x.event_usage.map(|u| u.wrapping_sub(x.clock.level) as i64),
             })).collect::<Vec<_>>(),
         }));
     }
@@ -553,20 +613,36 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
     let added = rows
         .iter()
         .flat_map(|r| &r.reps)
-        .map(|x| x.reference_inactive_file);
+        .map(|x| x.clock.inactive_file);
     let mib = |b: u64| format!("{:.1}", b as f64 / MI as f64);
     let added = match (added.clone().min(), added.max()) {
         (Some(lo), Some(hi)) => format!("{}–{} MiB", mib(lo), mib(hi)),
         _ => "-".to_string(),
     };
+    let all = || rows.iter().flat_map(|r| &r.reps);
+    let bursts = all().filter_map(|x| x.clock.mean_burst_ns);
+    let us = |ns: u64| format!("{:.0}", ns as f64 / 1e3);
+    let bursts = match (bursts.clone().min(), bursts.max()) {
+        (Some(lo), Some(hi)) => format!("{}–{} µs", us(lo), us(hi)),
+        _ => "-".to_string(),
+    };
+    let killed_inside = all().filter(|x| x.clock.incomplete).count();
+    let uncrossed = all().filter(|x| x.clock.none.is_some()).count();
+    let early = all()
+        .filter(|x| x.kill_after_crossing_ns.is_some_and(|d| d < 0))
+        .count();
     t.note(format!(
         "reaction: the decision's waking kernel event → SIGKILL (decisions the loop's own close \
          watch woke have no kernel event and are left out); crossing→released: the working-set \
-         crossing, where the threshold is met, by the bench's own memcg eventfd on kubepods, \
-         registered afresh per repetition at usage 384 MiB + kubepods' inactive_file at the \
-         repetition's start ({added} added over the repetitions; its wake-up; the kernel \
-         checks v1 thresholds every 128 charged pages, so it can come after an eBPF-woken \
-         SIGKILL, and crossing → SIGKILL then reads 0) → the victim's pod cgroup empty"
+         crossing, where the threshold is met, by the hog's own clock → the victim's pod cgroup \
+         empty. The hog records CLOCK_MONOTONIC before and after touching each 1 MiB chunk and \
+         its cgroup's usage after; the crossing is where kubepods' usage just before the hog \
+         started plus the hog's usage reaches 384 MiB + kubepods' inactive_file then ({added} \
+         added over the repetitions), placed linearly inside the crossing chunk's touch burst \
+         by the usage it added, so its precision is one burst (a hog's mean burst {bursts}). \
+         {killed_inside} crossings fell in a chunk the hog was killed inside (taken as 1 MiB \
+         over the hog's mean burst); {uncrossed} repetitions had no crossing in the record and \
+         have no figure; {early} SIGKILLs came before the clock's crossing and read 0"
     ));
     for n in halves_notes {
         t.note(if reaping {

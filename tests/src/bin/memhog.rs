@@ -4,8 +4,26 @@
 //! usage: memhog <total-MiB> [MiB-per-second] [hold-seconds]
 //! A rate of 0 allocates as fast as it can. After allocating it holds the memory for
 //! hold-seconds (default 3600) so the test decides when it ends.
+//!
+//! With `MEMHOG_PROGRESS=<path>` it also keeps a progress record there: per 1 MiB chunk, the
+//! CLOCK_MONOTONIC times just before and just after touching it and its own memory cgroup's
+//! usage after, laid out as `hog_record/layout.rs` describes. That is the OOM bench's clock
+//! for when the workload charged the page that crossed a threshold, independent of every
+//! kernel notification under test. The file must already exist, sized for `total-MiB + 1`
+//! entries, with its pages written by whoever created it: the hog maps it shared and only
+//! stores into pages that are already in the page cache and charged to the creator's
+//! cgroup, so the record adds no charge of its own to the cgroup the hog is measured in.
+//! Each entry is stored into the shared mapping as it is made (no buffering), so whatever
+//! the hog had done when it was SIGKILLed is there to read.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+#[path = "../hog_record/layout.rs"]
+mod layout;
 
 fn arg(args: &[String], i: usize, default: u64) -> u64 {
     match args.get(i) {
@@ -20,18 +38,182 @@ fn arg(args: &[String], i: usize, default: u64) -> u64 {
     }
 }
 
+fn fail(what: String) -> ! {
+    eprintln!("memhog: {what}");
+    std::process::exit(2);
+}
+
+/// CLOCK_MONOTONIC in ns, the clock the agent stamps its events with.
+fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// The usage file of this process's own memory cgroup: the v1 memory hierarchy's
+/// `memory.usage_in_bytes` if the memory controller is mounted as v1 (hybrid hosts included),
+/// else the unified hierarchy's `memory.current`.
+fn own_usage_file() -> Result<PathBuf, String> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    // The mount point and the root inside the hierarchy of the first mount of `fstype`
+    // whose super options pass `opts`. A line: `id parent dev root mountpoint opts … - fstype
+    // source superopts`.
+    let mount = |fstype: &str, opts: &dyn Fn(&str) -> bool| -> Option<(String, String)> {
+        mountinfo.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let right: Vec<&str> = right.split(' ').collect();
+            (right.first() == Some(&fstype) && opts(right.get(2)?))
+                .then(|| Some((left.get(4)?.to_string(), left.get(3)?.to_string())))
+                .flatten()
+        })
+    };
+    let under = |(point, root): (String, String), path: &str, file: &str| -> PathBuf {
+        let inside = path.strip_prefix(root.as_str()).unwrap_or(path);
+        PathBuf::from(point)
+            .join(inside.trim_start_matches('/'))
+            .join(file)
+    };
+    let lines: Vec<(&str, &str)> = cgroups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let _id = f.next()?;
+            Some((f.next()?, f.next()?))
+        })
+        .collect();
+    if let Some((_, path)) = lines
+        .iter()
+        .find(|(c, _)| c.split(',').any(|c| c == "memory"))
+    {
+        let m = mount("cgroup", &|o| o.split(',').any(|o| o == "memory"))
+            .ok_or("the memory controller is in /proc/self/cgroup but not mounted")?;
+        return Ok(under(m, path, "memory.usage_in_bytes"));
+    }
+    if let Some((_, path)) = lines.iter().find(|(c, _)| c.is_empty()) {
+        let m = mount("cgroup2", &|_| true).ok_or("no cgroup2 mount")?;
+        return Ok(under(m, path, "memory.current"));
+    }
+    Err("no memory cgroup in /proc/self/cgroup".to_string())
+}
+
+/// The progress record being written (see the module doc).
+struct Progress {
+    words: &'static [AtomicU64],
+    /// The own cgroup's usage file, kept open and read from offset 0 each time.
+    usage: File,
+    buf: [u8; 32],
+}
+
+impl Progress {
+    /// Maps the record at `path` for `entries` entries; exits if it cannot.
+    fn open(path: &str, entries: usize) -> Progress {
+        let usage_path = own_usage_file().unwrap_or_else(|e| fail(e));
+        let usage = File::open(&usage_path)
+            .unwrap_or_else(|e| fail(format!("{}: {e}", usage_path.display())));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap_or_else(|e| fail(format!("progress record {path}: {e}")));
+        let need = entries * layout::WORDS * 8;
+        let len = file
+            .metadata()
+            .map(|m| m.len())
+            .unwrap_or_else(|e| fail(format!("progress record {path}: {e}")));
+        if len < need as u64 {
+            fail(format!(
+                "progress record {path} has {len} bytes, {need} needed for {entries} entries"
+            ));
+        }
+        // SAFETY: a fresh shared mapping of a file we opened read-write, at least `need`
+        // bytes long; it is never unmapped (it lives until the process ends), and the kernel
+        // places it page-aligned, so the words are aligned. MAP_POPULATE maps the pages now,
+        // not on the first store in a chunk's timing.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                need,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED | rustix::mm::MapFlags::POPULATE,
+                &file,
+                0,
+            )
+        }
+        .unwrap_or_else(|e| fail(format!("progress record {path}: mmap: {e}")));
+        // SAFETY: the mapping above, `need` bytes, valid and aligned for the process's
+        // lifetime; only this process stores into it (the reader reads the file after).
+        let words =
+            unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), entries * layout::WORDS) };
+        Progress {
+            words,
+            usage,
+            buf: [0; 32],
+        }
+    }
+
+    fn usage(&mut self) -> u64 {
+        let n = self.usage.read_at(&mut self.buf, 0).unwrap_or(0);
+        std::str::from_utf8(&self.buf[..n])
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn word(&self, entry: usize, field: usize) -> &AtomicU64 {
+        &self.words[entry * layout::WORDS + field]
+    }
+
+    fn before(&self, entry: usize, at: u64) {
+        self.word(entry, layout::BEFORE)
+            .store(at, Ordering::Relaxed);
+    }
+
+    /// Completes `entry`: its after time and usage, then its sequence word.
+    fn after(&mut self, entry: usize, at: u64) {
+        let usage = self.usage();
+        self.word(entry, layout::AFTER).store(at, Ordering::Relaxed);
+        self.word(entry, layout::USAGE)
+            .store(usage, Ordering::Relaxed);
+        self.word(entry, layout::SEQ)
+            .store(entry as u64 + 1, Ordering::Release);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let total_mib = arg(&args, 1, 128);
     let rate = arg(&args, 2, 0);
     let hold = arg(&args, 3, 3600);
+    let mut progress = std::env::var(layout::ENV)
+        .ok()
+        .map(|p| Progress::open(&p, total_mib as usize + 1));
+    if let Some(p) = &mut progress {
+        let now = monotonic_ns();
+        p.before(0, now);
+        p.after(0, now);
+    }
     let start = Instant::now();
     let mut chunks: Vec<Vec<u8>> = Vec::new();
     for i in 0..total_mib {
         let mut chunk = vec![0u8; 1 << 20];
-        // Touch every page so the memory is really charged to the cgroup.
+        let entry = i as usize + 1;
+        if let Some(p) = &progress {
+            p.before(entry, monotonic_ns());
+        }
+        // Touch every page so the memory is really charged to the cgroup. Volatile stores:
+        // the compiler may not move them out from between the two clock reads (the chunk is
+        // not yet visible to anything else, so plain stores could be sunk or hoisted).
         for page in chunk.chunks_mut(4096) {
-            page[0] = 1;
+            // SAFETY: a valid, aligned, exclusively borrowed byte of the chunk.
+            unsafe { std::ptr::write_volatile(&mut page[0], 1) };
+        }
+        if let Some(p) = &mut progress {
+            p.after(entry, monotonic_ns());
         }
         chunks.push(chunk);
         if rate > 0 {

@@ -1,0 +1,25 @@
+//! The layout of `memhog`'s progress record, shared by the hog (which writes it) and the
+//! bench (which creates and reads it). Kept to std and constants so `memhog` can include this
+//! file alone (`#[path]`) and stay free of the test library's dependencies.
+//!
+//! The record is a file of native-endian `u64` words, [`WORDS`] per entry. Entry 0 is the hog
+//! before its first chunk (both times the same instant, the usage it started with); entry
+//! `i + 1` is chunk `i`. Per entry the hog stores [`BEFORE`] just before touching the chunk,
+//! then [`AFTER`] and [`USAGE`], and [`SEQ`] last, set to the entry's index + 1: a reader
+//! takes an entry as complete only when its `SEQ` word says so, and a `BEFORE` word that is
+//! not 0 in an incomplete entry as a chunk the hog was inside when it died (each word is one
+//! aligned store, so SIGKILL cannot tear a word, only leave later words unwritten).
+
+/// The environment variable naming the record file for `memhog` (absent: no record).
+pub const ENV: &str = "MEMHOG_PROGRESS";
+/// Words per entry.
+pub const WORDS: usize = 4;
+/// CLOCK_MONOTONIC ns just before the hog touched the chunk's first page.
+pub const BEFORE: usize = 0;
+/// CLOCK_MONOTONIC ns just after it touched the chunk's last page.
+pub const AFTER: usize = 1;
+/// The hog's own memory cgroup's usage read after the touching, bytes (v1
+/// `memory.usage_in_bytes`, v2 `memory.current`).
+pub const USAGE: usize = 2;
+/// The entry's index + 1, stored last: the entry is complete.
+pub const SEQ: usize = 3;
