@@ -10,14 +10,19 @@
 //! The crossing is timed by the workload itself, so every mode is timed alike and by none of
 //! the kernel notifications under test: the hog keeps a progress record
 //! ([`reactor_tests::hog_record`]) of the CLOCK_MONOTONIC times just before and just after it
-//! touches each 1 MiB chunk and its own cgroup's usage after. The threshold is met when
-//! kubepods' *working set* (usage − inactive_file) passes 384 MiB, i.e. at usage
-//! [`working_set_level`]`(384 MiB, inactive_file)`; each repetition reads kubepods' usage U0
-//! and inactive_file just before its hog starts, and the crossing is where U0 + the hog's
-//! usage reaches that level: inside the first chunk whose usage after does, interpolated
-//! linearly over the chunk's touch burst by the usage it added (a chunk the hog was killed
-//! inside is taken as 1 MiB over the earlier chunks' mean burst). Its precision is one touch
-//! burst; the other two pods hold steady, which U0 assumes. Within the burst the page
+//! touches each 1 MiB chunk and kubepods' usage after (the page counter every threshold
+//! under test watches, read by the hog itself). The threshold is met when kubepods' *working
+//! set* (usage − inactive_file) passes 384 MiB, i.e. at usage
+//! [`working_set_level`]`(384 MiB, inactive_file)`, with inactive_file read just before the
+//! hog starts; the crossing is inside the first chunk after which kubepods' usage has
+//! reached that level, interpolated linearly over the chunk's touch burst by the usage it
+//! added (a chunk the hog was killed inside is taken as 1 MiB over the earlier chunks' mean
+//! burst). Its precision is one touch burst. (A first version added the hog's own usage to
+//! kubepods' usage U0 read before it started; charges handed back elsewhere in kubepods in
+//! between, per-CPU charge batches and freed pages of earlier hogs, made it place the
+//! crossing a whole chunk early in most repetitions: the eBPF records, stamped at the charge
+//! that met the level, came about one chunk's pause, 2.3 ms at 350 MiB/s, after it.)
+//! Within the burst the page
 //! counter moves in charge batches of 64 pages rather than page by page, so the linear
 //! placement can be off by up to a quarter of a chunk's burst either way. Per repetition the
 //! JSON keeps the waking kernel event's own time and usage against the crossing
@@ -205,14 +210,17 @@ async fn ensure_base_pods(node: &Node) {
 
 /// The bench's clock for one repetition's crossing, set just before its hog starts: the
 /// level the threshold is met at given kubepods' inactive file pages now, and kubepods'
-/// usage U0 the hog's own usage adds to. Read from the hog's progress record afterwards
+/// usage file the hog reads after each chunk. Read from the hog's progress record afterwards
 /// ([`hog_record::crossing`]), it gives when the hog charged the crossing page, a clock no
 /// sensing mode under test has a part in.
 struct Clock {
     record: RecordFile,
     level: u64,
     inactive_file: u64,
+    /// kubepods' usage just before the hog started, kept for the JSON.
     base: u64,
+    /// kubepods' usage file, which the hog reads after each chunk.
+    usage_file: std::path::PathBuf,
 }
 
 impl Clock {
@@ -222,10 +230,8 @@ impl Clock {
     ///
     /// The cgroups come first because making a memory cgroup charges its own kernel
     /// structures to its parent (a 64-page charge batch each here: kubepods' counter rose
-    /// by 256 KiB per mkdir), outside the hog's own usage: read before them, U0 missed up
-    /// to 512 KiB of kubepods' usage and the clock placed the crossing late, 45–216 µs after
-    /// eBPF records stamped at a charge that already saw usage past the level. (The runtime
-    /// keeps cgroups that exist.)
+    /// by 256 KiB per mkdir); made after the settled check, they could push kubepods past
+    /// the level unseen. (The runtime keeps cgroups that exist.)
     fn arm(node: &Node, uid: &str) -> Result<Clock> {
         let record = RecordFile::create(HOG_MI).context("the hog's progress record")?;
         let container = CgroupPath::pod(Some("besteffort"), uid)
@@ -239,6 +245,13 @@ impl Clock {
             .memory_usage(&CgroupPath::kubepods())
             .context("kubepods' usage and inactive file pages")?;
         let inactive_file = now.inactive_file_bytes;
+        // The node is a v1 one (`Node::start`): kubepods' counter in the memory hierarchy.
+        let usage_file = std::path::Path::new("/sys/fs/cgroup/memory")
+            .join(&node.root.name)
+            .join("kubepods/memory.usage_in_bytes");
+        if !usage_file.exists() {
+            bail!("no kubepods usage file at {}", usage_file.display());
+        }
         let level = working_set_level((CAPACITY_MI - HARD_MI) * MI, inactive_file);
         if now.usage_bytes >= level {
             bail!(
@@ -252,6 +265,7 @@ impl Clock {
             level,
             inactive_file,
             base: now.usage_bytes,
+            usage_file,
         })
     }
 
@@ -272,7 +286,8 @@ impl Clock {
             }
         };
         rep.mean_burst_ns = hog_record::mean_burst_ns(&slots);
-        match hog_record::crossing(&slots, self.base, self.level) {
+        // The record holds kubepods' own usage: nothing to add to it.
+        match hog_record::crossing(&slots, 0, self.level) {
             Ok(c) => {
                 rep.chunk = Some(c.chunk);
                 rep.incomplete = c.incomplete;
@@ -304,12 +319,17 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
         .to_str()
         .context("the hog's record path is not UTF-8")?
         .to_string();
+    let usage_file = clock
+        .usage_file
+        .to_str()
+        .context("kubepods' usage file path is not UTF-8")?
+        .to_string();
     node.run_env(
         uid,
         Some("besteffort"),
         json!({}),
         &[&HOG_MI.to_string(), &rate.to_string()],
-        &[(layout::ENV, &record)],
+        &[(layout::ENV, &record), (layout::USAGE_ENV, &usage_file)],
         RestartPolicy::Never,
     )
     .await;
@@ -636,8 +656,8 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
          watch woke have no kernel event and are left out); crossing→released: the working-set \
          crossing, where the threshold is met, by the hog's own clock → the victim's pod cgroup \
          empty. The hog records CLOCK_MONOTONIC before and after touching each 1 MiB chunk and \
-         its cgroup's usage after; the crossing is where kubepods' usage just before the hog \
-         started plus the hog's usage reaches 384 MiB + kubepods' inactive_file then ({added} \
+         kubepods' usage after; the crossing is where kubepods' usage reaches 384 MiB + \
+         kubepods' inactive_file just before the hog started ({added} \
          added over the repetitions), placed linearly inside the crossing chunk's touch burst \
          by the usage it added, so its precision is one burst (a hog's mean burst {bursts}). \
          {killed_inside} crossings fell in a chunk the hog was killed inside (taken as 1 MiB \

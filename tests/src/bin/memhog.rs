@@ -6,8 +6,8 @@
 //! hold-seconds (default 3600) so the test decides when it ends.
 //!
 //! With `MEMHOG_PROGRESS=<path>` it also keeps a progress record there: per 1 MiB chunk, the
-//! CLOCK_MONOTONIC times just before and just after touching it and its own memory cgroup's
-//! usage after, laid out as `hog_record/layout.rs` describes. That is the OOM bench's clock
+//! CLOCK_MONOTONIC times just before and just after touching it and a memory cgroup's usage
+//! after (the one whose usage file `MEMHOG_PROGRESS_USAGE` names, else its own), laid out as `hog_record/layout.rs` describes. That is the OOM bench's clock
 //! for when the workload charged the page that crossed a threshold, independent of every
 //! kernel notification under test. The file must already exist, sized for `total-MiB + 1`
 //! entries, with its pages written by whoever created it: the hog maps it shared and only
@@ -112,7 +112,10 @@ struct Progress {
 impl Progress {
     /// Maps the record at `path` for `entries` entries; exits if it cannot.
     fn open(path: &str, entries: usize) -> Progress {
-        let usage_path = own_usage_file().unwrap_or_else(|e| fail(e));
+        let usage_path = match std::env::var_os(layout::USAGE_ENV) {
+            Some(p) => PathBuf::from(p),
+            None => own_usage_file().unwrap_or_else(|e| fail(e)),
+        };
         let usage = File::open(&usage_path)
             .unwrap_or_else(|e| fail(format!("{}: {e}", usage_path.display())));
         let file = std::fs::OpenOptions::new()
