@@ -145,7 +145,8 @@ pub struct Config {
     /// agent is not held back by the very pods it is about to evict. The reactor loop's own
     /// thread (`reactor-loop`, with the sense sources) runs at this priority; every other
     /// agent thread keeps normal scheduling, so API work under load neither holds the loop
-    /// off a CPU nor starves the kernel's own workers the loop's cgroup reads wait on. Pods and other child processes never inherit it (`SCHED_RESET_ON_FORK`).
+    /// off a CPU nor starves the kernel's own workers the loop's cgroup reads wait on. Pods
+    /// and other child processes never inherit it (`SCHED_RESET_ON_FORK`).
     /// Needs `CAP_SYS_NICE`.
     pub realtime_priority: u8,
     /// The node this agent models.

@@ -3,7 +3,7 @@
 //! a cgroup's usage crossed a level, for the OOM bench.
 //!
 //! The clock is the hog's: the CLOCK_MONOTONIC times it took just before and just after
-//! touching each 1 MiB chunk, with its cgroup's usage after. A kernel notification as the
+//! touching each 1 MiB chunk, with the watched cgroup's usage after. A kernel notification as the
 //! reference (a v1 memcg threshold eventfd) is checked only every 128 charged pages per CPU
 //! and came after an eBPF-woken SIGKILL, so it cannot time modes that react faster than
 //! that. The hog's record places the crossing inside one chunk's touch burst, linearly by
@@ -26,7 +26,7 @@ pub enum Slot {
         before_ns: u64,
         /// Just after touching it.
         after_ns: u64,
-        /// The hog's cgroup's usage after, bytes.
+        /// The watched cgroup's usage after, bytes.
         usage: u64,
     },
     /// The hog stored the time it began the chunk and died before finishing it.
@@ -107,11 +107,13 @@ impl NoCrossing {
     }
 }
 
-/// When `base` + the hog's usage first reached `level`: in the first chunk `i` whose usage
+/// When `base` + the recorded usage first reached `level`: in the first chunk `i` whose usage
 /// after does, at `before_i + f·(after_i − before_i)` with `f = (level − (base +
 /// usage_{i−1})) / (usage_i − usage_{i−1})` clamped to [0, 1], the charge taken as linear in
-/// time across the chunk's touch burst. `base` is the rest of the parent cgroup's usage,
-/// read just before the hog started (its usage then is entry 0's).
+/// time across the chunk's touch burst. `base` is what the recorded usage leaves out of the
+/// cgroup the level is on: 0 when the record reads that cgroup itself, as the OOM bench's
+/// does (kubepods'), where adding a figure read before the hog started let charges handed
+/// back in between place the crossing a chunk early.
 ///
 /// If the hog died inside the chunk that would cross (its start time stored, no complete
 /// entry), the chunk is assumed to add 1 MiB and to take the earlier chunks' mean burst.

@@ -732,7 +732,7 @@ async fn a_failed_init_container_fails_a_pod_that_never_restarts() {
 /// The eviction's kill takes the containers' own processes from the runtime (pidfds it holds
 /// while it supervises them) and signals them before it walks the pod cgroup; the walk then
 /// signals the rest (a container's fork) and nothing twice. A container that exited is no
-/// longer offered, and a re-adopted one is offered again.
+/// longer offered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kill_signals_the_runtimes_own_processes_first_and_the_walk_the_rest() {
     if !ready() {

@@ -159,6 +159,21 @@ fn storm_node(name: &'static str, ebpf: bool, deferred: bool) -> NodeSpec {
     }
 }
 
+/// A storm node whose loop hears eBPF alone (no PSI, no memcg notification); `None`, the
+/// node finished, where the eBPF source cannot attach (outside CI: a printed skip).
+async fn ebpf_only_node(name: &'static str) -> Option<Node> {
+    let mut node = Node::start(storm_node(name, true, true)).await;
+    node.start_loop_with(|o, _| {
+        o.psi = false;
+        o.memcg = false;
+    });
+    if !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
+        node.finish().await;
+        return None;
+    }
+    Some(node)
+}
+
 fn report(mode: &str, ok: usize, reps: usize, lags: &mut [u64], sources: &[String]) {
     lags.sort_unstable();
     let mut by_source: BTreeMap<&str, usize> = BTreeMap::new();
@@ -221,15 +236,9 @@ async fn ebpf_alone_evicts_woken_by_the_in_kernel_usage_threshold() {
     if !ready() {
         return;
     }
-    let mut node = Node::start(storm_node("reactor-ebpfonly", true, true)).await;
-    node.start_loop_with(|o, _| {
-        o.psi = false;
-        o.memcg = false;
-    });
-    if !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
-        node.finish().await;
+    let Some(mut node) = ebpf_only_node("reactor-ebpfonly").await else {
         return;
-    }
+    };
     let (ok, mut lags, sources) = besteffort_storm(&mut node, 5).await;
     report("eBPF alone", ok, 5, &mut lags, &sources);
     node.finish().await;
@@ -253,30 +262,30 @@ async fn the_ebpf_level_follows_page_cache_under_a_mebibyte() {
     if !ready() {
         return;
     }
-    let mut node = Node::start(storm_node("reactor-ebpfcache", true, true)).await;
-    node.start_loop_with(|o, _| {
-        o.psi = false;
-        o.memcg = false;
-    });
-    if !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
-        node.finish().await;
+    let Some(mut node) = ebpf_only_node("reactor-ebpfcache").await else {
         return;
-    }
+    };
     // 600 KiB of inactive page cache in kubepods, written from a pod cgroup of its own into
     // a file on disk (the state dir), after the loop's first passes set the level.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let cache = CgroupPath::pod(Some("besteffort"), "pagecache").unwrap();
     node.cgroups.create(&cache).unwrap();
-    let procs = Path::new("/sys/fs/cgroup/memory")
-        .join(&node.root.name)
-        .join("kubepods/besteffort/podpagecache/cgroup.procs");
-    assert!(procs.exists(), "{}", procs.display());
+    let join: Vec<String> = node
+        .cgroups
+        .procs_files(&cache)
+        .iter()
+        .map(|f| format!("echo $$ > {} && ", f.display()))
+        .collect();
+    assert!(
+        !join.is_empty(),
+        "the page cache's cgroup has no procs files"
+    );
     let file = node.state.path().join("cache");
     let status = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "echo $$ > {} && exec head -c 614400 /dev/zero > {}",
-            procs.display(),
+            "{}exec head -c 614400 /dev/zero > {}",
+            join.concat(),
             file.display()
         ))
         .status()

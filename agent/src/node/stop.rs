@@ -58,17 +58,12 @@ impl<R: Runtime + 'static> Actor<R> {
         // finds the pod's containers gone and no stop recorded, which it treats like any
         // pod its runtime lost.
         let begun = (live && !orphan).then(|| {
-            let kill_in = cgroup.as_ref().filter(|_| prekilled.is_none());
-            let known = if kill_in.is_some() && grace.is_zero() {
-                rt.known_processes(&uid)
-            } else {
-                Vec::new()
-            };
             let stop = {
                 let (rt, uid) = (Arc::clone(&rt), uid.clone());
                 async move { rt.stop_pod(&uid, grace).await }
             };
-            begin_kill(stop, grace, kill_in, &cgroups, known)
+            let kill_in = cgroup.as_ref().filter(|_| prekilled.is_none());
+            begin_kill(stop, grace, kill_in, &cgroups, || rt.known_processes(&uid))
         });
         self.save();
         tokio::spawn(async move {

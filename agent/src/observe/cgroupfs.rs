@@ -244,9 +244,7 @@ impl CgroupFs {
         };
         let n = match file.read_at(&mut text, 0) {
             Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(19) => {
-                return Ok(None)
-            }
+            Err(e) if is_gone(&e) => return Ok(None),
             Err(e) => return Err(ObserveError::io(&self.path, e)),
         };
         let usage = self.parse_usage(cgroup, &text[..n])?;
@@ -417,7 +415,7 @@ pub(crate) fn read_into(path: &Path, buf: &mut Vec<u8>) -> Result<bool, ObserveE
     match file.read_to_end(buf) {
         Ok(_) => Ok(true),
         // A cgroup removed between open and read.
-        Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(19) => Ok(false),
+        Err(e) if is_gone(&e) => Ok(false),
         Err(e) => Err(ObserveError::io(path, e)),
     }
 }

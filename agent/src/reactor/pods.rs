@@ -274,9 +274,8 @@ pub async fn stop_and_kill<R: Runtime>(
     cgroup: Option<&CgroupPath>,
     cgroups: &CgroupManager,
 ) -> (Result<PodStatus, RuntimeError>, Evicted) {
-    let known = rt.known_processes(uid);
     let stop = rt.stop_pod(uid, grace);
-    let (first, out) = begin_kill(stop, grace, cgroup, cgroups, known);
+    let (first, out) = begin_kill(stop, grace, cgroup, cgroups, || rt.known_processes(uid));
     finish_kill(first, out).await
 }
 
@@ -286,19 +285,21 @@ pub type Begun<F> = (Result<Result<PodStatus, RuntimeError>, F>, Evicted);
 
 /// The first half of [`stop_and_kill`], without awaiting: polls `stop` (the runtime's
 /// `stop_pod`) once, so the runtime is told before anything dies, then with grace 0 sends
-/// SIGKILL to every process in `cgroup` at once. For a caller that must record something
-/// right after the kill and before the stop's end (the pod manager's write-ahead record),
-/// without delaying the kill by it. Finish with [`finish_kill`].
+/// SIGKILL to every process in `cgroup` at once, the runtime's own processes (`known`, asked
+/// only when there is a kill, before the runtime is told) first. For a caller that must
+/// record something right after the kill and before the stop's end (the pod manager's
+/// write-ahead record), without delaying the kill by it. Finish with [`finish_kill`].
 pub fn begin_kill<F>(
     stop: F,
     grace: Duration,
     cgroup: Option<&CgroupPath>,
     cgroups: &CgroupManager,
-    known: Vec<KnownProcess>,
+    known: impl FnOnce() -> Vec<KnownProcess>,
 ) -> Begun<std::pin::Pin<Box<F>>>
 where
     F: Future<Output = Result<PodStatus, RuntimeError>>,
 {
+    let kill = cgroup.filter(|_| grace.is_zero()).map(|cg| (cg, known()));
     let mut stop = Box::pin(stop);
     // A no-op waker is enough for this first poll: the caller polls again (with its task's
     // waker) in `finish_kill` when the stop is not done.
@@ -307,10 +308,9 @@ where
         Poll::Ready(r) => Ok(r),
         Poll::Pending => Err(stop),
     };
-    let out = match (grace.is_zero(), cgroup) {
-        (true, Some(cg)) => kill_cgroup_now(cgroups, cg, known),
-        _ => Evicted::default(),
-    };
+    let out = kill.map_or_else(Evicted::default, |(cg, known)| {
+        kill_cgroup_now(cgroups, cg, known)
+    });
     (first, out)
 }
 

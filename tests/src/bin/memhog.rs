@@ -6,8 +6,9 @@
 //! hold-seconds (default 3600) so the test decides when it ends.
 //!
 //! With `MEMHOG_PROGRESS=<path>` it also keeps a progress record there: per 1 MiB chunk, the
-//! CLOCK_MONOTONIC times just before and just after touching it and a memory cgroup's usage
-//! after (the one whose usage file `MEMHOG_PROGRESS_USAGE` names, else its own), laid out as `hog_record/layout.rs` describes. That is the OOM bench's clock
+//! CLOCK_MONOTONIC times just before and just after touching it and the usage in the file
+//! `MEMHOG_PROGRESS_USAGE` names (required with it: the OOM bench gives kubepods'), laid out
+//! as `hog_record/layout.rs` describes. That is the OOM bench's clock
 //! for when the workload charged the page that crossed a threshold, independent of every
 //! kernel notification under test. The file must already exist, sized for `total-MiB + 1`
 //! entries, with its pages written by whoever created it: the hog maps it shared and only
@@ -51,60 +52,11 @@ fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// The usage file of this process's own memory cgroup: the v1 memory hierarchy's
-/// `memory.usage_in_bytes` if the memory controller is mounted as v1 (hybrid hosts included),
-/// else the unified hierarchy's `memory.current`.
-fn own_usage_file() -> Result<PathBuf, String> {
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    // The mount point and the root inside the hierarchy of the first mount of `fstype`
-    // whose super options pass `opts`. A line: `id parent dev root mountpoint opts … - fstype
-    // source superopts`.
-    let mount = |fstype: &str, opts: &dyn Fn(&str) -> bool| -> Option<(String, String)> {
-        mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let left: Vec<&str> = left.split(' ').collect();
-            let right: Vec<&str> = right.split(' ').collect();
-            (right.first() == Some(&fstype) && opts(right.get(2)?))
-                .then(|| Some((left.get(4)?.to_string(), left.get(3)?.to_string())))
-                .flatten()
-        })
-    };
-    let under = |(point, root): (String, String), path: &str, file: &str| -> PathBuf {
-        let inside = path.strip_prefix(root.as_str()).unwrap_or(path);
-        PathBuf::from(point)
-            .join(inside.trim_start_matches('/'))
-            .join(file)
-    };
-    let lines: Vec<(&str, &str)> = cgroups
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let _id = f.next()?;
-            Some((f.next()?, f.next()?))
-        })
-        .collect();
-    if let Some((_, path)) = lines
-        .iter()
-        .find(|(c, _)| c.split(',').any(|c| c == "memory"))
-    {
-        let m = mount("cgroup", &|o| o.split(',').any(|o| o == "memory"))
-            .ok_or("the memory controller is in /proc/self/cgroup but not mounted")?;
-        return Ok(under(m, path, "memory.usage_in_bytes"));
-    }
-    if let Some((_, path)) = lines.iter().find(|(c, _)| c.is_empty()) {
-        let m = mount("cgroup2", &|_| true).ok_or("no cgroup2 mount")?;
-        return Ok(under(m, path, "memory.current"));
-    }
-    Err("no memory cgroup in /proc/self/cgroup".to_string())
-}
-
 /// The progress record being written (see the module doc).
 struct Progress {
     words: &'static [AtomicU64],
-    /// The own cgroup's usage file, kept open and read from offset 0 each time.
+    /// The usage file named by `MEMHOG_PROGRESS_USAGE`, kept open and read from offset 0
+    /// each time.
     usage: File,
     buf: [u8; 32],
 }
@@ -112,10 +64,9 @@ struct Progress {
 impl Progress {
     /// Maps the record at `path` for `entries` entries; exits if it cannot.
     fn open(path: &str, entries: usize) -> Progress {
-        let usage_path = match std::env::var_os(layout::USAGE_ENV) {
-            Some(p) => PathBuf::from(p),
-            None => own_usage_file().unwrap_or_else(|e| fail(e)),
-        };
+        let usage_path = std::env::var_os(layout::USAGE_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| fail(format!("{} needs {}", layout::ENV, layout::USAGE_ENV)));
         let usage = File::open(&usage_path)
             .unwrap_or_else(|e| fail(format!("{}: {e}", usage_path.display())));
         let file = std::fs::OpenOptions::new()

@@ -18,13 +18,11 @@ pub const WORDS: usize = 4;
 pub const BEFORE: usize = 0;
 /// CLOCK_MONOTONIC ns just after it touched the chunk's last page.
 pub const AFTER: usize = 1;
-/// The usage read after the touching, bytes: of the cgroup whose usage file
-/// [`USAGE_ENV`] names (the OOM bench: kubepods, the counter the thresholds under test
-/// watch), else of the hog's own memory cgroup (v1 `memory.usage_in_bytes`, v2
-/// `memory.current`).
+/// The usage read after the touching, bytes, from the cgroup usage file [`USAGE_ENV`] names
+/// (the OOM bench: kubepods', the counter the thresholds under test watch).
 pub const USAGE: usize = 2;
-/// The environment variable naming the usage file [`USAGE`] is read from (absent: the
-/// hog's own cgroup's).
+/// The environment variable naming the usage file [`USAGE`] is read from (required with
+/// [`ENV`]).
 pub const USAGE_ENV: &str = "MEMHOG_PROGRESS_USAGE";
 /// The entry's index + 1, stored last: the entry is complete.
 pub const SEQ: usize = 3;
