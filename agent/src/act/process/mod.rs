@@ -2,11 +2,14 @@
 //! its container cgroup, for nodes (and tests) without a container runtime.
 //!
 //! How, and why that way:
+//! - **Started without copying the agent** (`vfork`): `clone(CLONE_VM | CLONE_VFORK)` as
+//!   `posix_spawn` does, not `fork`, whose page-table copy and copy-on-write faults the
+//!   reactor loop's thread paid for every pod an API client applied. The child runs only
+//!   system calls prepared before the clone; see that module.
 //! - **Into the cgroup before exec.** The cgroups' `cgroup.procs` files (one per v1
-//!   hierarchy) are opened before the fork; between fork and exec the child writes `0` to
-//!   each (the kernel reads "0" as "the writing process"), so not one page of the program is
-//!   charged elsewhere. The hook allocates nothing and takes no locks, as required after
-//!   `fork` in a threaded program.
+//!   hierarchy) are opened before the clone; before exec the child writes `0` to each (the
+//!   kernel reads "0" as "the writing process"), so not one page of the program is charged
+//!   elsewhere.
 //! - **`oom_score_adj` before exec**, written by the child to `/proc/self/oom_score_adj`:
 //!   race-free — the value is in force before the container's code runs, and inherited by
 //!   everything it forks.
@@ -43,6 +46,7 @@ mod runtime_impl;
 mod spawn;
 mod state;
 mod supervise;
+mod vfork;
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -170,7 +174,8 @@ struct SavedPod {
 struct Proc {
     pid: u32,
     pidfd: AsyncFd<OwnedFd>,
-    child: Option<std::process::Child>,
+    /// Started by this agent (not re-adopted), so its exit status is ours to reap.
+    child: bool,
     started_at: SystemTime,
     oom_kills_at_start: u64,
 }

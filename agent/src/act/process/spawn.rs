@@ -1,16 +1,14 @@
-//! Starting, watching and ending one container process: the fork into its cgroups with
-//! `oom_score_adj` set before exec, the pidfd that reports its exit, how a run ended (exit
-//! code, signal, OOM kill), and the SIGTERM/SIGKILL sequence of a stop. Kept apart from the
-//! supervision loop so the raw-syscall code (the `pre_exec` hook) stands on its own.
+//! Starting, watching and ending one container process: its start into its cgroups with
+//! `oom_score_adj` set before exec (the clone itself is [`super::vfork`]'s), the pidfd that
+//! reports its exit, how a run ended (exit code, signal, OOM kill), and the SIGTERM/SIGKILL
+//! sequence of a stop.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::Stdio;
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::unix::AsyncFd;
 
-use super::{Inner, Proc};
+use super::{vfork, Inner, Proc};
 use crate::act::cgroups::CgroupPath;
 use crate::act::runtime::{ContainerSpec, PodSpec, Terminated};
 
@@ -116,99 +114,95 @@ impl Inner {
             .map_err(|e| failed(format!("log file: {e}")))?;
 
         let argv: Vec<&String> = c.command.iter().chain(&c.args).collect();
-        let Some((program, args)) = argv.split_first() else {
+        let Some(program) = argv.first() else {
             return Err(failed("no command".into()));
         };
-        let mut cmd = std::process::Command::new(program);
-        cmd.args(args)
-            .env_clear()
-            .env("PATH", DEFAULT_PATH)
-            .envs(c.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err_log);
-        let fds: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
-        let oom = c.oom_score_adj.to_string().into_bytes();
-        // SAFETY: between fork and exec the hook only makes raw system calls (write, open,
-        // close, setsid) on values prepared before the fork; it allocates nothing and takes
-        // no locks. The raw fds stay open in the parent (`procs`) until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                for fd in &fds {
-                    let fd = std::os::fd::BorrowedFd::borrow_raw(*fd);
-                    rustix::io::write(fd, b"0")?;
-                }
-                let adj = rustix::fs::open(
-                    c"/proc/self/oom_score_adj",
-                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                )?;
-                rustix::io::write(&adj, &oom)?;
-                drop(adj);
-                rustix::process::setsid()?;
-                Ok(())
-            });
+        // The container's environment: a default PATH unless its env sets one; a key given
+        // twice keeps its last value, as the kubelet's env list does.
+        let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+        for (k, v) in &c.env {
+            match env.iter_mut().find(|(key, _)| key == k) {
+                Some(entry) => entry.1.clone_from(v),
+                None => env.push((k.clone(), v.clone())),
+            }
         }
-        let child = cmd.spawn().map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied && c.oom_score_adj < 0 {
-                " (or: a negative oom_score_adj needs CAP_SYS_RESOURCE)"
+        let path_var = env[0].1.as_str();
+        let path = vfork::resolve(program, path_var).ok_or_else(|| {
+            failed(format!(
+                "start {program:?}: not found in PATH {path_var:?} (os error {})",
+                libc::ENOENT
+            ))
+        })?;
+        let stdin =
+            std::fs::File::open("/dev/null").map_err(|e| failed(format!("/dev/null: {e}")))?;
+        let plan = vfork::Plan::new(
+            vfork::Program {
+                path: &path,
+                argv: &argv,
+                env: &env,
+            },
+            stdin.into(),
+            log.into(),
+            err_log.into(),
+            procs,
+            c.oom_score_adj,
+        )
+        .map_err(|e| failed(format!("start {program:?}: {e}")))?;
+        let (pid, pidfd) = vfork::spawn(&plan).map_err(|e| {
+            let hint = if e.step == vfork::Step::OomScoreAdj && c.oom_score_adj < 0 {
+                " (a negative oom_score_adj needs CAP_SYS_RESOURCE)"
             } else {
                 ""
             };
             failed(format!("start {program:?}: {e}{hint}"))
         })?;
-        drop(procs);
-        let pid = child.id();
-        let pidfd = to_pid(pid)
-            .ok_or_else(|| failed(format!("pid {pid} out of range")))
-            .and_then(|p| {
-                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
-                    .map_err(|e| failed(format!("pidfd_open({pid}): {e}")))
-            })
-            .and_then(|fd| watch_pidfd(fd).map_err(|e| failed(format!("watch pid {pid}: {e}"))));
-        let pidfd = match pidfd {
+        // The fds the child needed (its stdio, the cgroup files) close with the plan.
+        drop(plan);
+        let pidfd = match watch_pidfd(pidfd) {
             Ok(fd) => fd,
-            Err(t) => {
-                let mut child = child;
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(t);
+            Err(e) => {
+                // Without a watch the run cannot be supervised: end it, and reap it (an
+                // unreaped child keeps its pid, so the pid still names it).
+                if let Some(p) = to_pid(pid) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                    let _ =
+                        rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+                }
+                return Err(failed(format!("watch pid {pid}: {e}")));
             }
         };
         tracing::info!(pod = %pod.full_name(), container = %c.name, pid, "container started");
         Ok(Proc {
             pid,
             pidfd,
-            child: Some(child),
+            child: true,
             started_at,
             oom_kills_at_start,
         })
     }
 
     /// How a finished run ended.
-    pub(super) fn finish(&self, cgroup: &CgroupPath, mut proc: Proc) -> Terminated {
+    pub(super) fn finish(&self, cgroup: &CgroupPath, proc: Proc) -> Terminated {
         // The pidfd said the process exited, so reaping does not block; a child that is
         // somehow still there (a stop that gave up waiting) is reaped off the async threads.
-        let status = match proc.child.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(Some(status))) => Some(status),
-            Some(_) => {
-                if let Some(mut child) = proc.child.take() {
-                    tokio::task::spawn_blocking(move || child.wait());
+        let status = if proc.child {
+            let status = vfork::reap(proc.pidfd.get_ref(), false);
+            if status.is_none() {
+                if let Ok(fd) = proc.pidfd.get_ref().try_clone() {
+                    tokio::task::spawn_blocking(move || vfork::reap(&fd, true));
                 }
-                None
             }
-            None => None,
+            status
+        } else {
+            None
         };
         let oom = self
             .cgroups
             .oom_kills(cgroup)
             .is_ok_and(|n| n > proc.oom_kills_at_start);
         let (exit_code, signal) = match status {
-            Some(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => (code, None),
-                (None, Some(sig)) => (128 + sig, Some(sig)),
-                (None, None) => (128, None),
-            },
+            Some(vfork::Ended::Code(code)) => (code, None),
+            Some(vfork::Ended::Signal(sig)) => (128 + sig, Some(sig)),
             None => (137, None),
         };
         let reason = if oom && exit_code != 0 {

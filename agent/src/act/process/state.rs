@@ -81,7 +81,7 @@ impl Inner {
         Some(Proc {
             pid,
             pidfd: watch_pidfd(fd).ok()?,
-            child: None,
+            child: false,
             started_at,
             oom_kills_at_start: rec.oom_kills_at_start,
         })
