@@ -278,6 +278,7 @@ async fn pod_and_container_land_in_the_cgroup_parent_with_their_limits() {
             cpu_period_us: Some(100_000),
             memory_limit_bytes: Some(48 * MIB),
             oom_score_adj: Some(789),
+            ..Default::default()
         },
         ..Default::default()
     };
@@ -361,6 +362,7 @@ async fn pod_and_container_land_in_the_cgroup_parent_with_their_limits() {
                 cpu_period_us: Some(100_000),
                 memory_limit_bytes: Some(40 * MIB),
                 oom_score_adj: Some(789),
+                ..Default::default()
             },
         )
         .await

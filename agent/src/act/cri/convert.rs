@@ -55,6 +55,11 @@ pub(crate) fn resources(
         cpu_shares: signed(rpc, "cpu_shares", r.cpu_shares)?,
         memory_limit_in_bytes: signed(rpc, "memory_limit_bytes", r.memory_limit_bytes)?,
         oom_score_adj: r.oom_score_adj.unwrap_or(0),
+        unified: r
+            .unified
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         ..Default::default()
     })
 }
@@ -399,6 +404,7 @@ mod tests {
             cpu_period_us: Some(100_000),
             memory_limit_bytes: Some(64 << 20),
             oom_score_adj: Some(-997),
+            unified: BTreeMap::from([("memory.oom.group".into(), "1".into())]),
         };
         let p = resources("CreateContainer", &r).unwrap();
         assert_eq!(
@@ -410,6 +416,10 @@ mod tests {
                 p.oom_score_adj
             ),
             (512, 50_000, 100_000, 64 << 20, -997)
+        );
+        assert_eq!(
+            p.unified.get("memory.oom.group").map(String::as_str),
+            Some("1")
         );
     }
 

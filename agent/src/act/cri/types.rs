@@ -78,6 +78,9 @@ pub struct LinuxResources {
     pub memory_limit_bytes: Option<u64>,
     /// The container processes' `oom_score_adj` (-1000..=1000); 0 is CRI's "unset".
     pub oom_score_adj: Option<i64>,
+    /// cgroup v2 files the runtime writes as they are (CRI's `unified`), e.g.
+    /// `memory.oom.group`; empty on v1, where a runtime refuses them.
+    pub unified: BTreeMap<String, String>,
 }
 
 /// What to create a pod sandbox with.

@@ -22,6 +22,14 @@ fn cri_resources(r: &Resources, oom_score_adj: i32) -> cri::LinuxResources {
         cpu_period_us: r.cpu_period_us,
         memory_limit_bytes: r.memory_limit_bytes.and_then(|m| u64::try_from(m).ok()),
         oom_score_adj: Some(i64::from(oom_score_adj)),
+        // Only ever set on v2 (`NodeSettings::oom_group`): the kubelet passes the container's
+        // OOM group the same way, so the kernel's OOM killer ends the whole container.
+        unified: r
+            .memory_oom_group
+            .filter(|&group| group)
+            .map(|_| ("memory.oom.group".to_string(), "1".to_string()))
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -177,5 +185,26 @@ mod tests {
         assert_eq!(r.memory_limit_bytes, None);
         assert_eq!(r.cpu_shares, Some(2));
         assert_eq!(r.oom_score_adj, Some(1000));
+        assert!(r.unified.is_empty());
+    }
+
+    #[test]
+    fn a_container_oom_group_goes_to_the_runtime_as_unified() {
+        let group = |g| {
+            cri_resources(
+                &Resources {
+                    memory_oom_group: g,
+                    ..Default::default()
+                },
+                0,
+            )
+            .unified
+        };
+        assert_eq!(
+            group(Some(true)),
+            BTreeMap::from([("memory.oom.group".to_string(), "1".to_string())])
+        );
+        assert!(group(Some(false)).is_empty());
+        assert!(group(None).is_empty());
     }
 }
