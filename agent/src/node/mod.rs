@@ -18,6 +18,7 @@
 //! orphan and removed after `orphanGracePeriod`.
 
 pub mod admit;
+mod apply;
 mod control;
 pub mod document;
 pub mod events;
