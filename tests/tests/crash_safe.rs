@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use reactor::node::journal::{self, KillJournal, KillNote};
 use reactor_tests::agent::TestAgent;
 use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard};
 use rustix::process::Signal;
@@ -234,6 +235,100 @@ fn a_truncated_pod_checkpoint_neither_stops_the_agent_nor_hides_its_pod() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The state an agent SIGKILLed inside an eviction leaves: the victim's processes killed
+/// and the kill noted in the kill journal, its stop not yet in `pods.json`. The restarted
+/// agent ends the pod evicted instead of starting it again, and a note it cannot use (an
+/// unknown pod, a torn line) does not stop it.
+#[test]
+fn a_kill_noted_before_its_stop_was_recorded_ends_the_pod_evicted_after_a_restart() {
+    if !ready() {
+        return;
+    }
+    let mut agent = TestAgent::start("crash-note", "");
+    agent.apply_ok(&sleeper("victim"));
+    agent.apply_ok(&sleeper("bystander"));
+    agent.wait("both pods to run", || {
+        ["default/victim", "default/bystander"]
+            .iter()
+            .all(|n| agent.pod(n).is_some_and(|p| p["phase"] == "Running"))
+    });
+    let victim = agent.pod("default/victim").unwrap();
+    let uid = victim["uid"].as_str().unwrap().to_string();
+    let cgroup = victim["cgroup"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches('/')
+        .to_string();
+    let bystander = agent.pod("default/bystander").unwrap();
+    let bystander_cgroup = bystander["cgroup"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches('/');
+    let bystander_pids = agent.procs(&format!("{bystander_cgroup}/app"));
+
+    agent.kill(Signal::KILL);
+    for pid in agent.procs(&format!("{cgroup}/app")) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+    }
+    agent.wait("the victim's processes to be gone", || {
+        agent.procs(&format!("{cgroup}/app")).is_empty()
+    });
+    let message = "The node was low on resource: memory. Threshold quantity: 128Mi.";
+    let journal = KillJournal::open(&state_dir(&agent));
+    journal.note(&KillNote {
+        uid: "no-such-pod".into(),
+        reason: "Evicted".into(),
+        message: message.into(),
+    });
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(state_dir(&agent).join(journal::FILE_NAME))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"{\"uid\":\"tor\n"))
+        .unwrap();
+    journal.note(&KillNote {
+        uid: uid.clone(),
+        reason: "Evicted".into(),
+        message: message.into(),
+    });
+    drop(journal);
+
+    agent.restart();
+    let pods = listed(&agent);
+    let v = &pods["default/victim"];
+    assert_eq!(
+        (&v["uid"], &v["phase"], &v["reason"], &v["message"]),
+        (
+            &json!(uid),
+            &json!("Failed"),
+            &json!("Evicted"),
+            &json!(message)
+        ),
+        "the eviction is finished, not undone: {v}\n{}",
+        agent.log()
+    );
+    assert!(
+        agent.procs(&format!("{cgroup}/app")).is_empty(),
+        "the victim was started again"
+    );
+    assert_eq!(pods["default/bystander"]["phase"], "Running");
+    assert_eq!(
+        agent.procs(&format!("{bystander_cgroup}/app")),
+        bystander_pids,
+        "the bystander is re-adopted, untouched"
+    );
+    assert_no_hidden_process(&agent, &pods);
+    // The stop is in the checkpoint now, so the journal was emptied.
+    let left = std::fs::metadata(state_dir(&agent).join(journal::FILE_NAME)).unwrap();
+    assert_eq!(
+        left.len(),
+        0,
+        "the journal is emptied once the stops are recorded"
+    );
+    let out = agent.cli(&["pod", "rm", "default/bystander", "--grace", "0"]);
+    assert!(out.status.success());
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //!   Failed (as the kubelet leaves an evicted pod object) until it is removed. With grace 0
 //!   the pod's processes get SIGKILL from the owner task itself, right after the runtime
 //!   was told to stop (so nothing restarts them) and before the stop is written ahead to
-//!   the checkpoint (so the disk never delays the kill), and the moment is reported back
+//!   the checkpoint (so the disk never delays the kill; the kill journal, `node::journal`,
+//!   notes it in between, for an agent that dies there), and the moment is reported back
 //!   (`reactor::pods::begin_kill`, the first half of the `stop_and_kill` the runtime-only
 //!   adapter uses; see `node::stop`).
 //! - [`PodManager::active`] is the loop's hot-path view: the running pods with their cgroups,
@@ -29,7 +30,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::control::{RuntimeView, View};
 use super::document::{self, Checked, Format};
 use super::events::EventHub;
-use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::journal::{KillJournal, KillNote};
+use super::record::{PodRecord, PodSource, StopIntent, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::settings::NodePlan;
 pub use super::view::{
     container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,
@@ -122,6 +124,7 @@ pub struct PodManager {
     pub(super) active: watch::Receiver<ActivePods>,
     pub(super) runtime: Arc<dyn RuntimeView>,
     killing: Killing,
+    journal: Arc<KillJournal>,
     events: EventHub,
     plan: Arc<NodePlan>,
     cgroups: CgroupManager,
@@ -163,7 +166,10 @@ impl PodManager {
         .with_notices(super::events::notices_to(&config.events));
         let loaded = checkpoint.load();
         let stale = loaded.generation == Generation::Previous;
-        let records: Vec<PodRecord> = loaded.value.unwrap_or_default();
+        let mut records: Vec<PodRecord> = loaded.value.unwrap_or_default();
+        let notes = KillJournal::read(&config.state_dir);
+        stops_from_notes(&mut records, &notes);
+        let journal = Arc::new(KillJournal::open(&config.state_dir));
         let plan = Arc::new(config.plan);
         config
             .cgroups
@@ -186,9 +192,12 @@ impl PodManager {
             state_dir: config.state_dir.clone(),
             tx: urgent.downgrade(),
             killing: killing.clone(),
+            journal: Arc::clone(&journal),
             active: active_tx,
         };
         actor.reconcile(records, stale).await?;
+        // The noted kills are stops in the checkpoint now (once it is written).
+        journal.clear_unless(|| actor.checkpoint.is_failing());
         actor.publish_active();
         tokio::spawn(actor.run(rx, urgent_rx));
         Ok(PodManager {
@@ -197,6 +206,7 @@ impl PodManager {
             active,
             runtime,
             killing,
+            journal,
             events: config.events,
             plan,
             cgroups: config.cgroups,
@@ -271,7 +281,7 @@ impl PodManager {
         message: &str,
     ) -> Result<EvictedPod, NodeError> {
         let killed = if grace.is_zero() {
-            self.kill_now(uid)
+            self.kill_now(uid, reason, message)
         } else {
             None
         };
@@ -293,10 +303,10 @@ impl PodManager {
     /// across I/O (the fence's, the pods watch's), so the kill costs the caller
     /// microseconds whatever the owner task or the runtime is doing.
     ///
-    /// An agent killed between this and the owner task's write-ahead record finds the pod's
-    /// containers dead and no stop recorded, and treats it like any pod its runtime lost
-    /// (restarted by its policy): the eviction is undone, never done twice.
-    fn kill_now(&self, uid: &str) -> Option<Evicted> {
+    /// The kill is noted in the kill journal right after the signal ([`KillJournal`]), so
+    /// an agent killed before the owner task's write-ahead record still ends the pod evicted
+    /// after its restart instead of starting it again.
+    fn kill_now(&self, uid: &str, reason: &str, message: &str) -> Option<Evicted> {
         let cgroup = self
             .active
             .borrow()
@@ -308,7 +318,13 @@ impl PodManager {
         self.killing.insert(uid);
         self.runtime.fence(uid);
         let known = self.runtime.known_processes(uid);
-        Some(kill_cgroup_now(&self.cgroups, &cgroup, known))
+        let killed = kill_cgroup_now(&self.cgroups, &cgroup, known);
+        self.journal.note(&KillNote {
+            uid: uid.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+        });
+        Some(killed)
     }
 
     /// Replaces the set of static pods with the manifests read from `staticPodPath`
@@ -381,6 +397,30 @@ impl Killing {
     pub(super) fn contains(&self, uid: &str) -> bool {
         self.set().contains(uid)
     }
+
+    /// Whether any pod was killed and its eviction not yet taken.
+    pub(super) fn any(&self) -> bool {
+        !self.set().is_empty()
+    }
+}
+
+/// Gives each pod that a kill-journal note names, and that the checkpoint shows neither
+/// ended nor stopping, the eviction's stop intent: the agent died between the kill and the
+/// write-ahead record, and recovery finishes the eviction.
+fn stops_from_notes(records: &mut [PodRecord], notes: &[KillNote]) {
+    for note in notes {
+        let Some(r) = records.iter_mut().find(|r| r.uid == note.uid) else {
+            continue;
+        };
+        if r.stopping.is_some() || r.ended_by_agent || r.is_terminal() {
+            continue;
+        }
+        tracing::warn!(pod = %r.full_name(), uid = %r.uid, "killed for eviction before the stop was recorded: the eviction is finished");
+        r.stopping = Some(StopIntent::Evict {
+            reason: note.reason.clone(),
+            message: note.message.clone(),
+        });
+    }
 }
 
 pub(super) struct Entry {
@@ -414,6 +454,8 @@ pub(super) struct Actor<R> {
     pub(super) tx: mpsc::WeakSender<Command>,
     /// Pods killed by [`PodManager::kill_now`] whose eviction this task has not taken yet.
     pub(super) killing: Killing,
+    /// Where kills are noted until the checkpoint holds their stops.
+    pub(super) journal: Arc<KillJournal>,
     pub(super) active: watch::Sender<ActivePods>,
 }
 
@@ -498,6 +540,10 @@ impl<R: Runtime + 'static> Actor<R> {
                             },
                         );
                     }
+                    // The stop is in the checkpoint now: the journal may go, unless another
+                    // kill waits for this task or the checkpoint was not written.
+                    self.journal
+                        .clear_unless(|| self.killing.any() || self.checkpoint.is_failing());
                 }
                 Command::List { reply: tx } => {
                     let views = self.list().await;

@@ -22,6 +22,7 @@ mod apply;
 mod control;
 pub mod document;
 pub mod events;
+pub mod journal;
 pub mod manager;
 pub mod record;
 pub mod recover;

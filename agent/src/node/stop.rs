@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::NodeEventKind;
+use super::journal::KillNote;
 use super::manager::{reply, Actor, After, Command, PREEMPTION_MESSAGE, PREEMPTION_REASON};
 use super::record::StopIntent;
 use super::view::{EvictedPod, Removed};
@@ -48,6 +49,22 @@ impl<R: Runtime + 'static> Actor<R> {
             After::Evict { killed, .. } => *killed,
             _ => None,
         };
+        // An eviction killed here, not by `kill_now`, is noted as that one is: the kill
+        // comes before the checkpoint's write below.
+        if let (
+            After::Evict {
+                reason, message, ..
+            },
+            None,
+            true,
+        ) = (&after, prekilled, grace.is_zero())
+        {
+            self.journal.note(&KillNote {
+                uid: uid.to_string(),
+                reason: reason.clone(),
+                message: message.clone(),
+            });
+        }
         let live = !entry.record.ended_by_agent;
         let rt = Arc::clone(&self.rt);
         let cgroups = self.cgroups.clone();
@@ -55,8 +72,9 @@ impl<R: Runtime + 'static> Actor<R> {
         let uid = uid.to_string();
         // The runtime is told and, with grace 0, the processes killed before the record is
         // written: the disk never delays an eviction's kill. An agent killed in between
-        // finds the pod's containers gone and no stop recorded, which it treats like any
-        // pod its runtime lost.
+        // finds the pod's containers gone and no stop recorded: an eviction's note in the
+        // kill journal (above) finishes it then; a removal's or preemption's pod is treated
+        // like any pod its runtime lost.
         let begun = (live && !orphan).then(|| {
             let stop = {
                 let (rt, uid) = (Arc::clone(&rt), uid.clone());
