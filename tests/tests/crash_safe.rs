@@ -818,6 +818,11 @@ fn sigkill_at_random_points_loses_no_pod_and_evicts_nothing_twice() {
         assert_no_hidden_process(&agent, &pods);
         for p in pods.values() {
             let uid = p["uid"].as_str().unwrap().to_string();
+            // An eviction announced is never undone, even by a kill before its record.
+            assert!(
+                !evictions.contains_key(&uid) || p["reason"] == "Evicted",
+                "run {run}: evicted pod {uid} was started again: {p}"
+            );
             if p["reason"] == "Evicted" {
                 evicted_uids.insert(uid);
             } else if evicted_uids.contains(&uid) {
