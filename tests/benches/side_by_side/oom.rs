@@ -7,6 +7,11 @@
 //! the agent evicted, the decision's reaction lag (waking kernel event → SIGKILL) and the
 //! time from the threshold crossing to the victim's memory being released.
 //!
+//! The modes take turns: per rate, each round runs one repetition of every mode (forward in
+//! even rounds, backward in odd ones, [`round_order`]), with a loop started for that
+//! repetition alone. Run one mode's repetitions after another's, the machine's drift over
+//! the minutes between them showed as a difference between the modes.
+//!
 //! The crossing is timed by the workload itself, so every mode is timed alike and by none of
 //! the kernel notifications under test: the hog keeps a progress record
 //! ([`reactor_tests::hog_record`]) of the CLOCK_MONOTONIC times just before and just after it
@@ -442,6 +447,42 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
     Ok(rep)
 }
 
+/// The order of the modes in round `rep` of a rate: forward in even rounds, backward in odd
+/// ones.
+///
+/// Every round runs one repetition of each mode, so drift of the machine over the run
+/// (SIGKILL → cgroup empty moved by 10 ms and more between runs) reaches every mode alike
+/// instead of showing as a difference between modes run one block after another. Reversing
+/// every other round also cancels a trend *within* rounds, which a fixed order would hand
+/// to the modes at its end, and gives each mode both neighbours as the one run before it
+/// (the previous repetition's kill leaves the node's caches and reclaim state behind).
+fn round_order(modes: usize, rep: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..modes).collect();
+    if rep % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
+/// Starts the reactor loop with `mode`'s sources and timing. Each repetition has a loop of
+/// its own, started for it and stopped after it, because modes take turns repetition by
+/// repetition ([`round_order`]).
+fn start_mode(node: &mut Node, mode: &Mode) {
+    node.start_loop_with(|o, s| {
+        o.ebpf = mode.ebpf;
+        o.psi = mode.psi;
+        o.memcg = mode.memcg;
+        o.poll = mode.poll.is_some();
+        if let Some(p) = mode.poll {
+            o.poll_interval = p;
+        }
+        s.housekeeping = mode.housekeeping;
+        if !mode.close_watch {
+            s.close_poll = mode.housekeeping;
+        }
+    });
+}
+
 /// Run part 2.
 pub fn run(opts: &Opts) -> Result<Part> {
     let rates = opts.oom_rates.clone().unwrap_or_else(|| {
@@ -470,40 +511,44 @@ pub fn run(opts: &Opts) -> Result<Part> {
         ensure_base_pods(&node).await;
         let mut rows = Vec::new();
         for &rate in &rates {
-            for (mi, mode) in MODES.iter().enumerate() {
-                node.start_loop_with(|o, s| {
-                    o.ebpf = mode.ebpf;
-                    o.psi = mode.psi;
-                    o.memcg = mode.memcg;
-                    o.poll = mode.poll.is_some();
-                    if let Some(p) = mode.poll {
-                        o.poll_interval = p;
-                    }
-                    s.housekeeping = mode.housekeeping;
-                    if !mode.close_watch {
-                        s.close_poll = mode.housekeeping;
-                    }
-                });
-                let attached = node.attached.clone();
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let mut row = Row {
+            let mut rate_rows: Vec<Row> = MODES
+                .iter()
+                .map(|mode| Row {
                     rate,
                     mode: mode.name,
-                    attached,
+                    attached: Vec::new(),
                     reps: Vec::new(),
-                };
-                for rep in 0..reps {
+                })
+                .collect();
+            for rep in 0..reps {
+                for mi in round_order(MODES.len(), rep) {
+                    let mode = &MODES[mi];
+                    start_mode(&mut node, mode);
+                    let row = &mut rate_rows[mi];
+                    if rep == 0 {
+                        row.attached = node.attached.clone();
+                    } else if row.attached != node.attached {
+                        eprintln!(
+                            "bench: oom {rate} MiB/s {} repetition {rep}: sources {:?}, the \
+                             first repetition had {:?}",
+                            mode.name, node.attached, row.attached
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                     let uid = format!("be-{rate}-{mi}-{rep}");
-                    row.reps.push(repetition(&mut node, &uid, rate).await?);
+                    let result = repetition(&mut node, &uid, rate).await;
+                    node.stop_loop().await;
+                    row.reps.push(result?);
                 }
+            }
+            for row in &rate_rows {
                 eprintln!(
                     "bench: oom {rate} MiB/s {}: {} of {reps} evicted before any OOM kill",
-                    mode.name,
+                    row.mode,
                     row.reps.iter().filter(|r| r.right && !r.oom_first).count()
                 );
-                node.stop_loop().await;
-                rows.push(row);
             }
+            rows.extend(rate_rows);
         }
         for p in node.pods.pods().iter() {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
@@ -621,7 +666,8 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
         }));
     }
     t.note(format!(
-        "{reps} repetitions per mode and rate; Guaranteed and Burstable pods hold 48 MiB each, \
+        "{reps} repetitions per mode and rate, the modes taking turns (one repetition of \
+         each per round, every other round in reverse order); Guaranteed and Burstable pods hold 48 MiB each, \
          the BestEffort pod allocates 600 MiB (the node has 512 MiB) with restartPolicy Never; \
          all pods at oom_score_adj 0 (the Guaranteed -997 needs CAP_SYS_RESOURCE)"
     ));
