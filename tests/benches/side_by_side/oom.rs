@@ -7,10 +7,12 @@
 //! the agent evicted, the decision's reaction lag (waking kernel event → SIGKILL) and the
 //! time from the threshold crossing to the victim's memory being released.
 //!
-//! The modes take turns: per rate, each round runs one repetition of every mode (forward in
-//! even rounds, backward in odd ones, [`round_order`]), with a loop started for that
+//! The modes take turns: per rate, each round runs one repetition of every mode (in an
+//! order that rotates from round to round, [`round_order`]), with a loop started for that
 //! repetition alone. Run one mode's repetitions after another's, the machine's drift over
-//! the minutes between them showed as a difference between the modes.
+//! the minutes between them showed as a difference between the modes. A poll-only mode's
+//! hog starts at a different phase of the loop's tick in each repetition ([`tick_phase`]),
+//! as it would against a tick that had been running all along.
 //!
 //! The crossing is timed by the workload itself, so every mode is timed alike and by none of
 //! the kernel notifications under test: the hog keeps a progress record
@@ -447,21 +449,28 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
     Ok(rep)
 }
 
-/// The order of the modes in round `rep` of a rate: forward in even rounds, backward in odd
-/// ones.
+/// The order of the modes in round `rep` of a rate: the first half of [`MODES`] (the
+/// modes with eBPF or the memcg threshold), then the second (PSI and the polls), each half
+/// rotated by one mode per round.
 ///
 /// Every round runs one repetition of each mode, so drift of the machine over the run
 /// (SIGKILL → cgroup empty moved by 10 ms and more between runs) reaches every mode alike
-/// instead of showing as a difference between modes run one block after another. Reversing
-/// every other round also cancels a trend *within* rounds, which a fixed order would hand
-/// to the modes at its end, and gives each mode both neighbours as the one run before it
-/// (the previous repetition's kill leaves the node's caches and reclaim state behind).
+/// instead of showing as a difference between modes run one block after another; the
+/// rotation spreads a trend *within* rounds over the modes too. The halves are rotated
+/// apart because a repetition leaves the node to the next one: the second half's modes
+/// mostly end in a kernel OOM kill, and the repetition after one met kubepods with no
+/// inactive file pages, against about 3 MiB otherwise. (Reversing every other round
+/// instead had memcg only follow PSI only in every other round, and in exactly those its
+/// crossing → SIGKILL read 8–27 ms against 0.2–2 ms: the page cache came back during the
+/// hog, after the clock had read it.) Rotated apart, each mode of the first half follows
+/// the second half's last mode in an equal share of the rounds.
 fn round_order(modes: usize, rep: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..modes).collect();
-    if rep % 2 == 1 {
-        order.reverse();
-    }
-    order
+    let half = modes.div_ceil(2);
+    let rotate = |lo: usize, hi: usize| {
+        let n = hi - lo;
+        (0..n).map(move |i| lo + (i + rep) % n)
+    };
+    rotate(0, half).chain(rotate(half, modes)).collect()
 }
 
 /// Starts the reactor loop with `mode`'s sources and timing. Each repetition has a loop of
@@ -481,6 +490,27 @@ fn start_mode(node: &mut Node, mode: &Mode) {
             s.close_poll = mode.housekeeping;
         }
     });
+}
+
+/// How long a poll-only mode's repetition waits, after its loop started, before the hog
+/// starts: a fraction of the tick interval that differs from repetition to repetition.
+///
+/// A loop started for each repetition ticks at the same times after its start, and the hog
+/// always crosses the threshold at about the same time after that, so without this every
+/// repetition of a poll mode would meet its tick at the same phase (at 350 MiB/s always
+/// just before the crossing, and the kernel's OOM killer first every time): a figure of the
+/// harness, not of polling. A kubelet's tick runs on its own clock, at any phase of a
+/// workload's growth; the fractions spread over the interval (the golden-ratio sequence, so
+/// neighbouring repetitions are far apart) stand for that. Modes with a kernel source are
+/// woken by the kernel, not by the tick, and start at once.
+fn tick_phase(mode: &Mode, rep: usize) -> Duration {
+    let poll_only = !(mode.ebpf || mode.psi || mode.memcg);
+    match mode.poll {
+        Some(interval) if poll_only => {
+            interval.mul_f64(((rep as f64 + 0.5) * 0.618_033_988_749_895).fract())
+        }
+        _ => Duration::ZERO,
+    }
 }
 
 /// Run part 2.
@@ -534,7 +564,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
                             mode.name, node.attached, row.attached
                         );
                     }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    tokio::time::sleep(Duration::from_millis(500) + tick_phase(mode, rep)).await;
                     let uid = format!("be-{rate}-{mi}-{rep}");
                     let result = repetition(&mut node, &uid, rate).await;
                     node.stop_loop().await;
@@ -667,7 +697,7 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
     }
     t.note(format!(
         "{reps} repetitions per mode and rate, the modes taking turns (one repetition of \
-         each per round, every other round in reverse order); Guaranteed and Burstable pods hold 48 MiB each, \
+         each per round, in an order rotated every round); Guaranteed and Burstable pods hold 48 MiB each, \
          the BestEffort pod allocates 600 MiB (the node has 512 MiB) with restartPolicy Never; \
          all pods at oom_score_adj 0 (the Guaranteed -997 needs CAP_SYS_RESOURCE)"
     ));
@@ -728,7 +758,8 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
     t.note(
         "single-source modes: that source alone plus the loop's own 10 s re-check; poll modes: \
          the tick alone with the loop re-reading only on it, as the kubelet does (no 1 ms close \
-         watch)"
+         watch), the hog started at a different phase of the tick each repetition, as against \
+         a tick running all along"
             .to_string(),
     );
     Part {
