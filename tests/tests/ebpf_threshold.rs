@@ -338,12 +338,14 @@ fn the_charge_switch_takes_the_program_off_and_puts_it_back() {
             .unwrap_or(0)
     };
 
+    let asked = Instant::now();
     switch.pause();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = asked + Duration::from_secs(5);
     while switch.attached() != Some(false) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_micros(50));
     }
     assert_eq!(switch.attached(), Some(false), "paused, yet still attached");
+    eprintln!("charge programs off {:?} after pause()", asked.elapsed());
     memcg
         .spawn(Command::new(memhog_bin()).args(["150", "0", "600"]))
         .expect("memhog");
@@ -358,7 +360,9 @@ fn the_charge_switch_takes_the_program_off_and_puts_it_back() {
         "crossings with the charge program off: {while_paused:?}"
     );
 
+    let asked = Instant::now();
     switch.resume().expect("the charge programs back");
+    eprintln!("resume() returned after {:?}", asked.elapsed());
     assert_eq!(switch.attached(), Some(true));
     memcg
         .spawn(Command::new(memhog_bin()).args(["8", "0", "600"]))
