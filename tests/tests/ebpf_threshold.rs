@@ -271,3 +271,109 @@ fn the_root_cgroup_threshold_follows_the_node_counters() {
         "eBPF saw {usage}, memory.usage_in_bytes says {now}"
     );
 }
+
+/// The reactor's charge switch (`ChargeSwitch`, which takes the charge programs off while a
+/// victim is torn down): paused, a process crossing the threshold makes no event, and the
+/// programs are off their tracepoint; resumed, they are back, and the next charge at usage
+/// past the level (the slot still armed, since nothing saw the crossing) makes the event.
+#[test]
+fn the_charge_switch_takes_the_program_off_and_puts_it_back() {
+    use reactor::sense::ebpf::threshold::UsageWatch;
+    use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+    use reactor::sense::Kind;
+
+    if !can_run() {
+        return;
+    }
+    let mut memcg = TestMemcg::new("ebpf-charge-switch", LIMIT).expect("test memcg");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut source = rt
+        .block_on(async {
+            EbpfSource::attach(EbpfOptions {
+                usage_thresholds: true,
+                ..EbpfOptions::default()
+            })
+        })
+        .expect("the eBPF source");
+    let (_keep, bytes) = tokio::sync::watch::channel(THRESHOLD);
+    source
+        .watch_usage(UsageWatch {
+            cgroup: memcg.cgroup.clone(),
+            dir: memcg.path.clone(),
+            bytes,
+        })
+        .expect("the usage threshold armed");
+    let switch = source.charge_switch().expect("a charge switch");
+    assert_eq!(switch.attached(), Some(true));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
+    let task = rt.spawn(source.run(tx));
+    let cgroup = memcg.cgroup.clone();
+    let mut crossings = move |within: Duration| -> Vec<u64> {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            match rx.try_recv() {
+                Ok(e) => {
+                    if let (Kind::ThresholdCrossed { usage_bytes, .. }, Some(c)) =
+                        (&e.kind, &e.cgroup)
+                    {
+                        if *c == cgroup {
+                            seen.push(usage_bytes.unwrap_or(0));
+                        }
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        seen
+    };
+    let usage = |m: &TestMemcg| -> u64 {
+        std::fs::read_to_string(m.path.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+
+    let asked = Instant::now();
+    switch.pause();
+    let deadline = asked + Duration::from_secs(5);
+    while switch.attached() != Some(false) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    assert_eq!(switch.attached(), Some(false), "paused, yet still attached");
+    eprintln!("charge programs off {:?} after pause()", asked.elapsed());
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["150", "0", "600"]))
+        .expect("memhog");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while usage(&memcg) < 150 * MIB && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(usage(&memcg) >= 150 * MIB, "the hog did not reach 150 MiB");
+    let while_paused = crossings(Duration::from_millis(500));
+    assert!(
+        while_paused.is_empty(),
+        "crossings with the charge program off: {while_paused:?}"
+    );
+
+    let asked = Instant::now();
+    switch.resume().expect("the charge programs back");
+    eprintln!("resume() returned after {:?}", asked.elapsed());
+    assert_eq!(switch.attached(), Some(true));
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["8", "0", "600"]))
+        .expect("the second memhog");
+    let after = crossings(Duration::from_secs(3));
+    assert_eq!(
+        after.len(),
+        1,
+        "one crossing once the program is back: {after:?}"
+    );
+    assert!(after[0] >= THRESHOLD, "usage at the crossing {}", after[0]);
+    task.abort();
+    memcg.kill_all();
+}

@@ -123,6 +123,18 @@ impl<P: PodControl + 'static> Reactor<P> {
         );
         let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
         let uid = info.uid.clone();
+        // With grace 0 the victim's teardown starts with the kill below: the charge
+        // programs come off their tracepoint meanwhile, which every page it gives back
+        // would otherwise fire twice; queued here, done on the switch's own thread, so
+        // the kill does not wait for it. The loop does not look again before the release
+        // below, and the programs are back before it does (see `ChargeSwitch`).
+        let paused = match &self.charge_switch {
+            Some(switch) if grace == 0 => {
+                switch.pause();
+                true
+            }
+            _ => false,
+        };
         let result = self
             .pods
             .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
@@ -154,6 +166,11 @@ impl<P: PodControl + 'static> Reactor<P> {
         let released = self.wait_released(&pod.cgroup).await;
         if let (Some(k), true) = (killed_at, released) {
             decision.release_ns = Some(monotonic_ns().saturating_sub(k));
+        }
+        if let (true, Some(switch)) = (paused, &self.charge_switch) {
+            if let Err(e) = switch.resume() {
+                tracing::warn!(error = %e, "eBPF: charge programs not back after the eviction");
+            }
         }
         decision.action = Action::Evicted {
             uid,

@@ -57,6 +57,7 @@ use crate::decide::thresholds::{
 };
 use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
+use crate::sense::ebpf::charge_switch::ChargeSwitch;
 use crate::sense::memcg::MemcgThresholds;
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
 
@@ -240,6 +241,9 @@ pub struct Reactor<P> {
     metrics: Option<Arc<Metrics>>,
     /// The memcg usage thresholds, moved by the inactive file pages on every pass.
     thresholds: MemcgThresholds,
+    /// Takes the eBPF charge programs off while a victim the loop killed is torn down
+    /// (`evict_one`; see [`ChargeSwitch`]).
+    charge_switch: Option<ChargeSwitch>,
     /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
     /// acted on (see [`Reactor::disk_held`]); 0 when none.
     disk_hold_until_ns: u64,
@@ -304,6 +308,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             tap: None,
             metrics: None,
             thresholds: MemcgThresholds::default(),
+            charge_switch: None,
             disk_hold_until_ns: 0,
         }
     }
@@ -337,6 +342,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
         self.thresholds = sense.memcg_thresholds();
+        self.charge_switch = sense.charge_switch();
         let mut pods_changed = self.pods.changes();
         self.warm_pods();
         loop {

@@ -62,15 +62,18 @@
 
 pub mod btf;
 pub mod cgroup;
+pub mod charge_switch;
 pub mod record;
 pub mod threshold;
 pub mod tracefs;
 
 use std::collections::HashMap as StdHashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_ebpf::{layout, CgroupOffsets, Field, ThresholdOffsets};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::{RawTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use tokio::io::unix::AsyncFd;
@@ -79,6 +82,7 @@ use tokio::sync::mpsc::Sender;
 
 use self::btf::Btf;
 use self::cgroup::CgroupNames;
+use self::charge_switch::{ChargeLink, ChargeSwitch, Programs};
 use self::record::{comm_str, Record};
 use self::threshold::{UsageThresholds, UsageWatch};
 use super::{Kind, PressureEvent, Source};
@@ -362,8 +366,11 @@ fn load_hint(e: &aya::EbpfError) -> String {
 
 /// The attached programs and the ring buffer they write to.
 pub struct EbpfSource {
-    /// Keeps the programs, their links and the other maps alive.
-    _ebpf: Ebpf,
+    /// Keeps the programs, their links and the other maps alive; the charge programs' links
+    /// are the [`ChargeSwitch`]'s to take off and put back.
+    _programs: Arc<Mutex<Programs>>,
+    /// Pauses the charge programs, when they attached.
+    charge_switch: Option<ChargeSwitch>,
     ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
     /// OOM victim pid → memcg id, from the raw `mark_victim` program.
@@ -453,12 +460,13 @@ impl EbpfSource {
 
         let root = tracefs::root();
         let mut attached = Vec::new();
+        let mut charge_links = Vec::new();
         for spec in TRACEPOINTS {
             let charge = CHARGE_PROGRAMS.contains(&spec.program);
             if charge && !opts.usage_thresholds {
                 continue;
             }
-            let result = (|| -> Result<(), String> {
+            let result = (|| -> Result<Option<RawTracePointLinkId>, String> {
                 let root = root
                     .as_deref()
                     .ok_or("tracefs is not mounted (/sys/kernel/tracing)")?;
@@ -488,9 +496,10 @@ impl EbpfSource {
                     program
                         .load()
                         .map_err(|e| format!("verifier refused it: {e:?}"))?;
-                    program
+                    let link = program
                         .attach(spec.name)
                         .map_err(|e| format!("attach failed: {e}"))?;
+                    Ok(Some(link))
                 } else {
                     let program: &mut TracePoint =
                         program.try_into().map_err(|e| format!("{e}"))?;
@@ -500,11 +509,20 @@ impl EbpfSource {
                     program
                         .attach(spec.category, spec.name)
                         .map_err(|e| format!("attach failed: {e}"))?;
+                    Ok(None)
                 }
-                Ok(())
             })();
             match result {
-                Ok(()) => attached.push(spec.program),
+                Ok(link) => {
+                    attached.push(spec.program);
+                    if let (true, Some(link)) = (charge, link) {
+                        charge_links.push(ChargeLink {
+                            program: spec.program,
+                            tracepoint: spec.name,
+                            link: Some(link),
+                        });
+                    }
+                }
                 Err(why) => missing.push((spec.program, why)),
             }
         }
@@ -549,10 +567,19 @@ impl EbpfSource {
             }
             _ => None,
         };
+        let charge_attached = !charge_links.is_empty();
+        let programs = Arc::new(Mutex::new(Programs {
+            ebpf,
+            charge: charge_links,
+        }));
+        let charge_switch = charge_attached
+            .then(|| ChargeSwitch::new(&programs))
+            .flatten();
         Ok(EbpfSource {
             usage,
             logger,
-            _ebpf: ebpf,
+            _programs: programs,
+            charge_switch,
             ring,
             drops,
             victims,
@@ -568,6 +595,12 @@ impl EbpfSource {
     /// The programs that attached.
     pub fn attached(&self) -> Vec<&'static str> {
         self.attached.clone()
+    }
+
+    /// The switch that takes the charge programs off their tracepoint while a victim is torn
+    /// down (see [`ChargeSwitch`]); `None` when they did not attach.
+    pub fn charge_switch(&self) -> Option<ChargeSwitch> {
+        self.charge_switch.clone()
     }
 
     /// The programs that did not attach, each with the reason.
@@ -626,7 +659,7 @@ impl EbpfSource {
     /// memory.
     pub async fn run(self, tx: Sender<PressureEvent>) -> Result<(), EbpfError> {
         let EbpfSource {
-            _ebpf,
+            _programs,
             ring,
             drops,
             victims,

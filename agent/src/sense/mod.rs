@@ -387,6 +387,7 @@ pub struct Sense {
     report: AttachReport,
     lag: LagRecorder,
     thresholds: memcg::MemcgThresholds,
+    charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
 }
 
 impl Sense {
@@ -401,6 +402,7 @@ impl Sense {
             parts: Vec::new(),
             missing: Vec::new(),
             thresholds: memcg::ThresholdsBuilder::default(),
+            charge_switch: None,
         };
         let hierarchy = match &opts.hierarchy {
             Some(h) => Ok(h.clone()),
@@ -446,6 +448,7 @@ impl Sense {
             parts,
             missing,
             thresholds,
+            charge_switch,
         } = attaching;
         // Only the tasks hold senders now: the channel closes when the last source stops.
         drop(tx);
@@ -476,7 +479,14 @@ impl Sense {
             report,
             lag: LagRecorder::default(),
             thresholds: thresholds.build(),
+            charge_switch,
         })
+    }
+
+    /// The switch that takes the eBPF charge programs off their tracepoint while a victim
+    /// is torn down ([`ebpf::charge_switch`]); `None` when they are not attached.
+    pub fn charge_switch(&self) -> Option<ebpf::charge_switch::ChargeSwitch> {
+        self.charge_switch.clone()
     }
 
     /// The memcg usage thresholds armed, to move while running (see
@@ -525,6 +535,7 @@ struct Attaching {
     parts: Vec<Attachment>,
     missing: Vec<MissingPart>,
     thresholds: memcg::ThresholdsBuilder,
+    charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
 }
 
 impl Attaching {
@@ -572,6 +583,7 @@ impl Attaching {
                         Err(reason) => self.missing(Source::Ebpf, reason),
                     }
                 }
+                self.charge_switch = source.charge_switch();
                 let tx = self.tx.clone();
                 let task = async move {
                     if let Err(e) = source.run(tx).await {

@@ -7,6 +7,13 @@
 //! the agent evicted, the decision's reaction lag (waking kernel event → SIGKILL) and the
 //! time from the threshold crossing to the victim's memory being released.
 //!
+//! The modes take turns: per rate, each round runs one repetition of every mode (in an
+//! order that rotates from round to round, [`round_order`]), with a loop started for that
+//! repetition alone. Run one mode's repetitions after another's, the machine's drift over
+//! the minutes between them showed as a difference between the modes. A poll-only mode's
+//! hog starts at a different phase of the loop's tick in each repetition ([`tick_phase`]),
+//! as it would against a tick that had been running all along.
+//!
 //! The crossing is timed by the workload itself, so every mode is timed alike and by none of
 //! the kernel notifications under test: the hog keeps a progress record
 //! ([`reactor_tests::hog_record`]) of the CLOCK_MONOTONIC times just before and just after it
@@ -442,6 +449,70 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
     Ok(rep)
 }
 
+/// The order of the modes in round `rep` of a rate: the first half of [`MODES`] (the
+/// modes with eBPF or the memcg threshold), then the second (PSI and the polls), each half
+/// rotated by one mode per round.
+///
+/// Every round runs one repetition of each mode, so drift of the machine over the run
+/// (SIGKILL → cgroup empty moved by 10 ms and more between runs) reaches every mode alike
+/// instead of showing as a difference between modes run one block after another; the
+/// rotation spreads a trend *within* rounds over the modes too. The halves are rotated
+/// apart because a repetition leaves the node to the next one: the second half's modes
+/// mostly end in a kernel OOM kill, and the repetition after one met kubepods with no
+/// inactive file pages, against about 3 MiB otherwise. (Reversing every other round
+/// instead had memcg only follow PSI only in every other round, and in exactly those its
+/// crossing → SIGKILL read 8–27 ms against 0.2–2 ms: the page cache came back during the
+/// hog, after the clock had read it.) Rotated apart, each mode of the first half follows
+/// the second half's last mode in an equal share of the rounds.
+fn round_order(modes: usize, rep: usize) -> Vec<usize> {
+    let half = modes.div_ceil(2);
+    let rotate = |lo: usize, hi: usize| {
+        let n = hi - lo;
+        (0..n).map(move |i| lo + (i + rep) % n)
+    };
+    rotate(0, half).chain(rotate(half, modes)).collect()
+}
+
+/// Starts the reactor loop with `mode`'s sources and timing. Each repetition has a loop of
+/// its own, started for it and stopped after it, because modes take turns repetition by
+/// repetition ([`round_order`]).
+fn start_mode(node: &mut Node, mode: &Mode) {
+    node.start_loop_with(|o, s| {
+        o.ebpf = mode.ebpf;
+        o.psi = mode.psi;
+        o.memcg = mode.memcg;
+        o.poll = mode.poll.is_some();
+        if let Some(p) = mode.poll {
+            o.poll_interval = p;
+        }
+        s.housekeeping = mode.housekeeping;
+        if !mode.close_watch {
+            s.close_poll = mode.housekeeping;
+        }
+    });
+}
+
+/// How long a poll-only mode's repetition waits, after its loop started, before the hog
+/// starts: a fraction of the tick interval that differs from repetition to repetition.
+///
+/// A loop started for each repetition ticks at the same times after its start, and the hog
+/// always crosses the threshold at about the same time after that, so without this every
+/// repetition of a poll mode would meet its tick at the same phase (at 350 MiB/s always
+/// just before the crossing, and the kernel's OOM killer first every time): a figure of the
+/// harness, not of polling. A kubelet's tick runs on its own clock, at any phase of a
+/// workload's growth; the fractions spread over the interval (the golden-ratio sequence, so
+/// neighbouring repetitions are far apart) stand for that. Modes with a kernel source are
+/// woken by the kernel, not by the tick, and start at once.
+fn tick_phase(mode: &Mode, rep: usize) -> Duration {
+    let poll_only = !(mode.ebpf || mode.psi || mode.memcg);
+    match mode.poll {
+        Some(interval) if poll_only => {
+            interval.mul_f64(((rep as f64 + 0.5) * 0.618_033_988_749_895).fract())
+        }
+        _ => Duration::ZERO,
+    }
+}
+
 /// Run part 2.
 pub fn run(opts: &Opts) -> Result<Part> {
     let rates = opts.oom_rates.clone().unwrap_or_else(|| {
@@ -470,40 +541,44 @@ pub fn run(opts: &Opts) -> Result<Part> {
         ensure_base_pods(&node).await;
         let mut rows = Vec::new();
         for &rate in &rates {
-            for (mi, mode) in MODES.iter().enumerate() {
-                node.start_loop_with(|o, s| {
-                    o.ebpf = mode.ebpf;
-                    o.psi = mode.psi;
-                    o.memcg = mode.memcg;
-                    o.poll = mode.poll.is_some();
-                    if let Some(p) = mode.poll {
-                        o.poll_interval = p;
-                    }
-                    s.housekeeping = mode.housekeeping;
-                    if !mode.close_watch {
-                        s.close_poll = mode.housekeeping;
-                    }
-                });
-                let attached = node.attached.clone();
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let mut row = Row {
+            let mut rate_rows: Vec<Row> = MODES
+                .iter()
+                .map(|mode| Row {
                     rate,
                     mode: mode.name,
-                    attached,
+                    attached: Vec::new(),
                     reps: Vec::new(),
-                };
-                for rep in 0..reps {
+                })
+                .collect();
+            for rep in 0..reps {
+                for mi in round_order(MODES.len(), rep) {
+                    let mode = &MODES[mi];
+                    start_mode(&mut node, mode);
+                    let row = &mut rate_rows[mi];
+                    if rep == 0 {
+                        row.attached = node.attached.clone();
+                    } else if row.attached != node.attached {
+                        eprintln!(
+                            "bench: oom {rate} MiB/s {} repetition {rep}: sources {:?}, the \
+                             first repetition had {:?}",
+                            mode.name, node.attached, row.attached
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(500) + tick_phase(mode, rep)).await;
                     let uid = format!("be-{rate}-{mi}-{rep}");
-                    row.reps.push(repetition(&mut node, &uid, rate).await?);
+                    let result = repetition(&mut node, &uid, rate).await;
+                    node.stop_loop().await;
+                    row.reps.push(result?);
                 }
+            }
+            for row in &rate_rows {
                 eprintln!(
                     "bench: oom {rate} MiB/s {}: {} of {reps} evicted before any OOM kill",
-                    mode.name,
+                    row.mode,
                     row.reps.iter().filter(|r| r.right && !r.oom_first).count()
                 );
-                node.stop_loop().await;
-                rows.push(row);
             }
+            rows.extend(rate_rows);
         }
         for p in node.pods.pods().iter() {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
@@ -621,7 +696,8 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
         }));
     }
     t.note(format!(
-        "{reps} repetitions per mode and rate; Guaranteed and Burstable pods hold 48 MiB each, \
+        "{reps} repetitions per mode and rate, the modes taking turns (one repetition of \
+         each per round, in an order rotated every round); Guaranteed and Burstable pods hold 48 MiB each, \
          the BestEffort pod allocates 600 MiB (the node has 512 MiB) with restartPolicy Never; \
          all pods at oom_score_adj 0 (the Guaranteed -997 needs CAP_SYS_RESOURCE)"
     ));
@@ -682,7 +758,8 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
     t.note(
         "single-source modes: that source alone plus the loop's own 10 s re-check; poll modes: \
          the tick alone with the loop re-reading only on it, as the kubelet does (no 1 ms close \
-         watch)"
+         watch), the hog started at a different phase of the tick each repetition, as against \
+         a tick running all along"
             .to_string(),
     );
     Part {
