@@ -123,24 +123,22 @@ impl<P: PodControl + 'static> Reactor<P> {
         );
         let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
         let uid = info.uid.clone();
-        let result = self
-            .pods
-            .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
-            .await;
-        // With grace 0 the victim's teardown began with that kill: the charge programs come
-        // off their tracepoint meanwhile, which every page it gives back would otherwise
-        // fire twice. Asked only now, so neither the ask nor the detach (done on the
-        // switch's own thread, where the kernel repatches the tracepoint) is on the
-        // reaction's path; the teardown takes tens of milliseconds, the ask comes within
-        // the first. The loop does not look again before the release below, and the
-        // programs are back before it does (see `ChargeSwitch`).
-        let paused = match (&self.charge_switch, &result) {
-            (Some(switch), Ok(_)) if grace == 0 => {
+        // With grace 0 the victim's teardown starts with the kill below: the charge
+        // programs come off their tracepoint meanwhile, which every page it gives back
+        // would otherwise fire twice; queued here, done on the switch's own thread, so
+        // the kill does not wait for it. The loop does not look again before the release
+        // below, and the programs are back before it does (see `ChargeSwitch`).
+        let paused = match &self.charge_switch {
+            Some(switch) if grace == 0 => {
                 switch.pause();
                 true
             }
             _ => false,
         };
+        let result = self
+            .pods
+            .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
+            .await;
         // Off the reaction's path now: the rest of the memory ranking, for the record.
         if let Some(reads) = memory_reads {
             self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);

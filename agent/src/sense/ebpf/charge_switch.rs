@@ -13,9 +13,8 @@
 //!
 //! Detaching is a syscall in which the kernel repatches the tracepoint's branch (0.6–0.7 ms
 //! here from the ask to the program off, the thread's wake-up included), so it runs on a
-//! thread of its own, asked once the kill is done ([`ChargeSwitch::pause`] only queues it):
-//! neither the ask nor the repatching is on the reaction's path, and the reap in the loop's
-//! thread never waits for it. Putting the program back
+//! thread of its own, asked just before the kill ([`ChargeSwitch::pause`] only queues it):
+//! the kill and the reap in the loop's thread never wait for it. Putting the program back
 //! waits ([`ChargeSwitch::resume`], about 0.35 ms here): the loop re-observes at once after
 //! the release, and the program must be there by then. The release the loop records is
 //! taken before it.
