@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use reactor::node::journal::{self, KillJournal, KillNote};
+use reactor::node::journal::{self, KillJournal};
 use reactor_tests::agent::TestAgent;
 use reactor_tests::{is_root, memhog_bin, reactor_bin, require, ChildGuard};
 use rustix::process::Signal;
@@ -152,6 +152,20 @@ fn assert_no_hidden_process(agent: &TestAgent, pods: &BTreeMap<String, Value>) {
     }
 }
 
+/// Applies a sleeper pod per name and waits until `pod ls` shows each running (once).
+fn run_sleepers(agent: &TestAgent, names: &[&str]) {
+    for name in names {
+        agent.apply_ok(&sleeper(name));
+    }
+    agent.wait("the pods to run", || {
+        let p = listed(agent);
+        names.iter().all(|n| {
+            p.get(&format!("default/{n}"))
+                .is_some_and(|p| p["phase"] == "Running")
+        })
+    });
+}
+
 fn files_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -172,12 +186,7 @@ fn a_truncated_pod_checkpoint_neither_stops_the_agent_nor_hides_its_pod() {
         return;
     }
     let mut agent = TestAgent::start("crash-why", "");
-    agent.apply_ok(&sleeper("web"));
-    agent.wait("web to run", || {
-        agent
-            .pod("default/web")
-            .is_some_and(|p| p["phase"] == "Running")
-    });
+    run_sleepers(&agent, &["web"]);
     let before = agent.pod("default/web").unwrap();
     let cgroup = before["cgroup"].as_str().unwrap().trim_start_matches('/');
     let pids = agent.procs(&format!("{cgroup}/app"));
@@ -247,13 +256,7 @@ fn a_kill_noted_before_its_stop_was_recorded_ends_the_pod_evicted_after_a_restar
         return;
     }
     let mut agent = TestAgent::start("crash-note", "");
-    agent.apply_ok(&sleeper("victim"));
-    agent.apply_ok(&sleeper("bystander"));
-    agent.wait("both pods to run", || {
-        ["default/victim", "default/bystander"]
-            .iter()
-            .all(|n| agent.pod(n).is_some_and(|p| p["phase"] == "Running"))
-    });
+    run_sleepers(&agent, &["victim", "bystander"]);
     let victim = agent.pod("default/victim").unwrap();
     let uid = victim["uid"].as_str().unwrap().to_string();
     let cgroup = victim["cgroup"]
@@ -278,21 +281,13 @@ fn a_kill_noted_before_its_stop_was_recorded_ends_the_pod_evicted_after_a_restar
     });
     let message = "The node was low on resource: memory. Threshold quantity: 128Mi.";
     let journal = KillJournal::open(&state_dir(&agent));
-    journal.note(&KillNote {
-        uid: "no-such-pod".into(),
-        reason: "Evicted".into(),
-        message: message.into(),
-    });
+    journal.note("no-such-pod", "Evicted", message);
     std::fs::OpenOptions::new()
         .append(true)
         .open(state_dir(&agent).join(journal::FILE_NAME))
         .and_then(|mut f| std::io::Write::write_all(&mut f, b"{\"uid\":\"tor\n"))
         .unwrap();
-    journal.note(&KillNote {
-        uid: uid.clone(),
-        reason: "Evicted".into(),
-        message: message.into(),
-    });
+    journal.note(&uid, "Evicted", message);
     drop(journal);
 
     agent.restart();
@@ -337,14 +332,7 @@ fn a_pod_whose_spec_is_lost_everywhere_is_an_orphan_until_its_grace_period_ends(
         return;
     }
     let mut agent = TestAgent::start("crash-orphan", "orphanGracePeriod: 8s\n");
-    agent.apply_ok(&sleeper("lost"));
-    agent.apply_ok(&sleeper("again"));
-    agent.wait("both to run", || {
-        let p = listed(&agent);
-        ["default/lost", "default/again"]
-            .iter()
-            .all(|n| p.get(*n).is_some_and(|p| p["phase"] == "Running"))
-    });
+    run_sleepers(&agent, &["lost", "again"]);
     let lost_uid = agent.pod("default/lost").unwrap()["uid"].clone();
     agent.kill(Signal::KILL);
     // Both the pod checkpoint and the process runtime's state, both generations: garbage.
@@ -481,12 +469,7 @@ fn every_state_file_damaged_every_way_the_agent_starts_says_so_and_writes_again(
     );
     let device_checkpoint = state_dir(&agent).join("device-manager/kubelet_internal_checkpoint");
     agent.wait("the device checkpoint", || device_checkpoint.is_file());
-    agent.apply_ok(&sleeper("keep"));
-    agent.wait("keep to run", || {
-        agent
-            .pod("default/keep")
-            .is_some_and(|p| p["phase"] == "Running")
-    });
+    run_sleepers(&agent, &["keep"]);
     let uid = agent.pod("default/keep").unwrap()["uid"].clone();
     let state = state_dir(&agent);
     let device_dir = state.join("device-manager");
@@ -631,12 +614,7 @@ fn a_full_state_filesystem_is_reported_and_checkpoints_resume_when_space_returns
     let tmpfs = Tmpfs::mount(&state, "2m");
     let mut agent = TestAgent::start("crash-full", &format!("stateDir: {}\n", state.display()));
     let (_f, events) = agent.follow_events(None);
-    agent.apply_ok(&sleeper("early"));
-    agent.wait("early to run", || {
-        agent
-            .pod("default/early")
-            .is_some_and(|p| p["phase"] == "Running")
-    });
+    run_sleepers(&agent, &["early"]);
     let filler = fill(&state);
 
     // Removing a pod changes the checkpoint: the write fails, is reported, the agent serves.

@@ -23,6 +23,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use super::record::{PodRecord, StopIntent};
+
 /// The journal's file name in `stateDir`.
 pub const FILE_NAME: &str = "evictions.journal";
 
@@ -65,9 +67,15 @@ impl KillJournal {
         self.file.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Appends `note` as one JSON line (one `write`).
-    pub fn note(&self, note: &KillNote) {
-        let Ok(mut line) = serde_json::to_vec(note) else {
+    /// Appends the kill of pod `uid` for an eviction with `reason` and `message` as one
+    /// JSON line (one `write`).
+    pub fn note(&self, uid: &str, reason: &str, message: &str) {
+        let note = KillNote {
+            uid: uid.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+        };
+        let Ok(mut line) = serde_json::to_vec(&note) else {
             return;
         };
         line.push(b'\n');
@@ -120,6 +128,25 @@ impl KillJournal {
     }
 }
 
+/// Gives each pod that a note names, and that the checkpoint shows neither ended nor
+/// stopping, the eviction's stop intent: the agent died between the kill and the
+/// write-ahead record, and recovery finishes the eviction.
+pub(super) fn stops_from_notes(records: &mut [PodRecord], notes: &[KillNote]) {
+    for note in notes {
+        let Some(r) = records.iter_mut().find(|r| r.uid == note.uid) else {
+            continue;
+        };
+        if r.stopping.is_some() || r.ended_by_agent || r.is_terminal() {
+            continue;
+        }
+        tracing::warn!(pod = %r.full_name(), uid = %r.uid, "killed for eviction before the stop was recorded: the eviction is finished");
+        r.stopping = Some(StopIntent::Evict {
+            reason: note.reason.clone(),
+            message: note.message.clone(),
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,20 +159,25 @@ mod tests {
         }
     }
 
+    fn note_in(j: &KillJournal, uid: &str) {
+        let n = note(uid);
+        j.note(&n.uid, &n.reason, &n.message);
+    }
+
     #[test]
     fn notes_are_read_back_in_order_and_a_torn_line_is_skipped() {
         let dir = tempfile::tempdir().unwrap();
         assert!(KillJournal::read(dir.path()).is_empty());
         let j = KillJournal::open(dir.path());
-        j.note(&note("a"));
-        j.note(&note("b"));
+        note_in(&j, "a");
+        note_in(&j, "b");
         // A line cut short, then garbage, then a good line again.
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(dir.path().join(FILE_NAME))
             .unwrap();
         f.write_all(b"{\"uid\":\"c\",\"rea\n\x00\xff\n").unwrap();
-        j.note(&note("d"));
+        note_in(&j, "d");
         let uids: Vec<String> = KillJournal::read(dir.path())
             .into_iter()
             .map(|n| n.uid)
@@ -158,13 +190,13 @@ mod tests {
     fn the_journal_is_emptied_only_when_nothing_is_pending() {
         let dir = tempfile::tempdir().unwrap();
         let j = KillJournal::open(dir.path());
-        j.note(&note("a"));
+        note_in(&j, "a");
         j.clear_unless(|| true);
         assert_eq!(KillJournal::read(dir.path()).len(), 1);
         j.clear_unless(|| false);
         assert!(KillJournal::read(dir.path()).is_empty());
         // Appends after a truncation start at the beginning again.
-        j.note(&note("b"));
+        note_in(&j, "b");
         assert_eq!(KillJournal::read(dir.path()), [note("b")]);
     }
 
@@ -173,7 +205,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join(FILE_NAME)).unwrap();
         let j = KillJournal::open(dir.path());
-        j.note(&note("a"));
+        note_in(&j, "a");
         j.clear_unless(|| false);
         assert!(KillJournal::read(dir.path()).is_empty());
     }

@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::control::{RuntimeView, View};
 use super::document::{self, Checked, Format};
 use super::events::EventHub;
-use super::journal::{KillJournal, KillNote};
-use super::record::{PodRecord, PodSource, StopIntent, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::journal::{stops_from_notes, KillJournal};
+use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::settings::NodePlan;
 pub use super::view::{
     container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,
@@ -319,11 +319,7 @@ impl PodManager {
         self.runtime.fence(uid);
         let known = self.runtime.known_processes(uid);
         let killed = kill_cgroup_now(&self.cgroups, &cgroup, known);
-        self.journal.note(&KillNote {
-            uid: uid.to_string(),
-            reason: reason.to_string(),
-            message: message.to_string(),
-        });
+        self.journal.note(uid, reason, message);
         Some(killed)
     }
 
@@ -401,25 +397,6 @@ impl Killing {
     /// Whether any pod was killed and its eviction not yet taken.
     pub(super) fn any(&self) -> bool {
         !self.set().is_empty()
-    }
-}
-
-/// Gives each pod that a kill-journal note names, and that the checkpoint shows neither
-/// ended nor stopping, the eviction's stop intent: the agent died between the kill and the
-/// write-ahead record, and recovery finishes the eviction.
-fn stops_from_notes(records: &mut [PodRecord], notes: &[KillNote]) {
-    for note in notes {
-        let Some(r) = records.iter_mut().find(|r| r.uid == note.uid) else {
-            continue;
-        };
-        if r.stopping.is_some() || r.ended_by_agent || r.is_terminal() {
-            continue;
-        }
-        tracing::warn!(pod = %r.full_name(), uid = %r.uid, "killed for eviction before the stop was recorded: the eviction is finished");
-        r.stopping = Some(StopIntent::Evict {
-            reason: note.reason.clone(),
-            message: note.message.clone(),
-        });
     }
 }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::NodeEventKind;
-use super::journal::KillNote;
 use super::manager::{reply, Actor, After, Command, PREEMPTION_MESSAGE, PREEMPTION_REASON};
 use super::record::StopIntent;
 use super::view::{EvictedPod, Removed};
@@ -59,11 +58,7 @@ impl<R: Runtime + 'static> Actor<R> {
             true,
         ) = (&after, prekilled, grace.is_zero())
         {
-            self.journal.note(&KillNote {
-                uid: uid.to_string(),
-                reason: reason.clone(),
-                message: message.clone(),
-            });
+            self.journal.note(uid, reason, message);
         }
         let live = !entry.record.ended_by_agent;
         let rt = Arc::clone(&self.rt);

@@ -383,28 +383,31 @@ pub(super) fn resolve(program: &str, path_var: &str) -> Option<std::path::PathBu
 mod tests {
     use super::*;
 
-    fn fds() -> (OwnedFd, OwnedFd, OwnedFd) {
-        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        (null(), null(), null())
+    fn null() -> OwnedFd {
+        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
     }
 
-    fn plan(argv: &[&str], env: &[(String, String)]) -> Result<Plan, String> {
+    /// A plan for `argv` at `path`, stdin and stderr on /dev/null.
+    fn plan_at(
+        path: &str,
+        argv: &[&str],
+        env: &[(String, String)],
+        stdout: OwnedFd,
+    ) -> Result<Plan, String> {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let refs: Vec<&String> = argv.iter().collect();
-        let path = resolve(&argv[0], "/usr/bin:/bin").expect("on PATH");
-        let (i, o, e) = fds();
-        Plan::new(
-            Program {
-                path: &path,
-                argv: &refs,
-                env,
-            },
-            i,
-            o,
-            e,
-            Vec::new(),
-            0,
-        )
+        let program = Program {
+            path: std::path::Path::new(path),
+            argv: &refs,
+            env,
+        };
+        Plan::new(program, null(), stdout, null(), Vec::new(), 0)
+    }
+
+    /// A plan for `argv`, its program found on a fixed PATH.
+    fn plan(argv: &[&str], env: &[(String, String)]) -> Result<Plan, String> {
+        let path = resolve(argv[0], "/usr/bin:/bin").expect("on PATH");
+        plan_at(path.to_str().unwrap(), argv, env, null())
     }
 
     #[test]
@@ -443,23 +446,7 @@ mod tests {
 
     #[test]
     fn an_exec_failure_names_the_step_and_leaves_no_child() {
-        let path = std::path::PathBuf::from("/nonexistent/program");
-        let argv = ["x".to_string()];
-        let refs: Vec<&String> = argv.iter().collect();
-        let (i, o, e) = fds();
-        let p = Plan::new(
-            Program {
-                path: &path,
-                argv: &refs,
-                env: &[],
-            },
-            i,
-            o,
-            e,
-            Vec::new(),
-            0,
-        )
-        .unwrap();
+        let p = plan_at("/nonexistent/program", &["x"], &[], null()).unwrap();
         let err = spawn(&p).unwrap_err();
         assert_eq!(err.step, Step::Exec);
         assert_eq!(err.error.raw_os_error(), Some(libc::ENOENT));
@@ -470,24 +457,7 @@ mod tests {
         // SIGPIPE is ignored in every Rust program; the child must not inherit that. `cat`
         // reports its own ignored and blocked signals.
         let (r, w) = rustix::pipe::pipe().unwrap();
-        let path = std::path::PathBuf::from("/bin/cat");
-        let argv = ["cat".to_string(), "/proc/self/status".to_string()];
-        let refs: Vec<&String> = argv.iter().collect();
-        let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        let err = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
-        let p = Plan::new(
-            Program {
-                path: &path,
-                argv: &refs,
-                env: &[],
-            },
-            null,
-            w,
-            err,
-            Vec::new(),
-            0,
-        )
-        .unwrap();
+        let p = plan_at("/bin/cat", &["cat", "/proc/self/status"], &[], w).unwrap();
         // A signal blocked in the calling thread must not stay blocked in the child.
         // SAFETY: this test thread's own mask, restored below.
         let mut usr1: libc::sigset_t = unsafe { std::mem::zeroed() };
