@@ -1,13 +1,13 @@
 //! `reactor pod apply|rm|ls`: pods on a running agent, over its API socket. `pod ls` prints
-//! the working set as kubectl does (`496Ki`, `~12.3Mi`: `reactor::record::human`); `--json`
+//! the working set as kubectl does (`496Ki`, `~12.3Mi`: `reactor::human`); `--json`
 //! keeps the exact bytes.
 
 use std::io::Read as _;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use reactor::human;
 use reactor::node::document::MAX_DOCUMENT_BYTES;
-use reactor::record::human;
 use reactor_proto::reactor_v1 as pb;
 use serde_json::{json, Value};
 

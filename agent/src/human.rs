@@ -21,6 +21,10 @@
 //! - **Durations** print as Go's `Duration.String()` does (`67.234µs`, `1m30s`), the form the
 //!   kubelet logs and its config files use.
 //!
+//! The module sits at the bottom of the house, above only `decide`'s quantity and duration
+//! types, so every layer can print with it without reaching up: the sense sources' log
+//! lines as much as the CLI (it lived in `record` before, and `sense` reached up for it).
+//!
 //! `--json` output never comes through here: it keeps the exact integers and strings of the
 //! API. Text that does not parse as a quantity is printed unchanged rather than refused: this
 //! is output, and a value the agent cannot read is still worth showing.
