@@ -1050,28 +1050,3 @@ fn the_link_checker_catches_a_broken_link() {
         "{broken:#?}"
     );
 }
-
-#[test]
-fn zz_dump_rooms() {
-    let tree = Tree::load();
-    let edges = tree.graph();
-    let mut m: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for (i, outs) in edges.iter().enumerate() {
-        let from = room(&tree.files[i].module).unwrap_or("BIN").to_string();
-        for (&to, (line, path)) in outs {
-            let t = room(&tree.files[to].module).unwrap_or("BIN").to_string();
-            if from != t {
-                m.entry((from.clone(), t))
-                    .or_default()
-                    .push(format!("{}:{line} {path}", tree.name(i)));
-            }
-        }
-    }
-    for ((a, b), v) in m {
-        eprintln!(
-            "{a} -> {b}: {} e.g. {}",
-            v.len(),
-            v[..v.len().min(3)].join(" | ")
-        );
-    }
-}
