@@ -5,12 +5,20 @@
 //! the signals, [`decide`] applies the kubelet's rules as pure functions, `act` changes the
 //! node, and `record` keeps what happened. The binary (`reactor`) and its gRPC API are thin
 //! front ends over this library.
+//!
+//! The modules stand on floors; a module uses only floors below its own (checked by
+//! `tests/tests/house.rs`, with no circle of imports between files either), bottom first:
+//! [`decide`] (pure); [`human`], [`config`], [`priority`]; [`sense`]; [`observe`] and
+//! [`record`]; [`act`] and [`plan`]; [`devices`] and [`images`]; [`reactor`] (the loop that
+//! joins sense → observe → decide → act → record); [`node`] (the pod manager the loop
+//! drives); [`api`].
 
 pub mod act;
 pub mod api;
 pub mod config;
 pub mod decide;
 pub mod devices;
+pub mod human;
 pub mod images;
 pub mod node;
 pub mod observe;

@@ -114,7 +114,7 @@ fn run_logs_events_with_lag_and_stops_on_sigterm() {
         message(v) == "sense source attached"
             && v["fields"]["what"]
                 .as_str()
-                .is_some_and(|w| w.contains("v1 threshold 50331648 bytes"))
+                .is_some_and(|w| w.contains("v1 threshold 48Mi on"))
     });
     wait_for("a tick with its lag", &|v| {
         message(v) == "tick" && v["fields"]["lag_ns"].as_u64().is_some()

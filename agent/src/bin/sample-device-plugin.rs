@@ -373,7 +373,10 @@ async fn main() -> anyhow::Result<()> {
                             println!("registered again after kubelet.sock was re-created");
                         }
                         Ok(Err(status)) => eprintln!("registration refused: {}", status.message()),
-                        Err(e) => eprintln!("{e:#}"),
+                        Err(e) => {
+                            let e: &(dyn std::error::Error + 'static) = e.as_ref();
+                            eprintln!("{}", reactor::human::error_chain(e));
+                        }
                     }
                 }
             }

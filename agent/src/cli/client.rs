@@ -36,24 +36,13 @@ impl SocketArgs {
             Failure::Runtime(anyhow::anyhow!(
                 "cannot reach the agent at {}: {}",
                 path.display(),
-                source_chain(&e)
+                reactor::human::error_chain(&e)
             ))
         })?;
         Ok(AgentClient::new(channel)
             .max_decoding_message_size(reactor::api::server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(reactor::api::server::MAX_MESSAGE_BYTES))
     }
-}
-
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }
 
 /// A refused request: the caller's mistake (exit 2) or the agent's trouble (exit 1).

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 
-use reactor::devices::{Capacity, DeviceManager};
+use reactor::devices::DeviceManager;
 use reactor::record::metrics::Metrics;
 
 /// Starts forwarding. The task holds the manager weakly, so it never keeps a stopped
@@ -35,8 +35,9 @@ pub(crate) fn spawn(
             let resources = manager.snapshot();
             drop(manager);
             let now: BTreeSet<String> = resources.keys().cloned().collect();
-            let deleted = known.difference(&now).cloned().collect();
-            metrics.update_devices(&Capacity { resources, deleted });
+            let deleted: Vec<String> = known.difference(&now).cloned().collect();
+            let counts = resources.into_iter().map(|(r, c)| (r, c.into())).collect();
+            metrics.update_devices(&counts, &deleted);
             known = now;
             if changes.changed().await.is_err() {
                 return;

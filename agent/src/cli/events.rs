@@ -1,10 +1,10 @@
 //! `reactor events --follow`: what happens on the node, as it happens. The agent keeps no
 //! history; the stream starts at the moment of the call and runs until interrupted. Text lines
-//! print sizes and times as kubectl and Go do (`reactor::record::human`); `--json` keeps the
+//! print sizes and times as kubectl and Go do (`reactor::human`); `--json` keeps the
 //! exact integers.
 
 use clap::Args;
-use reactor::record::human;
+use reactor::human;
 use reactor_proto::reactor_v1 as pb;
 use serde_json::json;
 

@@ -85,7 +85,10 @@ pub(crate) fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
-            eprintln!("error: {e:#}");
+            // Each cause once (`human::error_chain`), not anyhow's `{:#}`, which repeats a
+            // cause that an error both prints and returns as its source.
+            let e: &(dyn std::error::Error + 'static) = e.as_ref();
+            eprintln!("error: {}", reactor::human::error_chain(e));
             ExitCode::from(1)
         }
     }

@@ -1,13 +1,13 @@
 //! `reactor pod apply|rm|ls`: pods on a running agent, over its API socket. `pod ls` prints
-//! the working set as kubectl does (`496Ki`, `~12.3Mi`: `reactor::record::human`); `--json`
+//! the working set as kubectl does (`496Ki`, `~12.3Mi`: `reactor::human`); `--json`
 //! keeps the exact bytes.
 
 use std::io::Read as _;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use reactor::node::document::MAX_DOCUMENT_BYTES;
-use reactor::record::human;
+use reactor::human;
+use reactor::node::document::{self, MAX_DOCUMENT_BYTES};
 use reactor_proto::reactor_v1 as pb;
 use serde_json::{json, Value};
 
@@ -111,6 +111,13 @@ fn read_document(path: &PathBuf) -> Result<(Vec<u8>, pb::DocumentFormat), Failur
 
 fn apply(a: ApplyArgs) -> Result<(), Failure> {
     let (pod, format) = read_document(&a.file)?;
+    // The file's own mistakes first, with no agent needed: the agent checks it again.
+    let doc_format = match format {
+        pb::DocumentFormat::Json => document::Format::Json,
+        _ => document::Format::Yaml,
+    };
+    document::validate(&pod, doc_format)
+        .map_err(|e| Failure::Input(format!("{}: {e}", a.file.display())))?;
     runtime()?.block_on(async {
         let mut client = a.socket.connect().await?;
         let r = client

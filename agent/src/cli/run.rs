@@ -43,11 +43,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use reactor::human;
 use reactor::node::{EventHub, NodeEventKind};
 use reactor::observe::{ObserveSettings, Observer};
 use reactor::reactor::thread::LoopThread;
 use reactor::reactor::{concerns_node, memcg_targets, Action, Decision, Reactor, ReactorSettings};
-use reactor::record::human;
 use reactor::record::metrics::serve::{parse_address, MetricsServer};
 use reactor::record::metrics::Metrics;
 use reactor::sense::{AttachReport, Kind, Received, Source};

@@ -7,10 +7,10 @@
 //! `thresholds`), `sources`, `capacity`, `allocatable`, `nextToEvict`, `cgroupVersion`,
 //! `cgroupRoot`. Every value is the API's (`NodeStatus`, `ListPods`) unchanged: exact
 //! integers and quantity strings. The text form prints quantities as kubectl does
-//! (`reactor::record::human`: `24Gi`, `~23.4Gi`, `1900m`, `10% (~2.35Gi)`).
+//! (`reactor::human`: `24Gi`, `~23.4Gi`, `1900m`, `10% (~2.35Gi)`).
 
 use clap::Args;
-use reactor::record::human;
+use reactor::human;
 use reactor_proto::reactor_v1 as pb;
 use serde_json::{json, Value};
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use reactor::config::Config;
-use reactor::record::human;
+use reactor::human;
 use reactor::sense::{Received, Sense};
 
 use super::sense_args::SenseArgs;

@@ -19,8 +19,17 @@
 //!   which changes after every change of devices, health or assignments, and read
 //!   [`DeviceManager::snapshot`].
 //!
-//! The allocation rules are pure and tested on their own in [`allocate`]; wire types stay in
-//! `endpoint` and `registration`.
+//! The rooms, bottom first (none imports a room above it):
+//! - `types`, `names`, `settings`, `error`: plain data, the kubelet's names and messages,
+//!   where the manager listens, what can go wrong;
+//! - [`allocate`]: the allocation rules, pure and tested on their own; [`checkpoint`]: the
+//!   kubelet's checkpoint format;
+//! - `endpoint`: the plugin side of the wire (dialing, protobuf conversions);
+//! - `plugins`: the shared state behind one lock, each plugin's `ListAndWatch` task, the
+//!   grace-period reaper, the checkpoint writes;
+//! - `registration`: the `Registration` service on `kubelet.sock`, handing plugins to
+//!   `plugins`;
+//! - `manager`: the public [`DeviceManager`] handle over all of it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), reactor::devices::DeviceError> {
@@ -50,14 +59,17 @@ pub mod allocate;
 pub mod checkpoint;
 mod endpoint;
 pub use endpoint::dial_unix;
+mod error;
 mod manager;
 pub mod names;
+mod plugins;
 mod registration;
+mod settings;
 mod types;
 
-pub use manager::{
-    DeviceError, DeviceManager, DeviceManagerConfig, DEFAULT_STOP_GRACE_PERIOD, KUBELET_SOCKET,
-};
+pub use error::DeviceError;
+pub use manager::DeviceManager;
+pub use settings::{DeviceManagerConfig, DEFAULT_STOP_GRACE_PERIOD, KUBELET_SOCKET};
 pub use types::{
     Capacity, ContainerAllocation, ContainerRequest, DeviceMount, DeviceNode, DeviceSet,
     Insufficient, PluginResponse, PodAllocation, PodRequest, ResourceCapacity,

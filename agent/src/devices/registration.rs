@@ -6,11 +6,11 @@ use std::sync::Arc;
 use reactor_proto::deviceplugin_v1beta1 as api;
 use tonic::{Request, Response, Status};
 
-use super::manager::Inner;
 use super::names::{
     invalid_resource_name_message, is_extended_resource_name, unsupported_version_message,
     SUPPORTED_VERSIONS,
 };
+use super::plugins::Inner;
 
 /// Serves `Registration.Register` for one manager.
 pub(crate) struct RegistrationService {

@@ -149,6 +149,16 @@ pub struct ResourceCapacity {
     pub free: u64,
 }
 
+impl From<ResourceCapacity> for crate::record::metrics::DeviceCounts {
+    fn from(c: ResourceCapacity) -> Self {
+        crate::record::metrics::DeviceCounts {
+            healthy: c.allocatable,
+            unhealthy: c.capacity.saturating_sub(c.allocatable),
+            allocated: c.allocated,
+        }
+    }
+}
+
 /// The device manager's view of the node, for node status and `reactor status`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Capacity {

@@ -61,7 +61,7 @@ where
     for d in plan {
         match remove(d.id.clone()).await {
             Ok(()) => {
-                tracing::info!(image = %d.id, size = %crate::record::human::bytes(i128::from(d.size_bytes)), bytes = d.size_bytes, reason = ?d.reason, "image GC removed image");
+                tracing::info!(image = %d.id, size = %crate::human::bytes(i128::from(d.size_bytes)), bytes = d.size_bytes, reason = ?d.reason, "image GC removed image");
                 out.deleted.push(d);
             }
             Err(e) if e.is_not_found() => out.gone.push(d.id),

@@ -23,8 +23,8 @@ use tokio::sync::broadcast;
 use crate::act::cri::{ContainerFilter, ContainerState, CriClient, CriError, ImageInfo};
 use crate::decide::image_gc::{self, ImageFs};
 use crate::decide::timestamp::UnixNanos;
+use crate::human;
 use crate::record::checkpoint::Checkpoint;
-use crate::record::human;
 use crate::record::state_file::Notices;
 
 use super::containers::remove_dead_containers;

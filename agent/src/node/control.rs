@@ -1,14 +1,13 @@
-//! The pod manager as the reactor loop's [`PodControl`], and the runtime view the cloneable
-//! handle keeps for the loop's hot path (container cgroups, writable layers, the eviction's fence) so it never
-//! queues behind admissions.
+//! The pod manager as the reactor loop's [`PodControl`]: the loop drives eviction through the
+//! pod manager's handle. The runtime view that handle keeps for the loop's hot path is
+//! `node::runtime_view`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::manager::PodManager;
 use super::NodeError;
-use crate::act::runtime::{Runtime, RuntimeError};
+use crate::act::runtime::RuntimeError;
 use crate::decide::summary::FsStats;
 use crate::reactor::pods::{
     writable_layers_of, ActivePods, EvictError, Evicted, EvictionStatus, PodControl,
@@ -59,44 +58,5 @@ impl PodControl for PodManager {
             self.runtime.writable_layers(&uid).await
         })
         .await
-    }
-}
-
-/// The boxed future [`RuntimeView::writable_layers`] returns.
-type LayersFuture<'a> = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<BTreeMap<String, FsStats>, RuntimeError>>
-            + Send
-            + 'a,
-    >,
->;
-
-/// What the reactor loop asks of the runtime outside the owner task (it must not queue
-/// behind admissions): container cgroup names, writable-layer figures, and the fence before the eviction's kill. Object safe, so
-/// the cloneable [`PodManager`] handle holds any runtime.
-pub(super) trait RuntimeView: Send + Sync {
-    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>>;
-    fn fence(&self, uid: &str);
-    fn known_processes(&self, uid: &str) -> Vec<crate::act::kill::KnownProcess>;
-    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a>;
-}
-
-pub(super) struct View<R>(pub(super) Arc<R>);
-
-impl<R: Runtime> RuntimeView for View<R> {
-    fn container_cgroups(&self, uid: &str) -> Option<BTreeMap<String, String>> {
-        self.0.container_cgroups(uid)
-    }
-
-    fn fence(&self, uid: &str) {
-        self.0.fence(uid);
-    }
-
-    fn known_processes(&self, uid: &str) -> Vec<crate::act::kill::KnownProcess> {
-        self.0.known_processes(uid)
-    }
-
-    fn writable_layers<'a>(&'a self, uid: &'a str) -> LayersFuture<'a> {
-        Box::pin(self.0.writable_layers(uid))
     }
 }

@@ -184,6 +184,20 @@ pub fn check(
     })
 }
 
+/// The checks a client can make on its own, before it connects: [`parse`] and [`check`]
+/// with everything that needs no node (the runtime class is the node's to judge, so it is
+/// not checked here). `reactor pod apply` runs this first, so a bad file gets the file's
+/// error even when no agent is running; the agent runs the full checks again.
+pub fn validate(bytes: &[u8], format: Format) -> Result<(), NodeError> {
+    let value = parse(bytes, format)?;
+    let class = value
+        .pointer("/spec/runtimeClassName")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    check(value, &class, false, || "client-side-check".into()).map(|_| ())
+}
+
 fn is_dns_label_like(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253

@@ -27,11 +27,11 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::control::{RuntimeView, View};
 use super::document::{self, Checked, Format};
 use super::events::EventHub;
 use super::journal::{stops_from_notes, KillJournal};
 use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::runtime_view::{RuntimeView, View};
 use super::settings::NodePlan;
 pub use super::view::{
     container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,

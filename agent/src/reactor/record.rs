@@ -4,7 +4,7 @@
 //! or acted, and one per kernel OOM kill. It goes out on a broadcast channel (for the API's
 //! event stream and for tests) and as one structured log line.
 
-use crate::record::human;
+use crate::human;
 use std::collections::BTreeMap;
 
 use serde::Serialize;

@@ -41,6 +41,7 @@
 //! are known, so an increment is a read lock, a hash lookup and an atomic add, with no
 //! allocation.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -52,7 +53,6 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::decide::qos::QosClass;
 use crate::decide::signal::{NodeCondition, Signal};
-use crate::devices::Capacity;
 use crate::sense::lag::BUCKET_BOUNDS_NS;
 use crate::sense::{Kind, Received, Source};
 
@@ -208,6 +208,17 @@ pub struct SignalThresholds {
     pub hard: Option<f64>,
     /// The soft eviction threshold.
     pub soft: Option<f64>,
+}
+
+/// One device-plugin resource's device counts, as [`Metrics::update_devices`] shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Healthy devices (the node's allocatable).
+    pub healthy: u64,
+    /// Unhealthy devices (capacity minus allocatable).
+    pub unhealthy: u64,
+    /// Devices held by pods.
+    pub allocated: u64,
 }
 
 /// The agent's metrics registry. Share it as `Arc<Metrics>`: every method takes `&self`.
@@ -542,13 +553,13 @@ impl Metrics {
         }
     }
 
-    /// Sets the device gauges from the device manager's capacity: healthy (= allocatable),
-    /// unhealthy (= capacity - allocatable) and allocated per resource. Resources the manager
-    /// dropped (`deleted`) leave the exposition.
-    pub fn update_devices(&self, capacity: &Capacity) {
-        for (resource, c) in &capacity.resources {
-            let unhealthy = c.capacity.saturating_sub(c.allocatable);
-            for (health, n) in [("healthy", c.allocatable), ("unhealthy", unhealthy)] {
+    /// Sets the device gauges from the device manager's counts per resource; resources the
+    /// manager dropped (`deleted`) leave the exposition. The counts come as plain numbers
+    /// (the device manager converts its `ResourceCapacity`), so `record` stays below
+    /// `devices`.
+    pub fn update_devices(&self, resources: &BTreeMap<String, DeviceCounts>, deleted: &[String]) {
+        for (resource, c) in resources {
+            for (health, n) in [("healthy", c.healthy), ("unhealthy", c.unhealthy)] {
                 self.devices
                     .get_or_create(&DeviceLabels {
                         resource: resource.clone(),
@@ -562,7 +573,7 @@ impl Metrics {
                 })
                 .set(i64::try_from(c.allocated).unwrap_or(i64::MAX));
         }
-        for resource in &capacity.deleted {
+        for resource in deleted {
             for health in ["healthy", "unhealthy"] {
                 self.devices.remove(&DeviceLabels {
                     resource: resource.clone(),
@@ -579,7 +590,6 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::ResourceCapacity;
     use crate::sense::PressureEvent;
 
     fn received(source: Source, kind: Kind, lag_ns: u64) -> Received {
@@ -623,17 +633,12 @@ mod tests {
             },
         );
         m.record_admission(Admission::Rejected, "OutOfmemory");
-        let mut capacity = Capacity::default();
-        capacity.resources.insert(
-            "example.com/gpu".into(),
-            ResourceCapacity {
-                capacity: 4,
-                allocatable: 3,
-                allocated: 2,
-                free: 1,
-            },
-        );
-        m.update_devices(&capacity);
+        let gpu = DeviceCounts {
+            healthy: 3,
+            unhealthy: 1,
+            allocated: 2,
+        };
+        m.update_devices(&[("example.com/gpu".to_string(), gpu)].into(), &[]);
     }
 
     #[test]
@@ -892,17 +897,12 @@ mod tests {
     #[test]
     fn devices_follow_capacity_and_deleted_resources_leave() {
         let m = Metrics::new();
-        let mut capacity = Capacity::default();
-        capacity.resources.insert(
-            "example.com/gpu".into(),
-            ResourceCapacity {
-                capacity: 4,
-                allocatable: 3,
-                allocated: 2,
-                free: 1,
-            },
-        );
-        m.update_devices(&capacity);
+        let gpu = DeviceCounts {
+            healthy: 3,
+            unhealthy: 1,
+            allocated: 2,
+        };
+        m.update_devices(&[("example.com/gpu".to_string(), gpu)].into(), &[]);
         let text = m.encode();
         for (series, want) in [
             (
@@ -920,11 +920,7 @@ mod tests {
         ] {
             assert_eq!(sample(&text, series), Some(want), "{series}:\n{text}");
         }
-        let gone = Capacity {
-            resources: Default::default(),
-            deleted: vec!["example.com/gpu".into()],
-        };
-        m.update_devices(&gone);
+        m.update_devices(&BTreeMap::new(), &["example.com/gpu".to_string()]);
         assert!(!m.encode().contains("example.com/gpu"));
     }
 

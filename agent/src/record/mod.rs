@@ -3,6 +3,5 @@
 //! as they land.
 
 pub mod checkpoint;
-pub mod human;
 pub mod metrics;
 pub mod state_file;

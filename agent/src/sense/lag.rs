@@ -150,9 +150,9 @@ impl std::fmt::Display for LagSnapshot {
             "{:<16} count={:<6} p50={:<9} p99={:<9} max={}",
             self.source.name(),
             self.count,
-            crate::record::human::duration_ns(self.p50_ns),
-            crate::record::human::duration_ns(self.p99_ns),
-            crate::record::human::duration_ns(self.max_ns)
+            crate::human::duration_ns(self.p50_ns),
+            crate::human::duration_ns(self.p99_ns),
+            crate::human::duration_ns(self.max_ns)
         )
     }
 }

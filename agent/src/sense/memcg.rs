@@ -491,7 +491,8 @@ impl EventfdWatch {
     pub(crate) fn describe(&self) -> String {
         match self.what {
             V1Notification::Threshold(bytes) => format!(
-                "v1 threshold {bytes} bytes on {}/memory.usage_in_bytes",
+                "v1 threshold {} on {}/memory.usage_in_bytes",
+                crate::human::bytes(i128::from(bytes)),
                 self.dir.display()
             ),
             V1Notification::Oom => {

@@ -176,9 +176,9 @@ pub enum Kind {
 
 impl std::fmt::Display for Kind {
     /// One short line for logs, `reactor watch`'s table and `reactor events`: sizes and times
-    /// as kubectl and Go print them (`rss=496Ki`, `12.5ms`; `crate::record::human`).
+    /// as kubectl and Go print them (`rss=496Ki`, `12.5ms`; `crate::human`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::record::human;
+        use crate::human;
         fn opt<T>(v: &Option<T>, show: impl Fn(&T) -> String) -> String {
             v.as_ref().map_or_else(|| "?".to_string(), show)
         }

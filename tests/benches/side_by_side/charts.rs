@@ -15,7 +15,7 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use reactor::record::human;
+use reactor::human;
 use serde_json::{json, Value};
 
 const SIZE: (u32, u32) = (960, 540);

@@ -171,7 +171,8 @@ impl UsageThresholds {
         self.moves.insert(slot, WatchStream::new(watch.bytes));
         Ok((
             format!(
-                "eBPF usage threshold {bytes} bytes on {} (checked on every charge)",
+                "eBPF usage threshold {} on {} (checked on every charge)",
+                crate::human::bytes(i128::from(bytes)),
                 watch.cgroup
             ),
             id,

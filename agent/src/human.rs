@@ -21,6 +21,10 @@
 //! - **Durations** print as Go's `Duration.String()` does (`67.234µs`, `1m30s`), the form the
 //!   kubelet logs and its config files use.
 //!
+//! The module sits at the bottom of the house, above only `decide`'s quantity and duration
+//! types, so every layer can print with it without reaching up: the sense sources' log
+//! lines as much as the CLI (it lived in `record` before, and `sense` reached up for it).
+//!
 //! `--json` output never comes through here: it keeps the exact integers and strings of the
 //! API. Text that does not parse as a quantity is printed unchanged rather than refused: this
 //! is output, and a value the agent cannot read is still worth showing.
@@ -142,6 +146,28 @@ pub fn threshold(signal: &str, value: &str, resolved: &str) -> String {
     }
 }
 
+/// An error and its causes on one line (`what: why: why`), each cause said once.
+///
+/// Many errors both print their cause and hand it out as their `source()`: ours with
+/// `#[error("read {path}: {source}")]`, and tonic's transport `ConnectError`, which prints
+/// nothing but its inner error and returns that same error as its source. Walking the chain
+/// naively (anyhow's `{:#}`) then says the cause twice (`No such file or directory (os error
+/// 2): No such file or directory (os error 2)`). A cause whose text is already in the line is
+/// skipped here, so every way the agent prints an error chain says each cause once.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +237,45 @@ mod tests {
         ] {
             assert_eq!(cpu(Quantity::parse(text).unwrap()), out, "{text}");
         }
+    }
+
+    /// Pure logic over a hand-made chain: the cause said in the message, or said by a
+    /// wrapper that only forwards it, is not said again; a new cause is.
+    #[test]
+    fn error_chain_says_each_cause_once() {
+        #[derive(Debug)]
+        struct E(String, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let io = || E("No such file or directory (os error 2)".into(), None);
+        // tonic: "transport error" -> ConnectError (prints its inner) -> the io error.
+        let tonic = E(
+            "transport error".into(),
+            Some(Box::new(E(io().0, Some(Box::new(io()))))),
+        );
+        assert_eq!(
+            error_chain(&tonic),
+            "transport error: No such file or directory (os error 2)"
+        );
+        // thiserror's `{path}: {source}` with the source handed out too.
+        let read = E(format!("read /x: {}", io().0), Some(Box::new(io())));
+        assert_eq!(
+            error_chain(&read),
+            "read /x: No such file or directory (os error 2)"
+        );
+        let context = E("cannot start".into(), Some(Box::new(read)));
+        assert_eq!(
+            error_chain(&context),
+            "cannot start: read /x: No such file or directory (os error 2)"
+        );
     }
 
     #[test]
