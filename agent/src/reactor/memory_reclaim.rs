@@ -68,6 +68,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             requested_bytes: 0,
             freed_bytes: 0,
             steps: 0,
+            available_after_bytes: None,
             took_ns: 0,
             error: None,
         };
@@ -89,6 +90,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             record.requested_bytes = record.requested_bytes.saturating_add(bytes);
             let wrote = self.cgroups.memory_reclaim(&kubepods, bytes);
             let again = self.observer.observe();
+            record.available_after_bytes = again
+                .observations()
+                .get(reclaim.signal)
+                .and_then(|o| u64::try_from(o.available.value()).ok());
             let now = kubepods_usage(&again);
             record.freed_bytes = record.freed_bytes.saturating_add(usage.saturating_sub(now));
             usage = now;

@@ -140,6 +140,9 @@ pub struct MemoryReclaim {
     pub freed_bytes: u64,
     /// `memory.reclaim` writes made.
     pub steps: u32,
+    /// What the threshold's signal showed available at the last re-observation, bytes
+    /// (`None` when nothing was written).
+    pub available_after_bytes: Option<u64>,
     /// How long it took, from the first decision to the last re-observation, ns.
     pub took_ns: u64,
     /// Why the write failed, if it did.
