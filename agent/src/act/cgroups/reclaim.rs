@@ -76,14 +76,11 @@ mod tests {
     #[test]
     fn v1_has_no_memory_reclaim() {
         let dir = tempfile::tempdir().unwrap();
-        // A v1 layout: one controller directory with the memory files.
-        let mem = dir.path().join("memory");
-        std::fs::create_dir(&mem).unwrap();
-        std::fs::write(mem.join("memory.limit_in_bytes"), "0").unwrap();
-        std::fs::write(mem.join("cgroup.procs"), "").unwrap();
-        let Ok(m) = CgroupManager::v1(dir.path(), &CgroupPath::root()) else {
-            return;
-        };
+        // A v1 layout: one directory per controller the writer requires.
+        for c in super::super::v1::REQUIRED {
+            std::fs::create_dir(dir.path().join(c)).unwrap();
+        }
+        let m = CgroupManager::v1(dir.path(), &CgroupPath::root()).unwrap();
         assert!(!m.can_reclaim());
         let e = m
             .memory_reclaim(&CgroupPath::kubepods(), 1 << 20)
