@@ -47,6 +47,10 @@ fn start_reader(agent: &TestAgent) {
         std::path::Path::new(CACHE_FILE).exists(),
         "{CACHE_FILE} is missing: the guest's 9p share is not mounted"
     );
+    // Pages of the file left cached by an earlier check stay charged to that check's
+    // (removed) cgroups: reading them again would charge nothing here. Drop them so the
+    // reader's cache is its own (the guest is the suite's machine).
+    std::fs::write("/proc/sys/vm/drop_caches", "1").expect("drop the guest's page cache");
     let reader = vec![
         "/bin/sh".to_string(),
         "-c".into(),
