@@ -25,9 +25,16 @@ use crate::decide::thresholds::Threshold;
 /// at gigabytes per second), so the loop checks its time bound between steps.
 pub const MAX_STEP_BYTES: u64 = 256 << 20;
 
+/// The least one step asks for (when the file pages hold that much): asking for exactly a
+/// small shortfall leaves the node on the threshold, and a pod re-reading its cache refills
+/// a few hundred KiB before the next pass, so the loop would reclaim again and again; a
+/// floor buys headroom, from cache only, at no cost beyond re-reading it.
+pub const MIN_STEP_BYTES: u64 = 16 << 20;
+
 /// The most steps one reclaim takes, whatever the time bound: each step asks for the whole
-/// shortfall, so more than a few means the kernel is not giving the file pages back.
-pub const MAX_STEPS: u32 = 8;
+/// shortfall, so more than this means the kernel is not giving the file pages back faster
+/// than they are read in again.
+pub const MAX_STEPS: u32 = 16;
 
 /// What the loop knows before a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +109,8 @@ pub fn memory_shortfall(thresholds: &[Threshold], observations: &Observations) -
 
 /// The next step. Reclaim is tried only while the active file pages cover the whole
 /// shortfall (a partial reclaim would only delay the eviction it cannot avoid), within the
-/// time and step bounds; each step asks for the shortfall, capped at [`MAX_STEP_BYTES`].
+/// time and step bounds; each step asks for the shortfall, at least [`MIN_STEP_BYTES`] when
+/// the active file pages hold that much, at most [`MAX_STEP_BYTES`].
 /// A zero shortfall asks for nothing: the caller has already found the threshold clear.
 pub fn next_step(view: &ReclaimView) -> Step {
     if view.active_file_bytes < view.shortfall_bytes || view.shortfall_bytes == 0 {
@@ -115,7 +123,10 @@ pub fn next_step(view: &ReclaimView) -> Step {
         return Step::Stop(StopReason::TimeBound);
     }
     Step::Ask {
-        bytes: view.shortfall_bytes.min(MAX_STEP_BYTES),
+        bytes: view
+            .shortfall_bytes
+            .max(MIN_STEP_BYTES.min(view.active_file_bytes))
+            .min(MAX_STEP_BYTES),
     }
 }
 
@@ -185,6 +196,17 @@ mod tests {
                 bytes: MAX_STEP_BYTES
             }
         );
+    }
+
+    #[test]
+    fn a_small_shortfall_asks_for_the_floor_within_the_file_pages() {
+        assert_eq!(
+            next_step(&view(MI, 200 * MI)),
+            Step::Ask {
+                bytes: MIN_STEP_BYTES
+            }
+        );
+        assert_eq!(next_step(&view(MI, 4 * MI)), Step::Ask { bytes: 4 * MI });
     }
 
     #[test]

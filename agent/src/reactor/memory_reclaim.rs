@@ -55,7 +55,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let start = Instant::now();
         let kubepods = CgroupPath::kubepods();
         let (mut short, mut active) = self.reclaim_figures(signals);
-        let mut usage = kubepods_usage(signals);
+        let mut file = kubepods_file(signals);
         let mut record = MemoryReclaim {
             signal: reclaim.signal.name().to_string(),
             cgroup: format!(
@@ -94,9 +94,9 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .observations()
                 .get(reclaim.signal)
                 .and_then(|o| u64::try_from(o.available.value()).ok());
-            let now = kubepods_usage(&again);
-            record.freed_bytes = record.freed_bytes.saturating_add(usage.saturating_sub(now));
-            usage = now;
+            let now = kubepods_file(&again);
+            record.freed_bytes = record.freed_bytes.saturating_add(file.saturating_sub(now));
+            file = now;
             match wrote {
                 Ok(ReclaimWrite::Done | ReclaimWrite::Short) => {}
                 Err(e) => {
@@ -138,9 +138,10 @@ impl<P: PodControl + 'static> Reactor<P> {
     }
 }
 
-/// kubepods' memory usage (working set plus inactive file pages), bytes.
-fn kubepods_usage(signals: &Signals) -> u64 {
+/// kubepods' file pages (active and inactive), bytes: what reclaim frees is their drop,
+/// not the drop of usage, which a pod allocating at the same time would hide.
+fn kubepods_file(signals: &Signals) -> u64 {
     signals.allocatable_memory.map_or(0, |m| {
-        m.working_set_bytes.saturating_add(m.inactive_file_bytes)
+        m.active_file_bytes.saturating_add(m.inactive_file_bytes)
     })
 }

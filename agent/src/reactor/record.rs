@@ -136,7 +136,8 @@ pub struct MemoryReclaim {
     pub active_file_bytes: u64,
     /// Bytes asked of `memory.reclaim`, all steps together.
     pub requested_bytes: u64,
-    /// What reclaim freed: the drop of the cgroup's memory usage over the steps, bytes.
+    /// What reclaim freed: the drop of the cgroup's file pages (active and inactive) over
+    /// the steps, bytes (a pod reading its file again meanwhile makes it an underestimate).
     pub freed_bytes: u64,
     /// `memory.reclaim` writes made.
     pub steps: u32,

@@ -402,7 +402,7 @@ impl Metrics {
         );
         registry.register_with_unit(
             "reactor_memory_reclaimed",
-            "Bytes freed by memory reclaims before an eviction (drop of kubepods usage)",
+            "Bytes freed by memory reclaims before an eviction (drop of kubepods file pages)",
             Unit::Bytes,
             m.memory_reclaimed.clone(),
         );
