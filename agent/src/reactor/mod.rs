@@ -14,7 +14,7 @@
 //!    there if that resolved the threshold with its minimum reclaim. Memory has no
 //!    node-level reclaim, as in the kubelet, unless `memoryReclaim.enabled` (cgroup v2):
 //!    then page cache is reclaimed from kubepods first, bounded, when its active file pages
-//!    can cover the shortfall ([`memory_reclaim`]). The `containerfs` thresholds follow the
+//!    can cover the shortfall ([`crate::decide::memory_reclaim`]). The `containerfs` thresholds follow the
 //!    layout too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
@@ -101,7 +101,7 @@ pub struct ReactorSettings {
     /// this node's.
     pub cgroup_root: String,
     /// `memoryReclaim.timeout` when `memoryReclaim.enabled`: reclaim page cache before a
-    /// memory eviction, for at most this long ([`memory_reclaim`]). `None`: kubelet-exact.
+    /// memory eviction, for at most this long ([`crate::decide::memory_reclaim`]). `None`: kubelet-exact.
     pub memory_reclaim: Option<Duration>,
 }
 
