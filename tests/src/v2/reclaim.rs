@@ -247,13 +247,21 @@ pub fn file_cache_reclaimed_not_evicted() -> String {
     let event = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match events.recv_timeout(left) {
-            Ok(e) if e["kind"] == "memory_reclaim" && e["outcome"] == "resolved" => break e,
+            Ok(e) if e["kind"] == "memory_reclaim" && e["event"]["outcome"] == "resolved" => {
+                break e
+            }
             Ok(_) => {}
             Err(_) => panic!("no memory_reclaim event: {}", agent.log()),
         }
     };
-    assert!(event["freedBytes"].as_u64().unwrap_or(0) > 0, "{event}");
-    assert!(event["tookNanos"].as_u64().unwrap_or(0) > 0, "{event}");
+    assert!(
+        event["event"]["freedBytes"].as_u64().unwrap_or(0) > 0,
+        "{event}"
+    );
+    assert!(
+        event["event"]["tookNanos"].as_u64().unwrap_or(0) > 0,
+        "{event}"
+    );
     // `/metrics`.
     let text = agent.scrape();
     let resolved_count =
