@@ -13,7 +13,9 @@
 //! greater than zero: how long a resource whose plugin went away stays in capacity with
 //! every device unhealthy before it is deleted), `orphanGracePeriod` (Go duration, default
 //! `5m0s`: how long a pod found running with no spec to re-admit it from stays as an orphan
-//! before it is removed; `0s` removes it at the first tick), next to `stateDir`, `apiSocket`,
+//! before it is removed; `0s` removes it at the first tick), `memoryReclaim.enabled` and
+//! `memoryReclaim.timeout` (page-cache reclaim before a memory eviction, cgroup v2; off by
+//! default), next to `stateDir`, `apiSocket`,
 //! `metricsAddress`, `sense`, `runtime`, `node` and `log`.
 
 use std::collections::BTreeMap;
@@ -149,6 +151,9 @@ pub struct Config {
     /// and other child processes never inherit it (`SCHED_RESET_ON_FORK`).
     /// Needs `CAP_SYS_NICE`.
     pub realtime_priority: u8,
+    /// Reclaim page cache before a memory eviction (the agent's own; off by default, which
+    /// is the kubelet's behaviour). cgroup v2 only.
+    pub memory_reclaim: MemoryReclaimConfig,
     /// The node this agent models.
     pub node: NodeConfig,
     /// Which kernel sources the agent listens to.
@@ -206,6 +211,32 @@ impl Default for ImageGcConfig {
         ImageGcConfig {
             period: GoDuration(Duration::from_secs(300)),
             list_refresh: GoDuration(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Reclaim first, for memory too (the agent's own; the kubelet goes straight to eviction).
+///
+/// With `enabled`, a memory threshold met first asks the kernel to drop page cache from
+/// `kubepods` through cgroup v2's `memory.reclaim`, for the shortfall plus the minimum
+/// reclaim, when the active file pages can cover it; then re-observes and evicts only if the
+/// threshold is still met. Reclaim never holds the loop past `timeout`. On cgroup v1 (no
+/// `memory.reclaim`) it does nothing, and the agent says so once at start.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MemoryReclaimConfig {
+    /// Try reclaim before a memory eviction (default `false`: kubelet-exact).
+    pub enabled: bool,
+    /// The longest one reclaim may take before the loop evicts anyway (Go duration,
+    /// default `100ms`, greater than zero, at most `10s`).
+    pub timeout: GoDuration,
+}
+
+impl Default for MemoryReclaimConfig {
+    fn default() -> Self {
+        MemoryReclaimConfig {
+            enabled: false,
+            timeout: GoDuration(Duration::from_millis(100)),
         }
     }
 }
@@ -283,6 +314,7 @@ impl Default for Config {
             cpu_cfs_quota_period: GoDuration(Duration::from_millis(100)),
             housekeeping_interval: GoDuration(Duration::from_secs(10)),
             realtime_priority: 0,
+            memory_reclaim: MemoryReclaimConfig::default(),
             node: NodeConfig {
                 nodefs_path: PathBuf::from("/var/lib/reactor"),
                 ..NodeConfig::default()
@@ -477,6 +509,13 @@ impl Config {
                     "{} is not a SCHED_FIFO priority (1..=99, or 0 for normal scheduling)",
                     self.realtime_priority
                 ),
+            ));
+        }
+        let timeout = self.memory_reclaim.timeout.0;
+        if timeout.is_zero() || timeout > Duration::from_secs(10) {
+            return Err(ConfigError::invalid(
+                "memoryReclaim.timeout",
+                "must be greater than zero and at most 10s (the reactor loop waits for it)",
             ));
         }
         if self.housekeeping_interval.0.is_zero() {
@@ -699,6 +738,27 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn memory_reclaim_is_off_by_default_and_bounded() {
+        let d = Config::default();
+        assert!(!d.memory_reclaim.enabled, "kubelet-exact by default");
+        assert_eq!(d.memory_reclaim.timeout.0, Duration::from_millis(100));
+        assert!(d.to_yaml().contains("memoryReclaim:"), "{}", d.to_yaml());
+        let c = Config::from_yaml("memoryReclaim:\n  enabled: true\n  timeout: 250ms\n").unwrap();
+        assert!(c.memory_reclaim.enabled);
+        assert_eq!(c.memory_reclaim.timeout.0, Duration::from_millis(250));
+        for bad in ["0s", "11s", "-1s", "soon"] {
+            let err = Config::from_yaml(&format!("memoryReclaim:\n  timeout: {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("memoryReclaim"), "{bad}: {err}");
+        }
+        let err = Config::from_yaml("memoryReclaim:\n  enable: true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("enable"), "{err}");
     }
 
     #[test]

@@ -312,6 +312,10 @@ impl TestAgent {
             .rev()
             .filter(|l| l.contains("metrics endpoint listening"))
             .find_map(|l| {
+                // `log.format: json` puts it in the line's fields.
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(l) {
+                    return v["fields"]["address"].as_str()?.parse().ok();
+                }
                 l.split_whitespace()
                     .find_map(|w| w.strip_prefix("address="))
                     .and_then(|a| a.trim_matches('"').parse().ok())

@@ -443,3 +443,63 @@ async fn status_json_matches_the_api() {
     );
     assert_eq!(cli["nextToEvict"][0]["qos"], "BestEffort", "{cli}");
 }
+
+/// `memoryReclaim.enabled` on the host's cgroup v1: there is no `memory.reclaim`, so the
+/// option does nothing but say so once at start, and the BestEffort hog is evicted before
+/// the OOM killer exactly as with the option off, with no reclaim in its decision.
+#[test]
+fn memory_reclaim_on_v1_warns_once_and_eviction_is_unchanged() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start(
+        "agent-reclaim-v1",
+        &format!("{NODE}memoryReclaim: {{enabled: true, timeout: 50ms}}\n"),
+    );
+    agent.apply_ok(&pod("hog", json!({}), &["600", "350"]));
+    agent.wait("the BestEffort pod to be evicted", || {
+        agent
+            .pod("default/hog")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    let hog = agent.pod("default/hog").unwrap();
+    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    for c in hog["containers"].as_array().unwrap() {
+        assert_ne!(c["reason"], "OOMKilled", "{hog}");
+    }
+    // The decision is logged once the victim's cgroup has emptied, after its phase shows.
+    agent.wait("the eviction decision in the log", || {
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("eviction decision") && l.contains(r#""type":"evicted""#))
+    });
+    let log = agent.log();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("memoryReclaim.enabled has no effect on cgroup v1"))
+        .count();
+    assert_eq!(warnings, 1, "one warning at start:\n{log}");
+    let evicted: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("eviction decision") && l.contains(r#""type":"evicted""#))
+        .collect();
+    assert!(!evicted.is_empty(), "{log}");
+    for l in &evicted {
+        assert!(
+            !l.contains("memory_reclaim=") && !l.contains("outcome"),
+            "no reclaim on v1: {l}"
+        );
+    }
+    let text = agent.scrape();
+    for outcome in reactor::record::metrics::MEMORY_RECLAIM_OUTCOMES {
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"reactor_memory_reclaims_total{{outcome="{outcome}"}}"#)
+            ),
+            Some(0.0),
+            "{text}"
+        );
+    }
+}

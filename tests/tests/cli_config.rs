@@ -26,6 +26,27 @@ fn defaults_validate_with_check() {
     );
 }
 
+/// `memoryReclaim` (reclaim before a memory eviction, the agent's own key) is shown off by
+/// default with its time bound, and an enabled one passes the check.
+#[test]
+fn memory_reclaim_defaults_off_and_checks() {
+    let out = reactor(&["config", "defaults"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("memoryReclaim:\n  enabled: false\n  timeout: 100ms\n"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("on.yaml");
+    std::fs::write(&file, "memoryReclaim:\n  enabled: true\n  timeout: 250ms\n").unwrap();
+    let check = reactor(&["config", "check", file.to_str().unwrap()]);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
 #[test]
 fn malformed_config_exits_2_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
@@ -37,6 +58,12 @@ fn malformed_config_exits_2_naming_the_field() {
             "imageGCHighThresholdPercent: 101\n",
             "imageGCHighThresholdPercent",
         ),
+        (
+            "memoryReclaim:\n  enabled: true\n  timeout: 0s\n",
+            "memoryReclaim.timeout",
+        ),
+        ("memoryReclaim:\n  timeout: 1m\n", "memoryReclaim.timeout"),
+        ("memoryReclaim:\n  enabled: yes please\n", "memoryReclaim"),
     ] {
         let file = dir.path().join("bad.yaml");
         std::fs::write(&file, text).unwrap();

@@ -266,3 +266,79 @@ fn reads_stdin_and_truncated_input_exits_2() {
     assert_eq!(out.code, Some(2));
     assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
 }
+
+/// `memoryReclaim.enabled` (the agent's own key): a memory eviction due first tries
+/// `memory.reclaim` when kubepods' active file pages (`activeFile`) cover the shortfall
+/// (threshold plus minimum reclaim minus available), and skips it at once when they do not;
+/// the eviction shown is what follows if reclaim does not clear the threshold.
+#[test]
+fn memory_reclaim_first_follows_the_file_pages() {
+    let config = json!({"evictionHard": {"memory.available": "500Mi"},
+                        "evictionMinimumReclaim": {"memory.available": "100Mi"},
+                        "memoryReclaim": {"enabled": true}});
+    let out = plan_ok(
+        "pressure",
+        &json!({"config": config, "capacity": CAPACITY(), "observations": [
+            {"at": at(0), "memory.available": "4Gi", "activeFile": "1Gi"},
+            // Cache-heavy: 200Mi short of 600Mi, 1Gi of active file pages.
+            {"at": at(10), "memory.available": "400Mi", "activeFile": "1Gi"},
+            // Anonymous: 200Mi short, only 64Mi of file pages.
+            {"at": at(20), "memory.available": "400Mi", "activeFile": "64Mi"},
+            // No file pages given: none known, skipped.
+            {"at": at(30), "memory.available": "400Mi"}
+        ]}),
+    );
+    let steps = out["steps"].as_array().expect("steps");
+    assert!(steps[0].get("memoryReclaim").is_none(), "{}", steps[0]);
+    assert_eq!(
+        steps[1]["memoryReclaim"],
+        json!({"choice": "reclaim", "shortfall": "200Mi", "activeFile": "1Gi",
+               "request": "200Mi", "reason": null})
+    );
+    assert_eq!(steps[1]["evict"]["signal"], json!("memory.available"));
+    assert_eq!(
+        steps[2]["memoryReclaim"],
+        json!({"choice": "skip", "shortfall": "200Mi", "activeFile": "64Mi",
+               "request": null, "reason": "file-pages-short"})
+    );
+    assert_eq!(steps[3]["memoryReclaim"]["choice"], json!("skip"));
+    assert_eq!(steps[3]["memoryReclaim"]["activeFile"], json!("0"));
+}
+
+/// Off (the default, kubelet-exact), no step shows a reclaim choice, whatever the file
+/// pages; disk evictions never show one; a bad `activeFile` names its field.
+#[test]
+fn memory_reclaim_off_or_disk_shows_no_choice() {
+    let obs = json!([
+        {"at": at(0), "memory.available": "50Mi", "activeFile": "1Gi"},
+        {"at": at(10), "memory.available": "4Gi", "nodefs.available": "1Gi", "activeFile": "1Gi"}
+    ]);
+    let off = plan_ok(
+        "pressure",
+        &json!({"capacity": CAPACITY(), "observations": obs}),
+    );
+    assert_eq!(
+        off["steps"][0]["evict"]["signal"],
+        json!("memory.available")
+    );
+    assert!(off["steps"][0].get("memoryReclaim").is_none(), "{off}");
+    let on = plan_ok(
+        "pressure",
+        &json!({"config": {"memoryReclaim": {"enabled": true}}, "capacity": CAPACITY(),
+                "observations": obs}),
+    );
+    assert_eq!(on["steps"][0]["memoryReclaim"]["choice"], json!("reclaim"));
+    assert_eq!(on["steps"][1]["evict"]["signal"], json!("nodefs.available"));
+    assert!(on["steps"][1].get("memoryReclaim").is_none(), "{on}");
+    let e = plan_refused(
+        "pressure",
+        json!({"config": {"memoryReclaim": {"enabled": true}},
+               "observations": [{"at": at(0), "memory.available": "50Mi", "activeFile": "lots"}]})
+        .to_string()
+        .as_bytes(),
+    );
+    assert!(
+        e.contains("observations[0].activeFile: invalid quantity"),
+        "{e}"
+    );
+}

@@ -244,6 +244,29 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             reason: reason.clone(),
             message: message.clone(),
         }),
+        NodeEventKind::MemoryReclaim {
+            signal,
+            cgroup,
+            outcome,
+            shortfall_bytes,
+            active_file_bytes,
+            requested_bytes,
+            freed_bytes,
+            steps,
+            took_ns,
+            error,
+        } => K::MemoryReclaim(pb::MemoryReclaimEvent {
+            signal: signal.clone(),
+            cgroup: cgroup.clone(),
+            outcome: outcome.clone(),
+            shortfall_bytes: *shortfall_bytes,
+            active_file_bytes: *active_file_bytes,
+            requested_bytes: *requested_bytes,
+            freed_bytes: *freed_bytes,
+            steps: *steps,
+            took_nanos: *took_ns,
+            error: error.clone(),
+        }),
         NodeEventKind::Removed { pod, uid, cause } => K::Removed(pb::PodRemovedEvent {
             pod: Some(split(pod)),
             uid: uid.clone(),
@@ -285,6 +308,7 @@ fn kind_name(k: &pb::event::Kind) -> &'static str {
         K::Device(_) => "device",
         K::Removed(_) => "removed",
         K::Recovery(_) => "recovery",
+        K::MemoryReclaim(_) => "memory_reclaim",
     }
 }
 

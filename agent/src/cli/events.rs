@@ -116,6 +116,28 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
                 format!("image GC ({}) {}: {}", g.trigger, g.reason, g.message)
             },
         ),
+        Some(K::MemoryReclaim(m)) => (
+            "memory_reclaim",
+            json!({"signal": m.signal, "cgroup": m.cgroup, "outcome": m.outcome,
+                   "shortfallBytes": m.shortfall_bytes, "activeFileBytes": m.active_file_bytes,
+                   "requestedBytes": m.requested_bytes, "freedBytes": m.freed_bytes,
+                   "steps": m.steps, "tookNanos": m.took_nanos, "error": m.error}),
+            format!(
+                "memory reclaim {} ({}): {} freed of {} short ({} active file) in {}, {} steps{}",
+                m.outcome,
+                m.signal,
+                human::bytes(i128::from(m.freed_bytes)),
+                human::bytes(i128::from(m.shortfall_bytes)),
+                human::bytes(i128::from(m.active_file_bytes)),
+                human::duration_ns(m.took_nanos),
+                m.steps,
+                if m.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", m.error)
+                }
+            ),
+        ),
         Some(K::Recovery(r)) => (
             "recovery",
             json!({"action": r.action, "file": r.file, "pod": name(&r.pod), "uid": r.uid,

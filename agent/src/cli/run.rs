@@ -242,7 +242,7 @@ async fn record_events(
     }
 }
 
-/// The loop's evictions on the event stream, with the kubelet's message and the reaction
+/// The loop's evictions (and the memory reclaims before them) on the event stream, with the kubelet's message and the reaction
 /// time (kernel OOM kills reach the stream from the runtime, which knows the container).
 async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventHub) {
     loop {
@@ -257,6 +257,20 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
+        if let Some(m) = &d.memory_reclaim {
+            events.publish(NodeEventKind::MemoryReclaim {
+                signal: m.signal.clone(),
+                cgroup: m.cgroup.clone(),
+                outcome: m.outcome.clone(),
+                shortfall_bytes: m.shortfall_bytes,
+                active_file_bytes: m.active_file_bytes,
+                requested_bytes: m.requested_bytes,
+                freed_bytes: m.freed_bytes,
+                steps: m.steps,
+                took_ns: m.took_ns,
+                error: m.error.clone().unwrap_or_default(),
+            });
+        }
         if let Action::Evicted {
             uid,
             pod,

@@ -105,6 +105,30 @@ pub enum NodeEventKind {
         /// What went wrong, one line; empty when nothing did.
         message: String,
     },
+    /// A memory reclaim before an eviction (`memoryReclaim.enabled`), published by the
+    /// reactor loop's decision forwarder: what the decision record's `memoryReclaim` says.
+    MemoryReclaim {
+        /// The threshold's signal.
+        signal: String,
+        /// The cgroup asked.
+        cgroup: String,
+        /// `resolved`, `skipped`, `bounded`, `short` or `failed`.
+        outcome: String,
+        /// Threshold plus minimum reclaim minus available, bytes.
+        shortfall_bytes: u64,
+        /// Active file pages of the cgroup, bytes.
+        active_file_bytes: u64,
+        /// Bytes asked of `memory.reclaim`.
+        requested_bytes: u64,
+        /// Bytes freed.
+        freed_bytes: u64,
+        /// Writes made.
+        steps: u32,
+        /// How long it took, ns.
+        took_ns: u64,
+        /// Why the write failed; empty when it did not.
+        error: String,
+    },
     /// The agent recovered from damaged state or a crash (`record::state_file` notices,
     /// `node::recover`'s re-admissions, orphans and finished stops).
     Recovery {

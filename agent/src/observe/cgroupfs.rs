@@ -36,6 +36,9 @@ pub struct MemoryUsage {
     pub inactive_file: u64,
     /// `usage - inactive_file`, floored at zero: the figure eviction compares.
     pub working_set: u64,
+    /// Active file pages (v1 `total_active_file`, v2 `active_file`; 0 when the file has no
+    /// such line): page cache the working set counts and `memory.reclaim` can drop.
+    pub active_file: u64,
 }
 
 /// The memory hierarchy, rooted at an injected directory, with scratch space for reads.
@@ -328,6 +331,13 @@ impl CgroupFs {
                 .map_err(|reason| ObserveError::parse(&self.path, reason))?
                 .ok_or_else(|| ObserveError::parse(&self.path, format!("no {key} line")))
         };
+        let active_key = match self.layout {
+            Layout::V1 => "total_active_file",
+            Layout::V2 => "active_file",
+        };
+        let active_file = stat_value(text, active_key)
+            .map_err(|reason| ObserveError::parse(&self.path, reason))?
+            .unwrap_or(0);
         let (usage, inactive_file) = match (self.layout, usage) {
             (Layout::V1, Some(usage)) => (usage, stat("total_inactive_file")?),
             (Layout::V2, Some(usage)) => (usage, stat("inactive_file")?),
@@ -341,6 +351,7 @@ impl CgroupFs {
             usage,
             inactive_file,
             working_set: usage.saturating_sub(inactive_file),
+            active_file,
         }))
     }
 

@@ -223,6 +223,9 @@ pub struct MemorySignal {
     /// threshold meant to fire where the working set crosses a level is raised by this much
     /// (the kubelet's memory threshold notifier does the same).
     pub inactive_file_bytes: u64,
+    /// Active file pages: page cache the working set counts, which reclaim can drop
+    /// (see [`crate::decide::memory_reclaim`]).
+    pub active_file_bytes: u64,
 }
 
 impl MemorySignal {
@@ -232,6 +235,7 @@ impl MemorySignal {
             working_set_bytes: m.working_set,
             available_bytes: capacity_bytes.saturating_sub(m.working_set),
             inactive_file_bytes: m.inactive_file,
+            active_file_bytes: m.active_file,
         }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! Input `{"config", "capacity", "observations"}` (and optionally `"filesystems"`, which
 //! decides what `containerfs` thresholds inherit); output the normalized thresholds and one
-//! step per observation. Settings the kubelet would refuse at start (a soft threshold without
+//! step per observation. With the agent's `config.memoryReclaim.enabled`, an observation may
+//! give kubepods' active file pages (`activeFile`), and a step with a memory eviction due
+//! shows the loop's reclaim-first choice (`memoryReclaim`: reclaim or skip, and how much). Settings the kubelet would refuse at start (a soft threshold without
 //! a grace period, a percentage over 100, an unknown signal) exit 2 naming the key.
 
 use std::collections::BTreeMap;
@@ -12,6 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::decide::duration::{format_go_duration, parse_go_duration_nanos};
+use crate::decide::memory_reclaim::{memory_shortfall, next_step, ReclaimView, Step};
 use crate::decide::pressure::{pass, EvictionState, Observation, Observations};
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::{FsLayout, Signal};
@@ -84,6 +87,17 @@ struct ConfigIn {
     merge_default_eviction_settings: Option<bool>,
     #[serde(default)]
     enforce_node_allocatable: Option<Vec<String>>,
+    #[serde(default)]
+    memory_reclaim: Option<MemoryReclaimIn>,
+}
+
+/// The agent's `memoryReclaim` section; only `enabled` changes the plan (the time bound is
+/// a live matter).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MemoryReclaimIn {
+    #[serde(default)]
+    enabled: bool,
 }
 
 /// Capacities the percentages refer to.
@@ -179,6 +193,24 @@ pub struct EvictOut {
     pub grace_period_seconds: i64,
 }
 
+/// The reclaim-first choice at a step (`memoryReclaim.enabled`, a memory eviction due).
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryReclaimOut {
+    /// `reclaim` (ask `memory.reclaim` first; evict only if the threshold is still met
+    /// after) or `skip` (evict at once).
+    pub choice: String,
+    /// Threshold plus minimum reclaim minus available, the largest among the memory
+    /// thresholds.
+    pub shortfall: String,
+    /// The active file pages given (`activeFile`; none given counts as none).
+    pub active_file: String,
+    /// What the first `memory.reclaim` write asks for, when reclaiming.
+    pub request: Option<String>,
+    /// Why reclaim is skipped (`file-pages-short`).
+    pub reason: Option<String>,
+}
+
 /// One observation's outcome.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct StepOut {
@@ -190,6 +222,9 @@ pub struct StepOut {
     pub conditions: Vec<String>,
     /// What to evict for, if anything.
     pub evict: Option<EvictOut>,
+    /// With `memoryReclaim.enabled`, whether a memory eviction tries reclaim first.
+    #[serde(rename = "memoryReclaim", skip_serializing_if = "Option::is_none")]
+    pub memory_reclaim: Option<MemoryReclaimOut>,
 }
 
 /// The `plan pressure` answer.
@@ -230,6 +265,8 @@ struct ParsedObservation {
     at_text: String,
     at: UnixNanos,
     observations: Observations,
+    /// kubepods' active file pages (`activeFile`), bytes.
+    active_file: Option<Quantity>,
 }
 
 fn parse_observations(
@@ -260,11 +297,26 @@ fn parse_observations(
             }
         }
         let mut observations = Observations::default();
+        let mut active_file = None;
         for (key, value) in &entry {
             if key == "at" {
                 continue;
             }
             let path = format!("observations[{i}].{key}");
+            if key == "activeFile" {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    other => {
+                        return Err(invalid(
+                            &path,
+                            format!("expected a quantity string or an integer, found {other}"),
+                        ))
+                    }
+                };
+                active_file = Some(parse_amount(&text).map_err(|e| invalid(&path, e))?);
+                continue;
+            }
             let signal = Signal::parse(key)
                 .ok_or_else(|| invalid(&path, format!("unsupported eviction signal {key:?}")))?;
             let text = match value {
@@ -291,6 +343,7 @@ fn parse_observations(
             at_text,
             at,
             observations,
+            active_file,
         });
     }
     Ok(out)
@@ -346,6 +399,7 @@ fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
         ));
     }
 
+    let reclaim_first = config.memory_reclaim.as_ref().is_some_and(|m| m.enabled);
     let observations = parse_observations(input.observations, &capacity, layout)?;
     // A percentage needs the capacity of the signal it is observed on.
     for t in &thresholds {
@@ -391,6 +445,10 @@ fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
                 None,
             ),
         });
+        let memory_reclaim = result
+            .reclaim
+            .filter(|r| reclaim_first && r.signal.is_memory())
+            .map(|_| memory_reclaim_out(&thresholds, &o.observations, o.active_file));
         steps.push(StepOut {
             at: o.at_text,
             met,
@@ -400,12 +458,47 @@ fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
                 .map(|c| c.name().to_string())
                 .collect(),
             evict,
+            memory_reclaim,
         });
     }
     Ok(PressurePlan {
         thresholds: thresholds.iter().map(threshold_out).collect(),
         steps,
     })
+}
+
+/// The loop's first reclaim step on these figures ([`next_step`] with no time spent).
+fn memory_reclaim_out(
+    thresholds: &[Threshold],
+    observations: &Observations,
+    active_file: Option<Quantity>,
+) -> MemoryReclaimOut {
+    let active = active_file.map_or(0, |q| u64::try_from(q.value()).unwrap_or(u64::MAX));
+    let short = memory_shortfall(thresholds, observations);
+    let step = next_step(&ReclaimView {
+        shortfall_bytes: short,
+        active_file_bytes: active,
+        elapsed: std::time::Duration::ZERO,
+        timeout: std::time::Duration::MAX,
+        steps: 0,
+    });
+    let bytes = |n: u64| {
+        format_quantity(
+            Quantity::from_units(i64::try_from(n).unwrap_or(i64::MAX)),
+            true,
+        )
+    };
+    let (choice, request, reason) = match step {
+        Step::Ask { bytes: b } => ("reclaim", Some(bytes(b)), None),
+        Step::Stop(r) => ("skip", None, Some(r.as_str().to_string())),
+    };
+    MemoryReclaimOut {
+        choice: choice.to_string(),
+        shortfall: bytes(short),
+        active_file: bytes(active),
+        request,
+        reason,
+    }
 }
 
 #[cfg(test)]
@@ -515,5 +608,28 @@ mod tests {
         let e = run_json(json!({"observations": [{"at": "2026-01-01T00:00:10Z"}, {"at": "2026-01-01T00:00:00Z"}]}))
             .unwrap_err();
         assert!(e.starts_with("observations[1].at:"), "{e}");
+    }
+
+    #[test]
+    fn memory_reclaim_choice_uses_the_largest_memory_shortfall() {
+        // memory.available is 150Mi short of 250Mi, allocatableMemory.available 300Mi short:
+        // reclaim must cover the larger for both to clear; one write asks at most 256Mi
+        // (`MAX_STEP_BYTES`), the rest in the next step.
+        let out = run_json(json!({
+            "config": {"evictionHard": {"memory.available": "250Mi",
+                                        "allocatableMemory.available": "400Mi"},
+                       "memoryReclaim": {"enabled": true}},
+            "capacity": {"memory": "2Gi", "allocatableMemory": "1Gi"},
+            "observations": [
+                {"at": "2026-01-01T00:00:00Z", "memory.available": "100Mi",
+                 "allocatableMemory.available": "100Mi", "activeFile": "310Mi"}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(
+            out["steps"][0]["memoryReclaim"],
+            json!({"choice": "reclaim", "shortfall": "300Mi", "activeFile": "310Mi",
+                   "request": "256Mi", "reason": null})
+        );
     }
 }

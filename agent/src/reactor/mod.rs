@@ -12,8 +12,10 @@
 //! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images:
 //!    the steps seed 003 lists for the filesystem layout observed), re-observe, and stop
 //!    there if that resolved the threshold with its minimum reclaim. Memory has no
-//!    node-level reclaim, as in the kubelet. The `containerfs` thresholds follow the layout
-//!    too.
+//!    node-level reclaim, as in the kubelet, unless `memoryReclaim.enabled` (cgroup v2):
+//!    then page cache is reclaimed from kubepods first, bounded, when its active file pages
+//!    can cover the shortfall ([`crate::decide::memory_reclaim`]). The `containerfs` thresholds follow the
+//!    layout too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
 //!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
@@ -30,6 +32,7 @@
 //! hands the sense layer back when it ends, for its lag statistics.
 
 mod evict;
+mod memory_reclaim;
 pub mod oom;
 pub mod pods;
 pub mod reclaim;
@@ -65,7 +68,7 @@ pub use pods::{
     ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
 };
 pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
-pub use record::{Action, Decision, RankedPod, SignalValue, Wake};
+pub use record::{Action, Decision, MemoryReclaim, RankedPod, SignalValue, Wake};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 
 /// The kubelet's default `evictionPressureTransitionPeriod`, which also replaces a zero.
@@ -97,6 +100,9 @@ pub struct ReactorSettings {
     /// `cgroupRoot` (as a path in the hierarchy): events from cgroups outside it are not
     /// this node's.
     pub cgroup_root: String,
+    /// `memoryReclaim.timeout` when `memoryReclaim.enabled`: reclaim page cache before a
+    /// memory eviction, for at most this long ([`crate::decide::memory_reclaim`]). `None`: kubelet-exact.
+    pub memory_reclaim: Option<Duration>,
 }
 
 impl ReactorSettings {
@@ -132,6 +138,10 @@ impl ReactorSettings {
             } else {
                 config.cgroup_root.clone()
             },
+            memory_reclaim: config
+                .memory_reclaim
+                .enabled
+                .then_some(config.memory_reclaim.timeout.0),
         })
     }
 }
@@ -341,6 +351,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// back (to be shut down and asked for its lag statistics).
     pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
+        self.check_memory_reclaim();
         self.thresholds = sense.memcg_thresholds();
         self.charge_switch = sense.charge_switch();
         let mut pods_changed = self.pods.changes();
@@ -526,6 +537,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 decide_to_kill_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
+                memory_reclaim: None,
             };
             let reclaim = result
                 .reclaim
@@ -536,6 +548,23 @@ impl<P: PodControl + 'static> Reactor<P> {
                 }
                 return;
             };
+            // memoryReclaim (issue 24, opt-in, v2): page cache first, bounded; see
+            // `memory_reclaim`. Resolved: nothing to evict. Otherwise the record rides on the
+            // eviction decision below.
+            if let Some(m) = self.reclaim_memory_first(&reclaim, &signals) {
+                let resolved = m.outcome == "resolved";
+                decision.memory_reclaim = Some(m);
+                if resolved {
+                    let mut d = decision.clone();
+                    d.action = Action::Reclaimed {
+                        freed_bytes: d.memory_reclaim.as_ref().map_or(0, |m| m.freed_bytes),
+                        resolved: true,
+                        error: None,
+                    };
+                    self.emit(d);
+                    return;
+                }
+            }
             let layout = signals.fs_layout().unwrap_or_default();
             let steps = reclaim::reclaim_steps(reclaim.signal, layout);
             if steps.any() {
@@ -763,6 +792,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 decide_to_kill_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
+                memory_reclaim: None,
             };
             self.emit(d);
         }

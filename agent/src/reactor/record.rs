@@ -114,6 +114,42 @@ pub enum Action {
     },
 }
 
+/// What a memory reclaim before the eviction did (`memoryReclaim.enabled`, cgroup v2):
+/// attached to the decision it came before, whether it resolved the threshold or the pod
+/// was evicted anyway.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryReclaim {
+    /// The signal of the threshold acted on (`memory.available`).
+    pub signal: String,
+    /// The cgroup reclaim was asked of (`/kubepods` below the cgroup root).
+    pub cgroup: String,
+    /// `resolved` (the threshold cleared: nothing evicted), `skipped` (not tried: the
+    /// active file pages could not cover the shortfall), `bounded` (tried, stopped at the
+    /// time or step bound with the threshold still met), `short` (tried; what was left was
+    /// no longer file pages), or `failed` (the write failed).
+    pub outcome: String,
+    /// The shortfall when the decision was taken: threshold plus minimum reclaim minus
+    /// available, bytes.
+    pub shortfall_bytes: u64,
+    /// The cgroup's active file pages then, bytes.
+    pub active_file_bytes: u64,
+    /// Bytes asked of `memory.reclaim`, all steps together.
+    pub requested_bytes: u64,
+    /// What reclaim freed: the drop of the cgroup's file pages (active and inactive) over
+    /// the steps, bytes (a pod reading its file again meanwhile makes it an underestimate).
+    pub freed_bytes: u64,
+    /// `memory.reclaim` writes made.
+    pub steps: u32,
+    /// What the threshold's signal showed available at the last re-observation, bytes
+    /// (`None` when nothing was written).
+    pub available_after_bytes: Option<u64>,
+    /// How long it took, from the first decision to the last re-observation, ns.
+    pub took_ns: u64,
+    /// Why the write failed, if it did.
+    pub error: Option<String>,
+}
+
 /// One explained decision.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -134,6 +170,10 @@ pub struct Decision {
     pub ranking: Vec<RankedPod>,
     /// What was done.
     pub action: Action,
+    /// The memory reclaim tried (or skipped) before this action, when `memoryReclaim` is on
+    /// and the threshold acted on is a memory one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_reclaim: Option<MemoryReclaim>,
     /// From the waking kernel event's `at_ns` to the victim's SIGKILL; `None` when a timer
     /// woke the pass (the close watch or a grace period): then no kernel event marks the
     /// moment the threshold was crossed, and an earlier event of the episode would make the
@@ -180,6 +220,10 @@ impl Decision {
             .collect::<Vec<_>>()
             .join(",");
         let action = serde_json::to_string(&self.action).unwrap_or_default();
+        let memory_reclaim = self
+            .memory_reclaim
+            .as_ref()
+            .map(|m| serde_json::to_string(m).unwrap_or_default());
         // The `_ns` fields are exact for machines; these are the same times for people.
         let go = |ns: Option<u64>| ns.map_or_else(|| "-".to_string(), human::duration_ns);
         tracing::info!(
@@ -194,6 +238,7 @@ impl Decision {
             conditions = ?self.conditions,
             ranking = %ranking,
             action = %action,
+            memory_reclaim = memory_reclaim.as_deref(),
             reaction_lag = %go(self.reaction_lag_ns),
             reaction_lag_ns = self.reaction_lag_ns,
             decide_to_kill_ns = self.decide_to_kill_ns,

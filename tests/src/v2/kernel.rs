@@ -14,7 +14,7 @@ use crate::{memhog_bin, ChildGuard};
 
 /// The kernel features each v2 path of the agent needs are there: the memory controller on
 /// the unified hierarchy, per-cgroup PSI, `memory.events` with `oom_group_kill`,
-/// `memory.oom.group`, BTF and the `memcg:`/`oom:` tracepoints.
+/// `memory.oom.group`, `memory.reclaim` (proactive reclaim, `memoryReclaim`), BTF and the `memcg:`/`oom:` tracepoints.
 pub fn features() -> String {
     let mut notes = String::new();
     let controllers = read(&Path::new(MOUNT).join("cgroup.controllers"));
@@ -33,6 +33,7 @@ pub fn features() -> String {
         "memory.current",
         "memory.stat",
         "memory.max",
+        "memory.reclaim",
         "cpu.weight",
         "cpu.max",
         "pids.max",

@@ -14,6 +14,7 @@ pub mod kernel;
 pub mod oom;
 pub mod pods;
 pub mod pressure;
+pub mod reclaim;
 
 use std::path::Path;
 
@@ -77,6 +78,22 @@ pub const CHECKS: &[Entry] = &[
     on(
         "eviction_before_oom_woken_by_ebpf_threshold",
         pressure::eviction_before_oom_woken_by_ebpf_threshold,
+    ),
+    on(
+        "memory_reclaim_off_evicts_the_cache_reader",
+        reclaim::file_cache_evicted_kubelet_exact,
+    ),
+    on(
+        "memory_reclaim_on_keeps_the_cache_reader",
+        reclaim::file_cache_reclaimed_not_evicted,
+    ),
+    on(
+        "memory_reclaim_on_still_evicts_the_anonymous_hog",
+        reclaim::anonymous_hog_still_evicted,
+    ),
+    on(
+        "memory_reclaim_on_evicts_the_hog_keeps_the_reader",
+        reclaim::hog_evicted_reader_kept,
     ),
 ];
 

@@ -46,6 +46,7 @@
 //! ```
 
 mod fs;
+pub mod reclaim;
 pub mod tree;
 pub mod v1;
 pub mod v2;

@@ -7,7 +7,7 @@ use super::{fs, CgroupError, CgroupPath, MemoryUsage, Resources};
 use crate::decide::cgroups::CgroupVersion;
 
 /// Controllers the kubelet (cgroupfs driver) needs a pod's cgroup in; all must be mounted.
-const REQUIRED: [&str; 4] = ["cpu", "cpuacct", "cpuset", "memory"];
+pub(super) const REQUIRED: [&str; 4] = ["cpu", "cpuacct", "cpuset", "memory"];
 /// Controllers it also uses where they are mounted.
 const OPTIONAL: [&str; 2] = ["pids", "hugetlb"];
 
