@@ -257,6 +257,27 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
             }
             Err(broadcast::error::RecvError::Closed) => return,
         };
+        // A victim past its bound, still holding memory: said on the stream, since the
+        // next eviction (if any) is because of it.
+        if let Action::Released {
+            uid,
+            pod,
+            released: false,
+            pending_bytes,
+            ..
+        } = &d.action
+        {
+            events.publish(NodeEventKind::Recovery {
+                action: "eviction-pending".to_string(),
+                file: String::new(),
+                pod: pod.clone(),
+                uid: uid.clone(),
+                message: format!(
+                    "not gone past its bound after the kill, still holding {} bytes; the next pod is evicted if a threshold is still met",
+                    pending_bytes.unwrap_or(0)
+                ),
+            });
+        }
         if let Action::Evicted {
             uid,
             pod,

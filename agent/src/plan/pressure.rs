@@ -308,6 +308,7 @@ fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
     let config = input.config.unwrap_or_default();
     let capacity = input.capacity.unwrap_or_default();
     let settings = EvictionSettings {
+        hard_given: config.eviction_hard.is_some(),
         hard: to_strings(config.eviction_hard),
         soft: to_strings(config.eviction_soft),
         soft_grace_period: to_strings(config.eviction_soft_grace_period),

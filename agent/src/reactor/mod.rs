@@ -16,11 +16,18 @@
 //!    too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
-//!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
-//!    empty — its memory is then given back — and evaluate again at once; after a disk
-//!    eviction disk thresholds wait one housekeeping interval (the runtime frees the
-//!    victim's writable layer on its own time).
-//! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
+//!    `Failed`/`Evicted` with the kubelet's message. The eviction is started, not awaited:
+//!    the kill (grace 0) is made on the loop's task, the runtime's stop runs on its own, and
+//!    the victim stays in the loop's state until it is gone ([`inflight`]). Every pass goes
+//!    on deciding meanwhile, by [`crate::decide::inflight`]: victims dying count as memory
+//!    already freed, a hard threshold never waits behind a graceful eviction (the victim's
+//!    stop becomes a SIGKILL if it ranks first, else the first pod goes at grace 0), and a
+//!    victim not gone past its bound counts for nothing. After a disk eviction disk
+//!    thresholds wait one housekeeping interval (the runtime frees the victim's writable
+//!    layer on its own time). `serial_evictions` keeps the kubelet's way: wait for each
+//!    victim before the next pass.
+//! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision (an
+//!    eviction makes two: at the kill, and when its memory is back or at its bound); kernel
 //!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
 //!
 //! The loop owns its state (one task); pods are reached through [`PodControl`]. It owns the
@@ -30,6 +37,7 @@
 //! hands the sense layer back when it ends, for its lag statistics.
 
 mod evict;
+mod inflight;
 pub mod oom;
 pub mod pods;
 pub mod reclaim;
@@ -47,7 +55,8 @@ use tokio::sync::{broadcast, watch};
 
 use crate::act::cgroups::CgroupManager;
 use crate::config::Config;
-use crate::decide::pressure::{pass, thresholds_met, EvictionState};
+use crate::decide::inflight::uncovered;
+use crate::decide::pressure::{pass, pick_reclaim, reclaim_of, thresholds_met, EvictionState};
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
@@ -88,8 +97,18 @@ pub struct ReactorSettings {
     pub max_pod_grace_period: i64,
     /// The housekeeping interval: the longest the loop sleeps without an event.
     pub housekeeping: Duration,
-    /// How long to wait for an evicted pod's cgroup to empty before deciding again.
+    /// With `serial_evictions`, how long to wait for an evicted pod's cgroup to empty after
+    /// its stop before deciding again.
     pub release_wait: Duration,
+    /// How long after its kill (SIGKILL, or the end of its grace period) a victim may take
+    /// to be gone before the loop stops counting on its memory and evicts the next pod if a
+    /// threshold is still met (a frozen cgroup, a process in D state, a hung runtime stop).
+    /// The victim stays in flight until it is gone.
+    pub victim_bound: Duration,
+    /// Wait for each eviction to finish and its memory to come back before the next pass —
+    /// the kubelet's behaviour, kept for the bench's "kubelet-like" comparison. Default
+    /// `false`: evictions run in flight and the loop keeps observing and deciding.
+    pub serial_evictions: bool,
     /// How often to re-read the signals while a memory signal is close to a threshold.
     pub close_poll: Duration,
     /// How many pods of the ranking each decision records.
@@ -104,6 +123,9 @@ impl ReactorSettings {
     pub fn from_config(config: &Config) -> Result<ReactorSettings, ThresholdError> {
         let settings = EvictionSettings {
             hard: config.eviction_hard.clone(),
+            // The config's own default holds the kubelet's defaults (an absent key); an
+            // empty map there was written so.
+            hard_given: true,
             soft: config.eviction_soft.clone(),
             soft_grace_period: config.eviction_soft_grace_period.clone(),
             minimum_reclaim: config.eviction_minimum_reclaim.clone(),
@@ -125,6 +147,8 @@ impl ReactorSettings {
             max_pod_grace_period: config.eviction_max_pod_grace_period,
             housekeeping: config.housekeeping_interval.0,
             release_wait: Duration::from_secs(10),
+            victim_bound: Duration::from_secs(2),
+            serial_evictions: false,
             close_poll: Duration::from_millis(1),
             ranking_top: 5,
             cgroup_root: if config.cgroup_root.is_empty() {
@@ -247,6 +271,23 @@ pub struct Reactor<P> {
     /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
     /// acted on (see [`Reactor::disk_held`]); 0 when none.
     disk_hold_until_ns: u64,
+    /// The evictions in flight (see [`inflight`]).
+    in_flight: Vec<inflight::InFlight>,
+    /// How many victims in flight hold the charge programs off.
+    charge_holds: usize,
+    /// Where stop tasks report their end, and where the loop takes it.
+    stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
+    stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
+}
+
+/// What woke the loop.
+enum Woke {
+    /// A sense event, or the re-check timer (`None`).
+    Sense(Option<Received>),
+    /// An eviction's stop ended.
+    StopEnded(inflight::StopEnded),
+    /// The running pods changed.
+    Pods,
 }
 
 /// What [`Reactor::with_tap`] takes: called with every event the loop receives.
@@ -287,6 +328,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         cgroups: CgroupManager,
         reclaimer: Option<Arc<dyn NodeReclaim>>,
     ) -> Reactor<P> {
+        let (stop_tx, stop_rx) = inflight::stop_channel();
         Reactor {
             settings,
             observer,
@@ -310,6 +352,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             thresholds: MemcgThresholds::default(),
             charge_switch: None,
             disk_hold_until_ns: 0,
+            in_flight: Vec::new(),
+            charge_holds: 0,
+            stop_tx,
+            stop_rx,
         }
     }
 
@@ -350,15 +396,27 @@ impl<P: PodControl + 'static> Reactor<P> {
                 return sense;
             }
             let sleep = self.next_recheck();
-            let first = tokio::select! {
+            // Shutdown comes first: the loop ends at once whatever is in flight; the stops
+            // under way are the pod manager's, written ahead, and a restarted agent
+            // finishes them.
+            let woke = tokio::select! {
                 biased;
+                _ = shutdown.changed() => return sense,
                 r = sense.next() => match r {
-                    Some(r) => Some(r),
+                    Some(r) => Woke::Sense(Some(r)),
                     None => return sense,
                 },
-                () = tokio::time::sleep(sleep) => None,
-                _ = shutdown.changed() => return sense,
-                Some(()) = next_change(&mut pods_changed) => {
+                Some(ended) = self.stop_rx.recv() => Woke::StopEnded(ended),
+                () = tokio::time::sleep(sleep) => Woke::Sense(None),
+                Some(()) = next_change(&mut pods_changed) => Woke::Pods,
+            };
+            let first = match woke {
+                Woke::Sense(first) => first,
+                Woke::StopEnded(ended) => {
+                    self.stop_ended(ended);
+                    continue;
+                }
+                Woke::Pods => {
                     self.warm_pods();
                     continue;
                 }
@@ -461,6 +519,9 @@ impl<P: PodControl + 'static> Reactor<P> {
                 wait = wait.min(due + 1);
             }
         }
+        if let Some(d) = self.in_flight_recheck(u64::try_from(now).unwrap_or(0)) {
+            wait = wait.min(i128::try_from(d.as_nanos()).unwrap_or(0));
+        }
         Duration::from_nanos(u64::try_from(wait.max(0)).unwrap_or(u64::MAX))
     }
 
@@ -484,6 +545,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 transition,
             );
             self.state = next;
+            self.track(signals.monotonic_ns);
             self.close = self.is_close(&signals);
             self.record_metrics(&observations, &result.conditions);
             self.pressure.send_replace(Some(status::snapshot(
@@ -527,9 +589,22 @@ impl<P: PodControl + 'static> Reactor<P> {
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
             };
-            let reclaim = result
-                .reclaim
-                .filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
+            // With evictions in flight, only the thresholds their victims do not stand for
+            // call for another (`decide::inflight`); with none, the pass's choice.
+            let reclaim = if self.in_flight.is_empty() {
+                result.reclaim
+            } else {
+                let victims = self.victims(signals.monotonic_ns);
+                let open = uncovered(
+                    &self.settings.thresholds,
+                    &result.met,
+                    &observations,
+                    &victims,
+                );
+                pick_reclaim(&self.settings.thresholds, &open)
+                    .and_then(|i| reclaim_of(&self.settings.thresholds, i, &observations))
+            };
+            let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
             let Some(reclaim) = reclaim else {
                 if !decision.met.is_empty() || conditions_changed {
                     self.emit(decision);
@@ -577,6 +652,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.emit(decision);
             if !evicted {
                 return;
+            }
+            if self.settings.serial_evictions {
+                self.wait_serially().await;
             }
             if reclaim::reclaims_node_level(reclaim.signal) {
                 self.disk_hold_until_ns = monotonic_ns().saturating_add(
