@@ -275,6 +275,9 @@ pub struct Reactor<P> {
     in_flight: Vec<inflight::InFlight>,
     /// How many victims in flight hold the charge programs off.
     charge_holds: usize,
+    /// Whether the last pass found its thresholds covered by the victims in flight (and
+    /// recorded it): the passes after it that find the same are not recorded again.
+    covered_said: bool,
     /// Where stop tasks report their end, and where the loop takes it.
     stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
     stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
@@ -354,6 +357,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             disk_hold_until_ns: 0,
             in_flight: Vec::new(),
             charge_holds: 0,
+            covered_said: false,
             stop_tx,
             stop_rx,
         }
@@ -604,9 +608,13 @@ impl<P: PodControl + 'static> Reactor<P> {
                 pick_reclaim(&self.settings.thresholds, &open)
                     .and_then(|i| reclaim_of(&self.settings.thresholds, i, &observations))
             };
+            // A pass whose thresholds the victims in flight stand for is recorded once, not
+            // on every re-read while they go.
+            let covered = result.reclaim.is_some() && reclaim.is_none();
+            let said = std::mem::replace(&mut self.covered_said, covered);
             let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
             let Some(reclaim) = reclaim else {
-                if !decision.met.is_empty() || conditions_changed {
+                if (!decision.met.is_empty() && !(covered && said)) || conditions_changed {
                     self.emit(decision);
                 }
                 return;
