@@ -77,7 +77,10 @@ fn container_cgroup(agent: &TestAgent, name: &str) -> String {
         .unwrap_or_else(|| panic!("pod {name} listed"));
     format!(
         "{}/app",
-        p["cgroup"].as_str().unwrap().trim_start_matches('/')
+        p["cgroup"]
+            .as_str()
+            .expect("the pod's cgroup")
+            .trim_start_matches('/')
     )
 }
 
@@ -128,7 +131,7 @@ impl OomWatch {
             let (seen, stop) = (Arc::clone(&seen), Arc::clone(&stop));
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let mut seen = seen.lock().unwrap();
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
                     for (dir, max) in seen.iter_mut() {
                         if let Some(n) = oom_kills(dir) {
                             *max = (*max).max(n);
@@ -148,16 +151,19 @@ impl OomWatch {
 
     fn watch(&self, dir: PathBuf) {
         let n = oom_kills(&dir).expect("the memcg's oom_control");
-        self.seen.lock().unwrap().push((dir, n));
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((dir, n));
     }
 
     /// Every watched memcg with a kernel OOM kill counted.
     fn killed(mut self) -> Vec<(PathBuf, u64)> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
-            t.join().unwrap();
+            t.join().expect("the OOM watch thread");
         }
-        let seen = self.seen.lock().unwrap();
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.iter().filter(|(_, n)| *n > 0).cloned().collect()
     }
 }
@@ -273,9 +279,10 @@ impl Freezer {
 
     fn freeze(&self, pids: &[u32]) {
         for pid in pids {
-            std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+            std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+                .expect("a process moved into the freezer");
         }
-        std::fs::write(self.0.join("freezer.state"), "FROZEN").unwrap();
+        std::fs::write(self.0.join("freezer.state"), "FROZEN").expect("the freezer frozen");
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::read_to_string(self.0.join("freezer.state"))
             .unwrap_or_default()

@@ -447,6 +447,29 @@ mod tests {
     }
 
     #[test]
+    fn an_explicit_empty_eviction_hard_means_no_hard_thresholds() {
+        let input = |config: Value| {
+            json!({
+                "capacity": {"memory": "1Gi", "nodefs": "100Gi"},
+                "config": config,
+                "observations": [
+                    {"at": "2026-01-01T00:00:00Z", "memory.available": "50Mi", "nodefs.available": "1Gi"}
+                ]
+            })
+        };
+        // `{}`: nothing met however low memory is (the kubelet defaults only a nil map).
+        let out = run_json(input(json!({"evictionHard": {}}))).unwrap();
+        assert_eq!(out["thresholds"], json!([]), "{out}");
+        assert_eq!(out["steps"][0]["met"], json!([]));
+        // Absent: the defaults.
+        let out = run_json(input(json!({}))).unwrap();
+        assert_eq!(
+            out["steps"][0]["met"],
+            json!(["memory.available", "nodefs.available"])
+        );
+    }
+
+    #[test]
     fn soft_threshold_grace_and_pod_grace_ceiling() {
         let out = run_json(json!({
             "config": {"evictionHard": {"memory.available": "100Mi"},
