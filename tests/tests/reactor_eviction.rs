@@ -355,13 +355,16 @@ async fn the_ebpf_level_follows_page_cache_under_a_mebibyte() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evictions_follow_the_ranking_one_pod_at_a_time() {
+/// Three pods evicted down the ranking by a threshold no eviction can resolve: the
+/// evictions (`E`) and release records (`R`) with their pod, in the order recorded; `None`
+/// when the test cannot run here. With `serial`, the loop waits for each victim
+/// (`serial_evictions`, the kubelet's way).
+async fn ranked_evictions(name: &'static str, serial: bool) -> Option<Vec<(char, String)>> {
     if !ready() {
-        return;
+        return None;
     }
     let mut node = Node::start(NodeSpec {
-        name: "reactor-order",
+        name,
         capacity_mi: 512,
         // Met with the pods below; the minimum reclaim can never be satisfied, so no victim
         // in flight covers it and the loop keeps evicting, one pod per evaluation, down the
@@ -397,21 +400,22 @@ async fn evictions_follow_the_ranking_one_pod_at_a_time() {
     node.wait_usage("g", None, 40 * MI).await;
     node.wait_usage("b", Some("burstable"), 200 * MI).await;
     node.wait_usage("be", Some("besteffort"), 80 * MI).await;
-    node.start_loop();
-    let mut order = Vec::new();
-    let mut back = Vec::new();
+    node.start_loop_with(|_, s| s.serial_evictions = serial);
+    let mut seen = Vec::new();
+    let mut back = 0;
     while let Some(d) = node.next_action(Duration::from_secs(15)).await {
         match &d.action {
             Action::Evicted { uid, .. } => {
                 // Each victim first in its own ranking: the victims in flight are not
                 // ranked again.
                 assert_eq!(d.ranking.first().map(|p| p.uid.clone()), Some(uid.clone()));
-                order.push(uid.clone());
+                seen.push(('E', uid.clone()));
             }
             Action::Released { uid, released, .. } => {
                 assert!(*released, "{d:?}");
-                back.push(uid.clone());
-                if back.len() == 3 {
+                seen.push(('R', uid.clone()));
+                back += 1;
+                if back == 3 {
                     break;
                 }
             }
@@ -420,7 +424,37 @@ async fn evictions_follow_the_ranking_one_pod_at_a_time() {
         }
     }
     node.finish().await;
-    assert_eq!(order, ["b", "be", "g"]);
+    Some(seen)
+}
+
+fn evicted(seen: &[(char, String)]) -> Vec<&str> {
+    seen.iter()
+        .filter(|(k, _)| *k == 'E')
+        .map(|(_, u)| u.as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_follow_the_ranking_one_pod_per_evaluation() {
+    let Some(seen) = ranked_evictions("reactor-order", false).await else {
+        return;
+    };
+    eprintln!("{seen:?}");
+    assert_eq!(evicted(&seen), ["b", "be", "g"], "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serial_evictions_wait_for_each_victim_as_the_kubelet_does() {
+    let Some(seen) = ranked_evictions("reactor-serial", true).await else {
+        return;
+    };
+    eprintln!("{seen:?}");
+    // Each eviction's release is recorded before the next eviction.
+    let want: Vec<(char, String)> = ["b", "be", "g"]
+        .iter()
+        .flat_map(|u| [('E', u.to_string()), ('R', u.to_string())])
+        .collect();
+    assert_eq!(seen, want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
