@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use super::inflight::InFlight;
-use super::pods::{ActivePod, EvictionStatus, PodControl};
+use super::pods::{ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
 use crate::decide::pod::PodInfo;
@@ -202,11 +202,14 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// The pods to rank: the running ones whose eviction is not in flight, and for a hard
     /// threshold the ones in their grace period too (listed last, so ties keep the running
-    /// pods first).
-    fn candidates(&self, hard: bool, resource: Resource) -> Vec<ActivePod> {
-        let mut pods: Vec<ActivePod> = self
-            .pods
-            .pods()
+    /// pods first). With nothing in flight, the running pods as shared (no copy on the
+    /// reaction's path).
+    fn candidates(&self, hard: bool, resource: Resource) -> ActivePods {
+        let running = self.pods.pods();
+        if self.in_flight.is_empty() {
+            return running;
+        }
+        let mut pods: Vec<ActivePod> = running
             .iter()
             .filter(|p| !self.in_flight.iter().any(|f| f.pod.info.uid == p.info.uid))
             .cloned()
@@ -219,7 +222,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     .map(|f| f.pod.clone()),
             );
         }
-        pods
+        pods.into()
     }
 
     /// Hard before soft: SIGKILL now to the victim in flight `at`, in its grace period and
