@@ -16,6 +16,7 @@ use super::inflight::InFlight;
 use super::pods::{ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
+use crate::decide::inflight::{hard_choice, HardChoice};
 use crate::decide::pod::PodInfo;
 use crate::decide::pressure::{threshold_met_text, Reclaim};
 use crate::decide::rank::{charged, eviction_message, first_for_memory, rank};
@@ -80,7 +81,17 @@ impl<P: PodControl + 'static> Reactor<P> {
             }
             let order = rank(reclaim.signal, layout, &infos, &self.summary.index());
             decision.ranking = self.ranked(&order, &infos);
-            let victim = order.iter().copied().find(|&i| !infos[i].is_critical());
+            // The first non-critical pod; one whose graceful eviction is in flight (listed
+            // only for a hard threshold) is escalated below.
+            let in_flight = |i: usize| {
+                self.in_flight
+                    .iter()
+                    .any(|f| f.pod.info.uid == infos[i].uid)
+            };
+            let victim =
+                hard_choice(&order, |i| infos[i].is_critical(), in_flight).map(|c| match c {
+                    HardChoice::Escalate(i) | HardChoice::Evict(i) => i,
+                });
             (victim, None)
         };
         let Some(victim) = victim else {
