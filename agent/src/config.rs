@@ -590,6 +590,9 @@ impl Config {
     fn validate_eviction(&self) -> Result<(), ConfigError> {
         let settings = crate::decide::thresholds::EvictionSettings {
             hard: self.eviction_hard.clone(),
+            // The config's own default holds the kubelet's defaults (an absent key); an
+            // empty map there was written so.
+            hard_given: true,
             soft: self.eviction_soft.clone(),
             soft_grace_period: self.eviction_soft_grace_period.clone(),
             minimum_reclaim: self.eviction_minimum_reclaim.clone(),

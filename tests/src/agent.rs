@@ -165,6 +165,30 @@ impl TestAgent {
         }
     }
 
+    /// Sends `signal` to the agent (by pid) and waits up to `limit` for it to exit: how long
+    /// it took, or `None` when it was still running then (it is SIGKILLed and reaped).
+    pub fn stop_within(
+        &mut self,
+        signal: rustix::process::Signal,
+        limit: Duration,
+    ) -> Option<Duration> {
+        let mut c = self.child.take()?;
+        let pid = rustix::process::Pid::from_child(&c);
+        let started = Instant::now();
+        let _ = rustix::process::kill_process(pid, signal);
+        loop {
+            if let Ok(Some(_)) = c.try_wait() {
+                return Some(started.elapsed());
+            }
+            if started.elapsed() > limit {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// `reactor events --json` (only `kind` when given) beside the test, each line parsed on
     /// the receiver; the child is killed (by pid) when the guard drops.
     pub fn follow_events(

@@ -354,6 +354,24 @@ impl Node {
         }
     }
 
+    /// The second record of pod `uid`'s eviction ([`Action::Released`]: its memory back, or
+    /// still pending at the bound), up to `timeout`; the decisions before it are dropped.
+    pub async fn released(&mut self, uid: &str, timeout: Duration) -> Option<Decision> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let d = tokio::time::timeout_at(deadline, self.lp().decisions.recv())
+                .await
+                .ok()?;
+            match d {
+                Ok(d) if matches!(&d.action, Action::Released { uid: u, .. } if u == uid) => {
+                    return Some(d)
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+
     /// Whether every container of the pod runs.
     pub async fn is_running(&self, uid: &str) -> bool {
         match self.runtime.pod_status(uid).await {

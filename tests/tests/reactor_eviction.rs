@@ -77,14 +77,33 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                     released,
                     ..
                 } => {
+                    assert!(!*released, "the first record is made at the kill");
                     assert_eq!(victim, &uid, "only the BestEffort pod is evicted: {d:?}");
                     assert!(
                         message.starts_with("The node was low on resource: memory. Threshold quantity: 128Mi, available: "),
                         "{message}"
                     );
                     assert!(message.contains("Container app was using"), "{message}");
-                    assert!(*released, "the victim's cgroup emptied");
-                    let status = node.pods.eviction_status(&uid).unwrap();
+                    // The second record: the victim's cgroup emptied, timed from the kill.
+                    let back = node
+                        .released(&uid, Duration::from_secs(10))
+                        .await
+                        .expect("the eviction's release record");
+                    assert!(
+                        matches!(back.action, Action::Released { released: true, .. }),
+                        "the victim's cgroup emptied: {back:?}"
+                    );
+                    assert!(back.release_ns.is_some(), "{back:?}");
+                    // The status is set when the runtime's stop ends, off the loop.
+                    let mut status = None;
+                    for _ in 0..500 {
+                        status = node.pods.eviction_status(&uid);
+                        if status.is_some() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    let status = status.expect("the evicted pod's status");
                     assert_eq!(
                         (status.phase.as_str(), status.reason.as_str()),
                         ("Failed", "Evicted")
@@ -103,7 +122,7 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                         d.wake.event.as_ref().map(|e| d.observed_at_ns.saturating_sub(e.at_ns)),
                         d.reaction_lag_ns,
                         d.decide_to_kill_ns,
-                        d.release_ns
+                        back.release_ns
                     );
                     if let Some(l) = d.reaction_lag_ns {
                         lags.push(l);
@@ -336,16 +355,20 @@ async fn the_ebpf_level_follows_page_cache_under_a_mebibyte() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evictions_follow_the_ranking_one_pod_at_a_time() {
+/// Three pods evicted down the ranking by a threshold no eviction can resolve: the
+/// evictions (`E`) and release records (`R`) with their pod, in the order recorded; `None`
+/// when the test cannot run here. With `serial`, the loop waits for each victim
+/// (`serial_evictions`, the kubelet's way).
+async fn ranked_evictions(name: &'static str, serial: bool) -> Option<Vec<(char, String)>> {
     if !ready() {
-        return;
+        return None;
     }
     let mut node = Node::start(NodeSpec {
-        name: "reactor-order",
+        name,
         capacity_mi: 512,
-        // Met with the pods below; the minimum reclaim can never be satisfied, so the loop
-        // keeps evicting, one pod per evaluation, down the ranking.
+        // Met with the pods below; the minimum reclaim can never be satisfied, so no victim
+        // in flight covers it and the loop keeps evicting, one pod per evaluation, down the
+        // ranking.
         hard: &[("allocatableMemory.available", "400Mi")],
         soft: &[],
         min_reclaim: &[("allocatableMemory.available", "200Mi")],
@@ -377,21 +400,22 @@ async fn evictions_follow_the_ranking_one_pod_at_a_time() {
     node.wait_usage("g", None, 40 * MI).await;
     node.wait_usage("b", Some("burstable"), 200 * MI).await;
     node.wait_usage("be", Some("besteffort"), 80 * MI).await;
-    node.start_loop();
-    let mut order = Vec::new();
-    let mut last_release_at = 0u64;
+    node.start_loop_with(|_, s| s.serial_evictions = serial);
+    let mut seen = Vec::new();
+    let mut back = 0;
     while let Some(d) = node.next_action(Duration::from_secs(15)).await {
         match &d.action {
-            Action::Evicted { uid, released, .. } => {
-                assert!(*released);
-                assert!(
-                    d.observed_at_ns >= last_release_at,
-                    "one pod at a time: {d:?}"
-                );
-                last_release_at = d.observed_at_ns + d.release_ns.unwrap_or(0);
+            Action::Evicted { uid, .. } => {
+                // Each victim first in its own ranking: the victims in flight are not
+                // ranked again.
                 assert_eq!(d.ranking.first().map(|p| p.uid.clone()), Some(uid.clone()));
-                order.push(uid.clone());
-                if order.len() == 3 {
+                seen.push(('E', uid.clone()));
+            }
+            Action::Released { uid, released, .. } => {
+                assert!(*released, "{d:?}");
+                seen.push(('R', uid.clone()));
+                back += 1;
+                if back == 3 {
                     break;
                 }
             }
@@ -400,7 +424,37 @@ async fn evictions_follow_the_ranking_one_pod_at_a_time() {
         }
     }
     node.finish().await;
-    assert_eq!(order, ["b", "be", "g"]);
+    Some(seen)
+}
+
+fn evicted(seen: &[(char, String)]) -> Vec<&str> {
+    seen.iter()
+        .filter(|(k, _)| *k == 'E')
+        .map(|(_, u)| u.as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_follow_the_ranking_one_pod_per_evaluation() {
+    let Some(seen) = ranked_evictions("reactor-order", false).await else {
+        return;
+    };
+    eprintln!("{seen:?}");
+    assert_eq!(evicted(&seen), ["b", "be", "g"], "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serial_evictions_wait_for_each_victim_as_the_kubelet_does() {
+    let Some(seen) = ranked_evictions("reactor-serial", true).await else {
+        return;
+    };
+    eprintln!("{seen:?}");
+    // Each eviction's release is recorded before the next eviction.
+    let want: Vec<(char, String)> = ["b", "be", "g"]
+        .iter()
+        .flat_map(|u| [('E', u.to_string()), ('R', u.to_string())])
+        .collect();
+    assert_eq!(seen, want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

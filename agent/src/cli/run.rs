@@ -271,6 +271,27 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
                 error: m.error.clone().unwrap_or_default(),
             });
         }
+        // A victim past its bound, still holding memory: said on the stream, since the
+        // next eviction (if any) is because of it.
+        if let Action::Released {
+            uid,
+            pod,
+            released: false,
+            pending_bytes,
+            ..
+        } = &d.action
+        {
+            events.publish(NodeEventKind::Recovery {
+                action: "eviction-pending".to_string(),
+                file: String::new(),
+                pod: pod.clone(),
+                uid: uid.clone(),
+                message: format!(
+                    "not gone past its bound after the kill, still holding {}; the next pod is evicted if a threshold is still met",
+                    reactor::human::bytes(i128::from(pending_bytes.unwrap_or(0)))
+                ),
+            });
+        }
         if let Action::Evicted {
             uid,
             pod,

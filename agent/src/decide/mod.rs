@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod cgroups;
 pub mod duration;
 pub mod image_gc;
+pub mod inflight;
 pub mod memory_reclaim;
 pub mod pod;
 pub mod preempt;

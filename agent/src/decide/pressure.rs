@@ -179,20 +179,8 @@ pub fn pass(
         })
         .collect();
 
-    let reclaim = pick_reclaim(thresholds, &fresh).and_then(|i| {
-        let t = &thresholds[i];
-        let obs = observations.get(t.signal)?;
-        let capacity = obs.capacity.unwrap_or(Quantity::ZERO);
-        Some(Reclaim {
-            threshold: i,
-            signal: t.signal,
-            resource: t.signal.resource(),
-            reclaim_to: t.level(capacity, true),
-            threshold_quantity: t.level(capacity, false),
-            available: obs.available,
-            hard: t.is_hard(),
-        })
-    });
+    let reclaim =
+        pick_reclaim(thresholds, &fresh).and_then(|i| reclaim_of(thresholds, i, observations));
 
     let next = EvictionState {
         first_observed_at,
@@ -208,6 +196,27 @@ pub fn pass(
             reclaim,
         },
     )
+}
+
+/// What reclaiming for threshold `i` means with `observations`; `None` when its signal was
+/// not observed.
+pub fn reclaim_of(
+    thresholds: &[Threshold],
+    i: usize,
+    observations: &Observations,
+) -> Option<Reclaim> {
+    let t = thresholds.get(i)?;
+    let obs = observations.get(t.signal)?;
+    let capacity = obs.capacity.unwrap_or(Quantity::ZERO);
+    Some(Reclaim {
+        threshold: i,
+        signal: t.signal,
+        resource: t.signal.resource(),
+        reclaim_to: t.level(capacity, true),
+        threshold_quantity: t.level(capacity, false),
+        available: obs.available,
+        hard: t.is_hard(),
+    })
 }
 
 /// The threshold to reclaim for: memory signals before all others (the kubelet's

@@ -145,6 +145,10 @@ impl ThresholdError {
 pub struct EvictionSettings {
     /// `evictionHard`.
     pub hard: BTreeMap<String, String>,
+    /// Whether `evictionHard` was given at all (an explicit `{}` included). The kubelet
+    /// applies its defaults only when the field is absent (`if obj.EvictionHard == nil`):
+    /// given empty, there are no hard thresholds (unless merging with the defaults).
+    pub hard_given: bool,
     /// `evictionSoft`.
     pub soft: BTreeMap<String, String>,
     /// `evictionSoftGracePeriod` (Go durations).
@@ -258,7 +262,7 @@ pub fn effective_hard(settings: &EvictionSettings) -> BTreeMap<String, String> {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>()
     };
-    if settings.hard.is_empty() {
+    if settings.hard.is_empty() && !settings.hard_given {
         return defaults();
     }
     if settings.merge_defaults {
@@ -502,6 +506,18 @@ mod tests {
             ts[0].value,
             ThresholdValue::Quantity(Quantity::from_units(500 << 20))
         );
+        // Given as an explicit empty map: no hard thresholds, as the kubelet (its defaults
+        // apply only when the field is absent); merging still brings them in.
+        let empty = EvictionSettings {
+            hard_given: true,
+            ..settings(&[])
+        };
+        assert!(parse_thresholds(&empty).unwrap().is_empty());
+        let merged_empty = EvictionSettings {
+            merge_defaults: true,
+            ..empty
+        };
+        assert_eq!(parse_thresholds(&merged_empty).unwrap().len(), 5);
         // "0%" switches a default off even when merging.
         let off = EvictionSettings {
             hard: map(&[("nodefs.available", "0%")]),

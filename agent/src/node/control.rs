@@ -26,13 +26,18 @@ impl PodControl for PodManager {
         Some(rx)
     }
 
+    fn kill_now(&self, uid: &str, status: &EvictionStatus) -> Option<Evicted> {
+        PodManager::kill_now(self, uid, &status.reason, &status.message)
+    }
+
     async fn evict(
         &self,
         uid: &str,
         grace: Duration,
         status: EvictionStatus,
+        killed: Option<Evicted>,
     ) -> Result<Evicted, EvictError> {
-        PodManager::evict(self, uid, grace, &status.reason, &status.message)
+        PodManager::evict_killed(self, uid, grace, &status.reason, &status.message, killed)
             .await
             .map_err(|e| match e {
                 NodeError::Runtime(r) => EvictError::Runtime(r),

@@ -285,6 +285,20 @@ impl PodManager {
         } else {
             None
         };
+        self.evict_killed(uid, grace, reason, message, killed).await
+    }
+
+    /// [`PodManager::evict`] after the caller's own [`PodManager::kill_now`] (`killed`, its
+    /// result; `None` when it killed nothing): the reactor loop kills on its own task and
+    /// leaves this, the bookkeeping and the runtime's stop, to a task it does not await.
+    pub async fn evict_killed(
+        &self,
+        uid: &str,
+        grace: Duration,
+        reason: &str,
+        message: &str,
+        killed: Option<Evicted>,
+    ) -> Result<EvictedPod, NodeError> {
         self.ask(|reply| Command::Evict {
             uid: uid.to_string(),
             grace,
@@ -306,7 +320,7 @@ impl PodManager {
     /// The kill is noted in the kill journal right after the signal ([`KillJournal`]), so
     /// an agent killed before the owner task's write-ahead record still ends the pod evicted
     /// after its restart instead of starting it again.
-    fn kill_now(&self, uid: &str, reason: &str, message: &str) -> Option<Evicted> {
+    pub fn kill_now(&self, uid: &str, reason: &str, message: &str) -> Option<Evicted> {
         let cgroup = self
             .active
             .borrow()

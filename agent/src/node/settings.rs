@@ -72,6 +72,9 @@ impl NodePlan {
         let enforce_pods = config.enforce_node_allocatable.iter().any(|s| s == "pods");
         let hard = effective_hard(&EvictionSettings {
             hard: config.eviction_hard.clone(),
+            // The config's own default holds the kubelet's defaults (an absent key); an
+            // empty map there was written so.
+            hard_given: true,
             soft: Default::default(),
             soft_grace_period: Default::default(),
             minimum_reclaim: Default::default(),

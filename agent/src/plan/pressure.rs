@@ -361,6 +361,7 @@ fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
     let config = input.config.unwrap_or_default();
     let capacity = input.capacity.unwrap_or_default();
     let settings = EvictionSettings {
+        hard_given: config.eviction_hard.is_some(),
         hard: to_strings(config.eviction_hard),
         soft: to_strings(config.eviction_soft),
         soft_grace_period: to_strings(config.eviction_soft_grace_period),
@@ -535,6 +536,29 @@ mod tests {
         assert_eq!(
             out["steps"][1]["evict"],
             json!({"signal": "memory.available", "reclaimTo": "100Mi", "gracePeriodSeconds": 0})
+        );
+    }
+
+    #[test]
+    fn an_explicit_empty_eviction_hard_means_no_hard_thresholds() {
+        let input = |config: Value| {
+            json!({
+                "capacity": {"memory": "1Gi", "nodefs": "100Gi"},
+                "config": config,
+                "observations": [
+                    {"at": "2026-01-01T00:00:00Z", "memory.available": "50Mi", "nodefs.available": "1Gi"}
+                ]
+            })
+        };
+        // `{}`: nothing met however low memory is (the kubelet defaults only a nil map).
+        let out = run_json(input(json!({"evictionHard": {}}))).unwrap();
+        assert_eq!(out["thresholds"], json!([]), "{out}");
+        assert_eq!(out["steps"][0]["met"], json!([]));
+        // Absent: the defaults.
+        let out = run_json(input(json!({}))).unwrap();
+        assert_eq!(
+            out["steps"][0]["met"],
+            json!(["memory.available", "nodefs.available"])
         );
     }
 

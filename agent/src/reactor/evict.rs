@@ -12,10 +12,11 @@
 
 use std::time::Duration;
 
-use super::pods::{ActivePod, EvictionStatus, PodControl};
+use super::inflight::InFlight;
+use super::pods::{ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
-use crate::act::cgroups::CgroupPath;
+use crate::decide::inflight::{hard_choice, HardChoice};
 use crate::decide::pod::PodInfo;
 use crate::decide::pressure::{threshold_met_text, Reclaim};
 use crate::decide::rank::{charged, eviction_message, first_for_memory, rank};
@@ -30,8 +31,12 @@ use crate::sense::monotonic_ns;
 type MemoryReads = (Vec<String>, Vec<Option<u64>>, Vec<Option<Option<u64>>>);
 
 impl<P: PodControl + 'static> Reactor<P> {
-    /// Ranks, evicts the first non-critical pod and waits for its memory to be released;
-    /// fills in `decision`. Returns whether a pod was evicted.
+    /// Ranks and starts evicting the first non-critical pod (the kill itself, for grace 0,
+    /// is made here; the runtime's stop runs off the loop, see [`super::inflight`]); fills in
+    /// `decision`. Pods whose eviction is in flight are not ranked again, except, for a hard
+    /// threshold, the ones still in their grace period: if one of them ranks first its stop
+    /// becomes a SIGKILL now (hard before soft). Returns whether a pod was evicted or
+    /// escalated.
     pub(super) async fn evict_one(
         &mut self,
         reclaim: &Reclaim,
@@ -40,9 +45,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         layout: FsLayout,
         decision: &mut Decision,
     ) -> bool {
-        let pods = self.pods.pods();
-        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let resource = reclaim.signal.resource();
+        let pods = self.candidates(reclaim.hard, resource);
+        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         // Memory: the victim from every pod's usage and the fewest working sets
         // (`first_for_memory`), nothing copied per pod but its cgroup's path; the full
         // ranking for the record is completed after the kill. Other signals: the full
@@ -76,7 +81,17 @@ impl<P: PodControl + 'static> Reactor<P> {
             }
             let order = rank(reclaim.signal, layout, &infos, &self.summary.index());
             decision.ranking = self.ranked(&order, &infos);
-            let victim = order.iter().copied().find(|&i| !infos[i].is_critical());
+            // The first non-critical pod; one whose graceful eviction is in flight (listed
+            // only for a hard threshold) is escalated below.
+            let in_flight = |i: usize| {
+                self.in_flight
+                    .iter()
+                    .any(|f| f.pod.info.uid == infos[i].uid)
+            };
+            let victim =
+                hard_choice(&order, |i| infos[i].is_critical(), in_flight).map(|c| match c {
+                    HardChoice::Escalate(i) | HardChoice::Evict(i) => i,
+                });
             (victim, None)
         };
         let Some(victim) = victim else {
@@ -88,6 +103,16 @@ impl<P: PodControl + 'static> Reactor<P> {
         };
         let pod = &pods[victim];
         let info = &pod.info;
+        if let Some(at) = self
+            .in_flight
+            .iter()
+            .position(|f| f.pod.info.uid == info.uid)
+        {
+            if let Some(reads) = memory_reads {
+                self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
+            }
+            return self.escalate(at, reclaim, decision);
+        }
         let Some(threshold) = self.settings.thresholds.get(reclaim.threshold) else {
             return false;
         };
@@ -123,30 +148,129 @@ impl<P: PodControl + 'static> Reactor<P> {
         );
         let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
         let uid = info.uid.clone();
-        // With grace 0 the victim's teardown starts with the kill below: the charge
-        // programs come off their tracepoint meanwhile, which every page it gives back
-        // would otherwise fire twice; queued here, done on the switch's own thread, so
-        // the kill does not wait for it. The loop does not look again before the release
-        // below, and the programs are back before it does (see `ChargeSwitch`).
-        let paused = match &self.charge_switch {
-            Some(switch) if grace == 0 => {
-                switch.pause();
-                true
-            }
-            _ => false,
+        let expected_bytes = memory_reads
+            .as_ref()
+            .and_then(|(_, usage, _)| usage[victim])
+            .unwrap_or(0);
+        // With grace 0 the kill is made here, on the loop's task, and the charge programs
+        // are held off while the victim is torn down (see `inflight`); the rest of the stop
+        // (the runtime's, the status, the cgroup) runs on a task of its own.
+        let killed = if grace == 0 {
+            self.hold_charges(true);
+            self.pods.kill_now(&uid, &status)
+        } else {
+            None
         };
-        let result = self
-            .pods
-            .evict(&uid, Duration::from_secs(grace.unsigned_abs()), status)
-            .await;
+        let started_ns = monotonic_ns();
+        self.launch(
+            uid.clone(),
+            Duration::from_secs(grace.unsigned_abs()),
+            status,
+            killed,
+        );
+        self.in_flight.push(InFlight {
+            pod: pod.clone(),
+            signal: reclaim.signal,
+            grace: Duration::from_secs(grace.unsigned_abs()),
+            message: message.message.clone(),
+            started_ns,
+            killed_at_ns: if grace == 0 {
+                Some(killed.and_then(|k| k.killed_at_ns).unwrap_or(started_ns))
+            } else {
+                None
+            },
+            expected_bytes,
+            pending_bytes: expected_bytes,
+            holds_charges: grace == 0 && self.charge_switch.is_some(),
+            stop: None,
+            stop_ended_ns: None,
+            released: false,
+            reported: false,
+        });
         // Off the reaction's path now: the rest of the memory ranking, for the record.
         if let Some(reads) = memory_reads {
             self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
         }
-        let (killed_at, error) = match &result {
-            Ok(e) => (e.killed_at_ns, None),
-            Err(e) => (None, Some(e.to_string())),
+        let killed_at = killed.and_then(|k| k.killed_at_ns);
+        self.time_kill(killed_at, decision);
+        if let Some(m) = &self.metrics {
+            m.record_eviction(reclaim.signal, info.qos);
+        }
+        decision.action = Action::Evicted {
+            uid,
+            pod: info.name.clone(),
+            signal: reclaim.signal.name().to_string(),
+            qos: info.qos.as_str().to_string(),
+            grace_seconds: grace,
+            message: message.message,
+            annotations: message.annotations,
+            released: false,
+            error: None,
+            escalated: false,
         };
+        true
+    }
+
+    /// The pods to rank: the running ones whose eviction is not in flight, and for a hard
+    /// threshold the ones in their grace period too (listed last, so ties keep the running
+    /// pods first). With nothing in flight, the running pods as shared (no copy on the
+    /// reaction's path).
+    fn candidates(&self, hard: bool, resource: Resource) -> ActivePods {
+        let running = self.pods.pods();
+        if self.in_flight.is_empty() {
+            return running;
+        }
+        let mut pods: Vec<ActivePod> = running
+            .iter()
+            .filter(|p| !self.in_flight.iter().any(|f| f.pod.info.uid == p.info.uid))
+            .cloned()
+            .collect();
+        if hard {
+            pods.extend(
+                self.in_flight
+                    .iter()
+                    .filter(|f| f.graceful() && f.signal.resource() == resource)
+                    .map(|f| f.pod.clone()),
+            );
+        }
+        pods.into()
+    }
+
+    /// Hard before soft: SIGKILL now to the victim in flight `at`, in its grace period and
+    /// first in the ranking for a hard threshold. The runtime's stop under way (told
+    /// already, so nothing restarts the processes) then ends at once.
+    fn escalate(&mut self, at: usize, reclaim: &Reclaim, decision: &mut Decision) -> bool {
+        self.hold_charges(true);
+        let f = &mut self.in_flight[at];
+        let killed = super::pods::kill_cgroup_now(&self.cgroups, &f.pod.cgroup, Vec::new());
+        f.killed_at_ns = killed.killed_at_ns;
+        f.holds_charges = self.charge_switch.is_some();
+        let (uid, pod, qos, message) = (
+            f.pod.info.uid.clone(),
+            f.pod.info.name.clone(),
+            f.pod.info.qos.as_str().to_string(),
+            f.message.clone(),
+        );
+        tracing::info!(%pod, %uid, killed = killed.killed, "eviction escalated: a hard threshold is met during the pod's grace period");
+        self.time_kill(killed.killed_at_ns, decision);
+        decision.action = Action::Evicted {
+            uid,
+            pod,
+            signal: reclaim.signal.name().to_string(),
+            qos,
+            grace_seconds: 0,
+            message,
+            annotations: Default::default(),
+            released: false,
+            error: None,
+            escalated: true,
+        };
+        true
+    }
+
+    /// Puts the kill's times on the decision: from the signals read and from the waking
+    /// kernel event (also on the metrics).
+    fn time_kill(&self, killed_at: Option<u64>, decision: &mut Decision) {
         decision.decide_to_kill_ns = killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
         let waking = decision
             .wake
@@ -160,30 +284,6 @@ impl<P: PodControl + 'static> Reactor<P> {
                 m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
             }
         }
-        if let (Some(m), true) = (&self.metrics, result.is_ok()) {
-            m.record_eviction(reclaim.signal, info.qos);
-        }
-        let released = self.wait_released(&pod.cgroup).await;
-        if let (Some(k), true) = (killed_at, released) {
-            decision.release_ns = Some(monotonic_ns().saturating_sub(k));
-        }
-        if let (true, Some(switch)) = (paused, &self.charge_switch) {
-            if let Err(e) = switch.resume() {
-                tracing::warn!(error = %e, "eBPF: charge programs not back after the eviction");
-            }
-        }
-        decision.action = Action::Evicted {
-            uid,
-            pod: info.name.clone(),
-            signal: reclaim.signal.name().to_string(),
-            qos: info.qos.as_str().to_string(),
-            grace_seconds: grace,
-            message: message.message,
-            annotations: message.annotations,
-            released,
-            error,
-        };
-        result.is_ok()
     }
 
     /// Opens the memory usage file of every running pod (and closes the ones of pods gone)
@@ -276,21 +376,6 @@ impl<P: PodControl + 'static> Reactor<P> {
                     c.rootfs = of_pod.get(&c.name).copied();
                 }
             }
-        }
-    }
-
-    /// Waits, bounded by `release_wait`, for the pod cgroup to hold no process (a removed
-    /// cgroup counts as empty).
-    async fn wait_released(&self, cgroup: &CgroupPath) -> bool {
-        let deadline = tokio::time::Instant::now() + self.settings.release_wait;
-        loop {
-            if !self.cgroups.exists(cgroup) || self.cgroups.is_empty(cgroup).unwrap_or(false) {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 }

@@ -18,11 +18,18 @@
 //!    layout too.
 //! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
-//!    `Failed`/`Evicted` with the kubelet's message. Wait (bounded) for its pod cgroup to
-//!    empty — its memory is then given back — and evaluate again at once; after a disk
-//!    eviction disk thresholds wait one housekeeping interval (the runtime frees the
-//!    victim's writable layer on its own time).
-//! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision; kernel
+//!    `Failed`/`Evicted` with the kubelet's message. The eviction is started, not awaited:
+//!    the kill (grace 0) is made on the loop's task, the runtime's stop runs on its own, and
+//!    the victim stays in the loop's state until it is gone (`reactor::inflight`). Every pass goes
+//!    on deciding meanwhile, by [`crate::decide::inflight`]: victims dying count as memory
+//!    already freed, a hard threshold never waits behind a graceful eviction (the victim's
+//!    stop becomes a SIGKILL if it ranks first, else the first pod goes at grace 0), and a
+//!    victim not gone past its bound counts for nothing. After a disk eviction disk
+//!    thresholds wait one housekeeping interval (the runtime frees the victim's writable
+//!    layer on its own time). `serial_evictions` keeps the kubelet's way: wait for each
+//!    victim before the next pass.
+//! 5. Record: one [`Decision`] on a broadcast channel and one log line per decision (an
+//!    eviction makes two: at the kill, and when its memory is back or at its bound); kernel
 //!    OOM kills are mapped to their pod and container and recorded as `OOMKilled`.
 //!
 //! The loop owns its state (one task); pods are reached through [`PodControl`]. It owns the
@@ -32,11 +39,13 @@
 //! hands the sense layer back when it ends, for its lag statistics.
 
 mod evict;
+mod inflight;
 mod memory_reclaim;
 pub mod oom;
 pub mod pods;
 pub mod reclaim;
 pub mod record;
+mod settings;
 pub mod status;
 pub mod thread;
 
@@ -49,155 +58,25 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
 use crate::act::cgroups::CgroupManager;
-use crate::config::Config;
-use crate::decide::pressure::{pass, thresholds_met, EvictionState};
+use crate::decide::inflight::uncovered;
+use crate::decide::pressure::{pass, pick_reclaim, reclaim_of, thresholds_met, EvictionState};
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
-use crate::decide::thresholds::{
-    format_quantity, parse_thresholds, with_containerfs_thresholds, EvictionSettings, Threshold,
-    ThresholdError,
-};
+use crate::decide::thresholds::format_quantity;
 use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::ebpf::charge_switch::ChargeSwitch;
 use crate::sense::memcg::MemcgThresholds;
-use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent, Received, Sense};
+use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
 pub use pods::{
     ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
 };
 pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
 pub use record::{Action, Decision, MemoryReclaim, RankedPod, SignalValue, Wake};
+pub use settings::{memcg_targets, ReactorSettings};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
-
-/// The kubelet's default `evictionPressureTransitionPeriod`, which also replaces a zero.
-const DEFAULT_TRANSITION: Duration = Duration::from_secs(300);
-
-/// How the loop behaves; built from the config once.
-#[derive(Clone, Debug)]
-pub struct ReactorSettings {
-    /// The eviction thresholds, hard first, with the `containerfs` ones derived for `layout`.
-    pub thresholds: Vec<Threshold>,
-    /// The thresholds as configured, which `thresholds` is derived from: `containerfs`
-    /// thresholds cannot be configured (seed 003) but follow the filesystem layout, which is
-    /// only known once the filesystems are observed.
-    pub configured: Vec<Threshold>,
-    /// The filesystem layout the `containerfs` thresholds were derived for.
-    pub layout: FsLayout,
-    /// `evictionPressureTransitionPeriod`.
-    pub transition_period: Duration,
-    /// `evictionMaxPodGracePeriod`, seconds.
-    pub max_pod_grace_period: i64,
-    /// The housekeeping interval: the longest the loop sleeps without an event.
-    pub housekeeping: Duration,
-    /// How long to wait for an evicted pod's cgroup to empty before deciding again.
-    pub release_wait: Duration,
-    /// How often to re-read the signals while a memory signal is close to a threshold.
-    pub close_poll: Duration,
-    /// How many pods of the ranking each decision records.
-    pub ranking_top: usize,
-    /// `cgroupRoot` (as a path in the hierarchy): events from cgroups outside it are not
-    /// this node's.
-    pub cgroup_root: String,
-    /// `memoryReclaim.timeout` when `memoryReclaim.enabled`: reclaim page cache before a
-    /// memory eviction, for at most this long ([`crate::decide::memory_reclaim`]). `None`: kubelet-exact.
-    pub memory_reclaim: Option<Duration>,
-}
-
-impl ReactorSettings {
-    /// The settings a config file asks for.
-    pub fn from_config(config: &Config) -> Result<ReactorSettings, ThresholdError> {
-        let settings = EvictionSettings {
-            hard: config.eviction_hard.clone(),
-            soft: config.eviction_soft.clone(),
-            soft_grace_period: config.eviction_soft_grace_period.clone(),
-            minimum_reclaim: config.eviction_minimum_reclaim.clone(),
-            merge_defaults: config.merge_default_eviction_settings,
-            enforce_allocatable_pods: config.enforce_node_allocatable.iter().any(|e| e == "pods"),
-        };
-        let parsed = parse_thresholds(&settings)?;
-        let (thresholds, _) = with_containerfs_thresholds(&parsed, FsLayout::Shared);
-        let transition = config.eviction_pressure_transition_period.0;
-        Ok(ReactorSettings {
-            thresholds,
-            configured: parsed,
-            layout: FsLayout::Shared,
-            transition_period: if transition.is_zero() {
-                DEFAULT_TRANSITION
-            } else {
-                transition
-            },
-            max_pod_grace_period: config.eviction_max_pod_grace_period,
-            housekeeping: config.housekeeping_interval.0,
-            release_wait: Duration::from_secs(10),
-            close_poll: Duration::from_millis(1),
-            ranking_top: 5,
-            cgroup_root: if config.cgroup_root.is_empty() {
-                "/".to_string()
-            } else {
-                config.cgroup_root.clone()
-            },
-            memory_reclaim: config
-                .memory_reclaim
-                .enabled
-                .then_some(config.memory_reclaim.timeout.0),
-        })
-    }
-}
-
-impl ReactorSettings {
-    /// Derives the `containerfs` thresholds for `layout` as seed 003 says: those of `nodefs`
-    /// when one filesystem holds everything or the image filesystem is split, those of
-    /// `imagefs` when a separate image filesystem also holds the writable layers. The other
-    /// thresholds keep their place (the derived ones come last). Returns whether anything
-    /// changed.
-    pub fn set_layout(&mut self, layout: FsLayout) -> bool {
-        if layout == self.layout {
-            return false;
-        }
-        let (thresholds, _) = with_containerfs_thresholds(&self.configured, layout);
-        self.layout = layout;
-        let changed = thresholds != self.thresholds;
-        self.thresholds = thresholds;
-        changed
-    }
-}
-
-/// The memcg notifications the loop needs: for each memory threshold, a usage threshold on
-/// the cgroup the signal is measured on (the node cgroup for `memory.available`, kubepods for
-/// the allocatable signal) at the level where the threshold is met — the kubelet's memory
-/// threshold notifier. Usage counts page cache the working set does not, so the crossing can
-/// come a little before the threshold is met; the loop then watches closely (`close_poll`).
-pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<MemcgTarget> {
-    let capacity = observer.memory_capacity();
-    let allocatable = capacity.saturating_sub(observer.settings().reserved_memory);
-    let mut out: Vec<MemcgTarget> = Vec::new();
-    for t in &settings.thresholds {
-        let (cgroup, total) = match t.signal {
-            Signal::MemoryAvailable => (observer.settings().node_cgroup.clone(), capacity),
-            Signal::AllocatableMemoryAvailable => {
-                (observer.settings().kubepods_cgroup.clone(), allocatable)
-            }
-            _ => continue,
-        };
-        let total_q =
-            crate::decide::quantity::Quantity::from_units(i64::try_from(total).unwrap_or(i64::MAX));
-        let level = u64::try_from(t.level(total_q, false).value()).unwrap_or(0);
-        let usage_at = total.saturating_sub(level);
-        if usage_at == 0 {
-            continue;
-        }
-        let target = MemcgTarget {
-            cgroup,
-            threshold_bytes: Some(usage_at),
-        };
-        if !out.contains(&target) {
-            out.push(target);
-        }
-    }
-    out
-}
 
 /// A running loop's outputs.
 #[derive(Clone)]
@@ -257,6 +136,26 @@ pub struct Reactor<P> {
     /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
     /// acted on (see [`Reactor::disk_held`]); 0 when none.
     disk_hold_until_ns: u64,
+    /// The evictions in flight (see [`inflight`]).
+    in_flight: Vec<inflight::InFlight>,
+    /// How many victims in flight hold the charge programs off.
+    charge_holds: usize,
+    /// Whether the last pass found its thresholds covered by the victims in flight (and
+    /// recorded it): the passes after it that find the same are not recorded again.
+    covered_said: bool,
+    /// Where stop tasks report their end, and where the loop takes it.
+    stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
+    stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
+}
+
+/// What woke the loop.
+enum Woke {
+    /// A sense event, or the re-check timer (`None`).
+    Sense(Option<Received>),
+    /// An eviction's stop ended.
+    StopEnded(inflight::StopEnded),
+    /// The running pods changed.
+    Pods,
 }
 
 /// What [`Reactor::with_tap`] takes: called with every event the loop receives.
@@ -297,6 +196,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         cgroups: CgroupManager,
         reclaimer: Option<Arc<dyn NodeReclaim>>,
     ) -> Reactor<P> {
+        let (stop_tx, stop_rx) = inflight::stop_channel();
         Reactor {
             settings,
             observer,
@@ -320,6 +220,11 @@ impl<P: PodControl + 'static> Reactor<P> {
             thresholds: MemcgThresholds::default(),
             charge_switch: None,
             disk_hold_until_ns: 0,
+            in_flight: Vec::new(),
+            charge_holds: 0,
+            covered_said: false,
+            stop_tx,
+            stop_rx,
         }
     }
 
@@ -361,15 +266,27 @@ impl<P: PodControl + 'static> Reactor<P> {
                 return sense;
             }
             let sleep = self.next_recheck();
-            let first = tokio::select! {
+            // Shutdown comes first: the loop ends at once whatever is in flight; the stops
+            // under way are the pod manager's, written ahead, and a restarted agent
+            // finishes them.
+            let woke = tokio::select! {
                 biased;
+                _ = shutdown.changed() => return sense,
                 r = sense.next() => match r {
-                    Some(r) => Some(r),
+                    Some(r) => Woke::Sense(Some(r)),
                     None => return sense,
                 },
-                () = tokio::time::sleep(sleep) => None,
-                _ = shutdown.changed() => return sense,
-                Some(()) = next_change(&mut pods_changed) => {
+                Some(ended) = self.stop_rx.recv() => Woke::StopEnded(ended),
+                () = tokio::time::sleep(sleep) => Woke::Sense(None),
+                Some(()) = next_change(&mut pods_changed) => Woke::Pods,
+            };
+            let first = match woke {
+                Woke::Sense(first) => first,
+                Woke::StopEnded(ended) => {
+                    self.stop_ended(ended);
+                    continue;
+                }
+                Woke::Pods => {
                     self.warm_pods();
                     continue;
                 }
@@ -472,6 +389,9 @@ impl<P: PodControl + 'static> Reactor<P> {
                 wait = wait.min(due + 1);
             }
         }
+        if let Some(d) = self.in_flight_recheck(u64::try_from(now).unwrap_or(0)) {
+            wait = wait.min(i128::try_from(d.as_nanos()).unwrap_or(0));
+        }
         Duration::from_nanos(u64::try_from(wait.max(0)).unwrap_or(u64::MAX))
     }
 
@@ -495,6 +415,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 transition,
             );
             self.state = next;
+            self.track(signals.monotonic_ns);
             self.close = self.is_close(&signals);
             self.record_metrics(&observations, &result.conditions);
             self.pressure.send_replace(Some(status::snapshot(
@@ -539,11 +460,29 @@ impl<P: PodControl + 'static> Reactor<P> {
                 unprevented_ooms: self.unprevented_ooms,
                 memory_reclaim: None,
             };
-            let reclaim = result
-                .reclaim
-                .filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
+            // With evictions in flight, only the thresholds their victims do not stand for
+            // call for another (`decide::inflight`); with none, the pass's choice.
+            let reclaim = if self.in_flight.is_empty() {
+                result.reclaim
+            } else {
+                let victims = self.victims(signals.monotonic_ns);
+                let open = uncovered(
+                    &self.settings.thresholds,
+                    &result.met,
+                    &observations,
+                    &victims,
+                );
+                pick_reclaim(&self.settings.thresholds, &open)
+                    .and_then(|i| reclaim_of(&self.settings.thresholds, i, &observations))
+            };
+            // A pass whose thresholds the victims in flight stand for is recorded once, not
+            // on every re-read while they go.
+            let covered = result.reclaim.is_some() && reclaim.is_none();
+            let said = std::mem::replace(&mut self.covered_said, covered);
+            let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
             let Some(reclaim) = reclaim else {
-                if !decision.met.is_empty() || conditions_changed {
+                let repeat = covered && said;
+                if (!decision.met.is_empty() && !repeat) || conditions_changed {
                     self.emit(decision);
                 }
                 return;
@@ -606,6 +545,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.emit(decision);
             if !evicted {
                 return;
+            }
+            if self.settings.serial_evictions {
+                self.wait_serially().await;
             }
             if reclaim::reclaims_node_level(reclaim.signal) {
                 self.disk_hold_until_ns = monotonic_ns().saturating_add(
@@ -911,61 +853,4 @@ pub fn spawn<P: PodControl + 'static>(
     let handle = reactor.handle();
     let task = tokio::spawn(reactor.run(sense, shutdown));
     (handle, task)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(hard: &[(&str, &str)]) -> ReactorSettings {
-        let config = Config {
-            eviction_hard: hard
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Config::default()
-        };
-        ReactorSettings::from_config(&config).unwrap()
-    }
-
-    fn names(s: &ReactorSettings) -> Vec<String> {
-        s.thresholds.iter().map(ToString::to_string).collect()
-    }
-
-    #[test]
-    fn containerfs_thresholds_follow_the_observed_layout() {
-        let mut s = settings(&[("nodefs.available", "1Gi"), ("imagefs.available", "2Gi")]);
-        // Until the filesystems are observed: one shared filesystem, nodefs's thresholds.
-        assert_eq!(s.layout, FsLayout::Shared);
-        assert_eq!(
-            names(&s),
-            [
-                "nodefs.available<1Gi",
-                "imagefs.available<2Gi",
-                "containerfs.available<1Gi"
-            ]
-        );
-        // A separate image filesystem holding the writable layers: imagefs's.
-        assert!(s.set_layout(FsLayout::ImageFs));
-        assert_eq!(
-            names(&s)[..2],
-            ["nodefs.available<1Gi", "imagefs.available<2Gi"],
-            "configured thresholds keep their place"
-        );
-        assert_eq!(names(&s)[2], "containerfs.available<2Gi");
-        assert!(!s.set_layout(FsLayout::ImageFs), "no change");
-        // A split image filesystem: the writable layers are back with nodefs.
-        assert!(s.set_layout(FsLayout::ImageFsContainerFs));
-        assert_eq!(names(&s)[2], "containerfs.available<1Gi");
-        // Nothing on imagefs configured: a separate imagefs derives nothing for containerfs.
-        let mut s = settings(&[("memory.available", "100Mi")]);
-        let before = names(&s);
-        assert!(!s.set_layout(FsLayout::ImageFs));
-        assert_eq!(names(&s), before);
-        assert!(
-            before.iter().all(|t| !t.starts_with("containerfs")),
-            "{before:?}"
-        );
-        assert_eq!(s.layout, FsLayout::ImageFs);
-    }
 }

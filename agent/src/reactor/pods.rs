@@ -118,14 +118,28 @@ pub trait PodControl: Send + Sync {
     /// The pods running now (admitted, not terminated), with their cgroups.
     fn pods(&self) -> ActivePods;
 
+    /// The eviction's SIGKILL for grace 0, synchronous, from the caller: every process of
+    /// running pod `uid` is killed now (after the runtime is told not to restart them), and
+    /// what was killed, with the kill time, is returned; `None` when the pod is not running
+    /// here. The loop calls it before [`PodControl::evict`] (with the result), so the kill and
+    /// its record are made on the loop's own task and the rest of the stop runs off it.
+    /// Default: `None` (the stop kills).
+    fn kill_now(&self, uid: &str, status: &EvictionStatus) -> Option<Evicted> {
+        let _ = (uid, status);
+        None
+    }
+
     /// Stops the pod `uid` — SIGKILL at once when `grace` is zero, SIGTERM then SIGKILL after
-    /// `grace` otherwise — and sets its status to `status`. Returns once the runtime has
-    /// stopped the containers; the loop itself waits for the pod cgroup to empty.
+    /// `grace` otherwise — and sets its status to `status`. `killed` is the kill
+    /// [`PodControl::kill_now`] made already (the stop then does not kill again, and reports
+    /// that kill). Returns once the runtime has stopped the containers; the loop runs it on
+    /// a task of its own and never awaits it.
     fn evict(
         &self,
         uid: &str,
         grace: Duration,
         status: EvictionStatus,
+        killed: Option<Evicted>,
     ) -> impl Future<Output = Result<Evicted, EvictError>> + Send;
 
     /// A feed that changes whenever the running pods do, where the implementation has one:
@@ -195,11 +209,19 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         lock(&self.pods).values().cloned().collect()
     }
 
+    fn kill_now(&self, uid: &str, _status: &EvictionStatus) -> Option<Evicted> {
+        let cgroup = lock(&self.pods).get(uid).map(|p| p.cgroup.clone())?;
+        self.runtime.fence(uid);
+        let known = self.runtime.known_processes(uid);
+        Some(kill_cgroup_now(&self.cgroups, &cgroup, known))
+    }
+
     async fn evict(
         &self,
         uid: &str,
         grace: Duration,
         status: EvictionStatus,
+        killed: Option<Evicted>,
     ) -> Result<Evicted, EvictError> {
         let Some(pod) = lock(&self.pods).get(uid).cloned() else {
             return Err(RuntimeError::NotFound {
@@ -207,8 +229,12 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
             }
             .into());
         };
-        let (result, out) =
-            stop_and_kill(&*self.runtime, uid, grace, Some(&pod.cgroup), &self.cgroups).await;
+        let kill_in = Some(&pod.cgroup).filter(|_| killed.is_none());
+        let (result, mut out) =
+            stop_and_kill(&*self.runtime, uid, grace, kill_in, &self.cgroups).await;
+        if let Some(k) = killed {
+            out = k;
+        }
         // The pod is gone from the node whatever the runtime says about its last moments.
         lock(&self.pods).remove(uid);
         lock(&self.evicted).insert(uid.to_string(), status);

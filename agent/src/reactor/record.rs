@@ -88,9 +88,30 @@ pub enum Action {
         message: String,
         /// The eviction event's annotations.
         annotations: BTreeMap<String, String>,
-        /// Whether the pod cgroup was empty (memory released) within the bounded wait.
+        /// Whether the pod cgroup was empty (memory released) when this record was made:
+        /// `false` at the kill; the eviction's [`Action::Released`] record follows.
         released: bool,
-        /// Why the eviction call failed, if it did.
+        /// Why the eviction could not start, if it could not.
+        error: Option<String>,
+        /// `true` when this is the SIGKILL of a pod whose graceful eviction was under way:
+        /// a hard threshold met during its grace period, the pod first in the ranking.
+        escalated: bool,
+    },
+    /// The second record of an eviction: the victim's memory is back (its pod cgroup
+    /// empty, `release_ns` from its SIGKILL), or it is past its bound and still holds
+    /// `pending_bytes` (a frozen cgroup, a process in D state, a hung runtime stop): the
+    /// loop no longer counts on that memory and evicts the next pod if a threshold is
+    /// still met.
+    Released {
+        /// The pod uid.
+        uid: String,
+        /// `namespace/name`.
+        pod: String,
+        /// Whether the pod cgroup is empty.
+        released: bool,
+        /// What the victim still holds when it is not, bytes.
+        pending_bytes: Option<u64>,
+        /// Why the runtime's stop failed, if it ended and did.
         error: Option<String>,
     },
     /// A threshold was met but no pod could be evicted (none, or only critical ones).
@@ -182,7 +203,8 @@ pub struct Decision {
     /// From the signals being read (`observed_at_ns`) to the victim's SIGKILL: the agent's own
     /// share of the reaction, for every eviction however it was woken.
     pub decide_to_kill_ns: Option<u64>,
-    /// From SIGKILL to the victim's pod cgroup being empty.
+    /// From SIGKILL to the victim's pod cgroup being empty (on the eviction's
+    /// [`Action::Released`] record).
     pub release_ns: Option<u64>,
     /// Kernel OOM kills so far that the agent did not prevent.
     pub unprevented_ooms: u64,

@@ -389,19 +389,36 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
     // (no eviction, or a kernel kill of another pod).
     let (crossing, clock_rep) = clock.read();
     rep.clock = clock_rep;
+    // The eviction's second record says when the victim's memory was back.
+    let mut release_ns = None;
+    if let Some(Action::Evicted { uid: victim, .. }) = evicted.as_ref().map(|d| &d.action) {
+        let until = tokio::time::Instant::now() + Duration::from_secs(12);
+        loop {
+            match tokio::time::timeout_at(until, node.lp().decisions.recv()).await {
+                Ok(Ok(d)) => {
+                    if let Action::Released {
+                        uid: u, released, ..
+                    } = &d.action
+                    {
+                        if u == victim {
+                            release_ns = d.release_ns.filter(|_| *released);
+                            break;
+                        }
+                    }
+                }
+                Ok(Err(RecvError::Lagged(_))) => {}
+                Ok(Err(RecvError::Closed)) | Err(_) => break,
+            }
+        }
+    }
     if let Some(d) = &evicted {
         let k = kill_at(d);
         rep.oom_first = oom_at.is_some_and(|o| o <= k);
-        if let Action::Evicted {
-            uid: victim,
-            released,
-            ..
-        } = &d.action
-        {
+        if let Action::Evicted { uid: victim, .. } = &d.action {
             rep.right = victim == uid;
             rep.evicted = Some(victim.clone());
-            if *released {
-                if let (Some(c), Some(r)) = (crossing, d.release_ns) {
+            {
+                if let (Some(c), Some(r)) = (crossing, release_ns) {
                     rep.crossing_to_released_ns = Some((k + r).saturating_sub(c));
                     rep.crossing_to_kill_ns = Some(k.saturating_sub(c));
                     rep.kill_to_released_ns = Some(r);

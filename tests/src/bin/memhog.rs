@@ -5,6 +5,11 @@
 //! A rate of 0 allocates as fast as it can. After allocating it holds the memory for
 //! hold-seconds (default 3600) so the test decides when it ends.
 //!
+//! With `MEMHOG_SHARED=1` the memory is shared anonymous memory (shmem, `MAP_SHARED`)
+//! instead of the heap: charged to the cgroup like the rest, but not what the kernel's OOM
+//! reaper or `process_mrelease` can take back from a process that is killed and cannot
+//! exit (frozen) — it comes back only when the process is gone.
+//!
 //! With `MEMHOG_PROGRESS=<path>` it also keeps a progress record there: per 1 MiB chunk, the
 //! CLOCK_MONOTONIC times just before and just after touching it and the usage in the file
 //! `MEMHOG_PROGRESS_USAGE` names (required with it: the OOM bench gives kubepods'), laid out
@@ -152,9 +157,10 @@ fn main() {
         p.after(0, now);
     }
     let start = Instant::now();
-    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let shared = std::env::var_os("MEMHOG_SHARED").is_some_and(|v| v == "1");
+    let mut chunks: Vec<Chunk> = Vec::new();
     for i in 0..total_mib {
-        let mut chunk = vec![0u8; 1 << 20];
+        let mut chunk = Chunk::new(shared);
         let entry = i as usize + 1;
         if let Some(p) = &progress {
             p.before(entry, monotonic_ns());
@@ -162,7 +168,7 @@ fn main() {
         // Touch every page so the memory is really charged to the cgroup. Volatile stores:
         // the compiler may not move them out from between the two clock reads (the chunk is
         // not yet visible to anything else, so plain stores could be sunk or hoisted).
-        for page in chunk.chunks_mut(4096) {
+        for page in chunk.bytes().chunks_mut(4096) {
             // SAFETY: a valid, aligned, exclusively borrowed byte of the chunk.
             unsafe { std::ptr::write_volatile(&mut page[0], 1) };
         }
@@ -180,4 +186,40 @@ fn main() {
     println!("allocated {total_mib} MiB");
     std::thread::sleep(Duration::from_secs(hold));
     drop(chunks);
+}
+
+/// One MiB of memory: from the heap, or a shared anonymous mapping (`MEMHOG_SHARED`).
+enum Chunk {
+    Heap(Vec<u8>),
+    Shared(*mut u8),
+}
+
+impl Chunk {
+    fn new(shared: bool) -> Chunk {
+        if !shared {
+            return Chunk::Heap(vec![0u8; 1 << 20]);
+        }
+        // SAFETY: a fresh anonymous mapping, owned by this chunk alone.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                1 << 20,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+            )
+        };
+        match p {
+            Ok(p) => Chunk::Shared(p.cast()),
+            Err(e) => fail(format!("mmap of a shared MiB: {e}")),
+        }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Chunk::Heap(v) => v,
+            // SAFETY: the mapping is 1 MiB, readable and writable, and lives as long as the
+            // chunk (it is never unmapped: the process holds it until it exits).
+            Chunk::Shared(p) => unsafe { std::slice::from_raw_parts_mut(*p, 1 << 20) },
+        }
+    }
 }

@@ -1,0 +1,337 @@
+//! Evictions in flight: the loop starts an eviction and keeps going (issue 23).
+//!
+//! The runtime's stop (a grace period, then SIGKILL, then the pod cgroup removed) runs on a
+//! task of its own ([`Reactor::launch`]) that reports back when it ends; the loop never
+//! awaits it. Until the victim is gone it is part of the loop's state ([`InFlight`]): every
+//! pass reads what memory it still holds, and the rules of [`crate::decide::inflight`] say
+//! which met thresholds it stands for. Each eviction makes two records: one at the kill (or,
+//! for a grace period, when the stop starts), made by `evict_one`, and one here when the
+//! victim's memory is back — with the release time — or, at the bound, with what it still
+//! holds.
+//!
+//! The eBPF charge programs come off their tracepoint while a victim killed at grace 0 is
+//! torn down (every page it gives back would otherwise fire them twice, see
+//! [`crate::sense::ebpf::charge_switch::ChargeSwitch`]); [`Reactor::hold_charges`] is the one
+//! place that pauses and resumes them, and they are back once every such victim is released
+//! or past its bound — never held for a victim that will not die.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::pods::{ActivePod, Evicted, EvictionStatus, PodControl};
+use super::record::{Action, Decision, Wake};
+use super::Reactor;
+use crate::decide::inflight::Victim;
+use crate::decide::signal::{Resource, Signal};
+use crate::sense::monotonic_ns;
+
+/// One eviction in flight.
+pub(super) struct InFlight {
+    /// The victim as it was ranked (its cgroup, to watch it empty and to escalate).
+    pub(super) pod: ActivePod,
+    /// The signal it was evicted for.
+    pub(super) signal: Signal,
+    /// The grace period it was given.
+    pub(super) grace: Duration,
+    /// Its eviction message (the pod's status message), for an escalation's record.
+    pub(super) message: String,
+    /// `CLOCK_MONOTONIC` ns when the eviction started.
+    pub(super) started_ns: u64,
+    /// When its processes got SIGKILL: at once for grace 0 or an escalation, when the stop
+    /// reports it for a grace period; `None` before.
+    pub(super) killed_at_ns: Option<u64>,
+    /// Its memory usage at the decision, bytes: the most it is counted for.
+    pub(super) expected_bytes: u64,
+    /// Its memory usage as last read (capped by `expected_bytes`), bytes.
+    pub(super) pending_bytes: u64,
+    /// Whether the charge programs are held off for it.
+    pub(super) holds_charges: bool,
+    /// The runtime's stop's end: what it killed, or why it failed.
+    pub(super) stop: Option<Result<Evicted, String>>,
+    /// `CLOCK_MONOTONIC` ns when the stop ended.
+    pub(super) stop_ended_ns: Option<u64>,
+    /// Whether its pod cgroup was found empty (or gone).
+    pub(super) released: bool,
+    /// Whether its second record (released, or still pending at the bound) was made.
+    pub(super) reported: bool,
+}
+
+impl InFlight {
+    /// When it should be dead: its kill, or the end of its grace period.
+    fn kill_deadline_ns(&self) -> u64 {
+        self.killed_at_ns.unwrap_or_else(|| {
+            self.started_ns
+                .saturating_add(u64::try_from(self.grace.as_nanos()).unwrap_or(u64::MAX))
+        })
+    }
+
+    /// Whether it is past `bound` after its kill deadline and its cgroup still holds
+    /// processes.
+    pub(super) fn stuck(&self, now_ns: u64, bound: Duration) -> bool {
+        !self.released
+            && now_ns
+                >= self
+                    .kill_deadline_ns()
+                    .saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Whether it is in its grace period: SIGTERM sent, no SIGKILL yet.
+    pub(super) fn graceful(&self) -> bool {
+        self.killed_at_ns.is_none() && !self.released && self.stop.is_none()
+    }
+
+    /// Whether it is gone: the stop ended and its cgroup emptied.
+    fn gone(&self) -> bool {
+        self.released && self.stop.is_some()
+    }
+}
+
+/// The end of a stop, sent back by its task.
+pub(super) struct StopEnded {
+    uid: String,
+    result: Result<Evicted, String>,
+}
+
+/// The channel stop tasks report on.
+pub(super) fn stop_channel() -> (
+    mpsc::UnboundedSender<StopEnded>,
+    mpsc::UnboundedReceiver<StopEnded>,
+) {
+    mpsc::unbounded_channel()
+}
+
+impl<P: PodControl + 'static> Reactor<P> {
+    /// Starts the runtime's stop of `uid` on a task of its own (`killed`: the kill made
+    /// already, for grace 0); its end comes back on the stop channel.
+    pub(super) fn launch(
+        &self,
+        uid: String,
+        grace: Duration,
+        status: EvictionStatus,
+        killed: Option<Evicted>,
+    ) {
+        let pods = std::sync::Arc::clone(&self.pods);
+        let tx = self.stop_tx.clone();
+        tokio::spawn(async move {
+            let result = pods
+                .evict(&uid, grace, status, killed)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = tx.send(StopEnded { uid, result });
+        });
+    }
+
+    /// Takes in the end of a stop.
+    pub(super) fn stop_ended(&mut self, ended: StopEnded) {
+        let now = monotonic_ns();
+        if let Some(f) = self
+            .in_flight
+            .iter_mut()
+            .find(|f| f.pod.info.uid == ended.uid)
+        {
+            if f.killed_at_ns.is_none() {
+                f.killed_at_ns = ended.result.as_ref().ok().and_then(|e| e.killed_at_ns);
+            }
+            if let Err(e) = &ended.result {
+                tracing::warn!(pod = %f.pod.info.name, uid = %ended.uid, error = %e, "eviction: the runtime's stop failed");
+            }
+            f.stop = Some(ended.result);
+            f.stop_ended_ns = Some(now);
+        }
+        self.track(now);
+    }
+
+    /// The victims in flight as the rules see them.
+    pub(super) fn victims(&self, now_ns: u64) -> Vec<Victim> {
+        self.in_flight
+            .iter()
+            .map(|f| Victim {
+                resource: f.signal.resource(),
+                killed: f.killed_at_ns.is_some(),
+                stuck: f.stuck(now_ns, self.settings.victim_bound),
+                pending_bytes: if f.released { 0 } else { f.pending_bytes },
+            })
+            .collect()
+    }
+
+    /// Reads every victim in flight: released (its cgroup empty or gone), what memory it
+    /// still holds, past its bound; makes each one's second record when it is due, gives
+    /// the charge programs back when no victim needs them off, and forgets the victims that
+    /// are gone.
+    pub(super) fn track(&mut self, now_ns: u64) {
+        let bound = self.settings.victim_bound;
+        let mut records = Vec::new();
+        for f in &mut self.in_flight {
+            if !f.released {
+                let cg = &f.pod.cgroup;
+                f.released = !self.cgroups.exists(cg) || self.cgroups.is_empty(cg).unwrap_or(false);
+                f.pending_bytes = if f.released || f.signal.resource() != Resource::Memory {
+                    0
+                } else {
+                    self.cgroups
+                        .memory_usage(cg)
+                        .map_or(0, |u| u.usage_bytes)
+                        .min(f.expected_bytes)
+                };
+            }
+            let stuck = f.stuck(now_ns, bound);
+            if f.reported || !(f.released || stuck) {
+                continue;
+            }
+            f.reported = true;
+            records.push(Released {
+                uid: f.pod.info.uid.clone(),
+                pod: f.pod.info.name.clone(),
+                released: f.released,
+                release_ns: f
+                    .killed_at_ns
+                    .filter(|_| f.released)
+                    .map(|k| now_ns.saturating_sub(k)),
+                pending_bytes: (!f.released).then_some(f.pending_bytes),
+                error: f.stop.as_ref().and_then(|s| s.as_ref().err().cloned()),
+            });
+        }
+        for r in records {
+            if !r.released {
+                tracing::warn!(pod = %r.pod, uid = %r.uid, pending_bytes = r.pending_bytes, bound = ?bound, "eviction: the victim is not gone past its bound; its memory no longer counts as coming back and the next pod is evicted if a threshold is still met");
+            }
+            self.emit_released(r);
+        }
+        // Charge programs: held off only while a victim killed at grace 0 is being torn
+        // down, never past its release or its bound.
+        let mut give_back = false;
+        for f in &mut self.in_flight {
+            if f.holds_charges && (f.released || f.stuck(now_ns, bound)) {
+                f.holds_charges = false;
+                give_back = true;
+            }
+        }
+        if give_back {
+            self.hold_charges(false);
+        }
+        // A victim that will not die stays in flight (counted for nothing) until it is gone.
+        self.in_flight.retain(|f| !f.gone());
+    }
+
+    /// The one place the charge programs are paused and resumed: `on` for a victim killed
+    /// at grace 0 now (paused with the first such victim), `false` when one no longer needs
+    /// them off (resumed when none does).
+    pub(super) fn hold_charges(&mut self, on: bool) {
+        let Some(switch) = &self.charge_switch else {
+            return;
+        };
+        if on {
+            self.charge_holds += 1;
+            if self.charge_holds == 1 {
+                switch.pause();
+            }
+            return;
+        }
+        self.charge_holds = self.charge_holds.saturating_sub(1);
+        if self.charge_holds == 0 {
+            if let Err(e) = switch.resume() {
+                tracing::warn!(error = %e, "eBPF: charge programs not back after the eviction");
+            }
+        }
+    }
+
+    /// How soon the victims in flight must be looked at again: every `close_poll` while a
+    /// killed victim is before its bound (its release is timed by it), every 50 ms
+    /// otherwise (a graceful victim, or one past its bound), and at the bound.
+    pub(super) fn in_flight_recheck(&self, now_ns: u64) -> Option<Duration> {
+        let bound = self.settings.victim_bound;
+        self.in_flight
+            .iter()
+            .filter(|f| !f.released || f.stop.is_none())
+            .map(|f| {
+                if f.released {
+                    // Waiting for the stop's report only: it comes on the channel.
+                    return self.settings.housekeeping;
+                }
+                let due = f
+                    .kill_deadline_ns()
+                    .saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX))
+                    .saturating_sub(now_ns);
+                let poll = if f.killed_at_ns.is_some() && !f.stuck(now_ns, bound) {
+                    self.settings.close_poll
+                } else {
+                    Duration::from_millis(50)
+                };
+                if due > 0 {
+                    poll.min(Duration::from_nanos(due))
+                } else {
+                    poll
+                }
+            })
+            .min()
+    }
+
+    /// The kubelet's way (`serialEvictions`): waits for every eviction in flight to end and
+    /// its memory to come back (bounded by `release_wait` after the stop) before the next
+    /// pass.
+    pub(super) async fn wait_serially(&mut self) {
+        loop {
+            let now = monotonic_ns();
+            self.track(now);
+            let waiting = self.in_flight.iter().any(|f| match f.stop_ended_ns {
+                None => true,
+                Some(at) => {
+                    !f.released
+                        && Duration::from_nanos(now.saturating_sub(at)) < self.settings.release_wait
+                }
+            });
+            if !waiting {
+                return;
+            }
+            let ended = tokio::select! {
+                Some(ended) = self.stop_rx.recv() => Some(ended),
+                () = tokio::time::sleep(self.settings.close_poll) => None,
+            };
+            if let Some(ended) = ended {
+                self.stop_ended(ended);
+            }
+        }
+    }
+
+    /// The second record of an eviction.
+    fn emit_released(&mut self, r: Released) {
+        let d = Decision {
+            seq: 0,
+            wake: Wake {
+                event: None,
+                timer: true,
+                detection_lag_ns: None,
+                coalesced: 0,
+            },
+            observed_at_ns: monotonic_ns(),
+            signals: Vec::new(),
+            met: Vec::new(),
+            conditions: self.conditions.borrow().clone(),
+            ranking: Vec::new(),
+            action: Action::Released {
+                uid: r.uid,
+                pod: r.pod,
+                released: r.released,
+                pending_bytes: r.pending_bytes,
+                error: r.error,
+            },
+            reaction_lag_ns: None,
+            decide_to_kill_ns: None,
+            release_ns: r.release_ns,
+            unprevented_ooms: self.unprevented_ooms,
+            memory_reclaim: None,
+        };
+        self.emit(d);
+    }
+}
+
+/// What a second record says.
+struct Released {
+    uid: String,
+    pod: String,
+    released: bool,
+    release_ns: Option<u64>,
+    pending_bytes: Option<u64>,
+    error: Option<String>,
+}
