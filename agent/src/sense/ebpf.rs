@@ -9,8 +9,15 @@
 //! | `oom_victim_cgroup` | raw tracepoint `mark_victim` | the victim's memcg, for the next row |
 //! | `oom_mark_victim` | `oom:mark_victim` | [`Kind::OomKill`] |
 //! | `{memcg,direct}_reclaim_{begin,end}` | `vmscan:mm_vmscan_{memcg,direct}_reclaim_{begin,end}` | [`Kind::ReclaimStall`] (duration timed in the kernel) |
-//! | `count_memcg_events` | `memcg:count_memcg_events` (pressure items only) | [`Kind::MemcgEvent`] |
+//! | `count_memcg_events` | raw tracepoint `count_memcg_events` (pressure items only) | [`Kind::MemcgEvent`] |
 //! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | [`Kind::ThresholdCrossed`] for a watched cgroup ([`threshold`]) |
+//!
+//! **Cost on a calm node.** `count_memcg_events` is entered on every page fault of every
+//! process (the kernel counts `PGFAULT` per memcg through it), so it is a raw tracepoint: no
+//! trace record is built for it, and an item that is not watched costs one load and a mask
+//! (`WATCH_ITEM_MASK`, a global) before it returns, where the classic tracepoint paid for the
+//! record and a hash-map lookup. Bench part 7 (`cargo xtask bench --only charge`) reports
+//! each program's runs per fault and ns per run.
 //!
 //! Each program needs its tracepoint with the layout in `agent_ebpf::layout` (checked at
 //! attach; `memcg:count_memcg_events` is a recent addition that older kernels lack, and
@@ -21,7 +28,7 @@
 //! `current->cgroups->subsys[memory_cgrp_id]->cgroup->kn->id` in the kernel, with the struct
 //! offsets read here from the kernel's BTF and passed in as a global, and record the memory
 //! cgroup's id; this works the same on cgroup v1 (memory controller on its own hierarchy, as
-//! on these nodes) and v2. `memcg:count_memcg_events` carries the memcg id itself. User space
+//! on these nodes) and v2. `count_memcg_events` reads the id of the memcg it is passed. User space
 //! maps the id to a path by the cgroup directory's inode ([`cgroup::CgroupNames`]). For an
 //! OOM kill the cgroup that matters is the *victim's*, not that of the task running the OOM
 //! killer: a raw tracepoint program on `mark_victim` gets the victim's `task_struct`, does the
@@ -52,6 +59,8 @@
 //! - `drain` (private): the ring-buffer reader ([`EbpfSource::run`]) and the resolver that
 //!   turns records into [`PressureEvent`]s;
 //! - [`threshold`]: the usage-threshold slots the charge programs check;
+//! - [`near`]: keeping the charge programs off their tracepoint while no watched cgroup is
+//!   near its level;
 //! - [`charge_switch`]: taking the charge programs off their tracepoint and back;
 //! - [`record`]: decoding ring-buffer records; [`cgroup`]: naming cgroup ids;
 //! - [`btf`], [`tracefs`]: reading the kernel's type information and tracepoint formats.
@@ -76,6 +85,7 @@ pub mod cgroup;
 pub mod charge_switch;
 mod drain;
 mod load;
+pub mod near;
 pub mod record;
 pub mod threshold;
 pub mod tracefs;
@@ -161,8 +171,8 @@ pub const TRACEPOINTS: [TracepointSpec; 8] = [
         program: "count_memcg_events",
         category: "memcg",
         name: "count_memcg_events",
-        fields: layout::count_memcg_events::ALL,
-        raw: false,
+        fields: layout::NONE,
+        raw: true,
     },
     TracepointSpec {
         program: "charge_lruvec",
@@ -200,6 +210,9 @@ pub struct EbpfOptions {
     /// Attach the charge programs that check usage thresholds in the kernel
     /// ([`CHARGE_PROGRAMS`]); cgroups are then watched with [`EbpfSource::watch_usage`].
     pub usage_thresholds: bool,
+    /// Keep the charge programs on their tracepoint only while a watched cgroup is near its
+    /// level ([`near`]); `None` keeps them on throughout.
+    pub near_level: Option<near::NearLevel>,
 }
 
 impl Default for EbpfOptions {
@@ -210,6 +223,7 @@ impl Default for EbpfOptions {
             memcg_items: DEFAULT_MEMCG_ITEMS.iter().map(|s| s.to_string()).collect(),
             drop_check_interval: Duration::from_millis(250),
             usage_thresholds: false,
+            near_level: None,
         }
     }
 }
@@ -255,6 +269,60 @@ fn missing_summary(missing: &[(&'static str, String)]) -> String {
 }
 
 pub use super::monotonic_ns;
+
+/// One program's kernel statistics: how many times it ran and the time spent in it.
+///
+/// The kernel counts only while statistics are on ([`enable_stats`]); the figures are
+/// totals since the program was loaded, so a cost is the difference of two readings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// The program's name (its function in `agent-ebpf`).
+    pub program: &'static str,
+    /// Runs counted.
+    pub runs: u64,
+    /// Nanoseconds spent in it, summed over the runs.
+    pub run_ns: u64,
+}
+
+/// Reads the source's programs' statistics ([`EbpfSource::stats`]); does not keep the
+/// programs loaded: once the source is gone it reads nothing.
+#[derive(Clone, Debug)]
+pub struct StatsReader {
+    programs: std::sync::Weak<Mutex<Programs>>,
+    names: Vec<&'static str>,
+}
+
+impl StatsReader {
+    /// Each attached program's totals now; empty once the source is gone.
+    pub fn read(&self) -> Vec<ProgramStats> {
+        let Some(programs) = self.programs.upgrade() else {
+            return Vec::new();
+        };
+        let programs = programs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.names
+            .iter()
+            .filter_map(|&name| {
+                let info = programs.ebpf.program(name)?.info().ok()?;
+                Some(ProgramStats {
+                    program: name,
+                    runs: info.run_count(),
+                    run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Turns the kernel's per-program statistics on (`BPF_ENABLE_STATS`) for as long as the
+/// returned descriptor is open: the same switch as `kernel.bpf_stats_enabled`, counted, so
+/// closing it restores whatever the sysctl said. Costs two clock reads per program run while
+/// on, so it is for measuring, not for a running agent.
+pub fn enable_stats() -> Result<std::os::fd::OwnedFd, String> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| format!("cannot turn eBPF statistics on (BPF_ENABLE_STATS): {e}"))
+}
 
 /// The attached programs and the ring buffer they write to.
 pub struct EbpfSource {
@@ -336,6 +404,15 @@ impl EbpfSource {
         // Its records then name it from the cache, on the drain path.
         self.names.remember(id, cgroup);
         Ok(described)
+    }
+
+    /// A reader of the attached programs' run counts and run times, usable while the source
+    /// runs (see [`StatsReader`]).
+    pub fn stats(&self) -> StatsReader {
+        StatsReader {
+            programs: Arc::downgrade(&self._programs),
+            names: self.attached.clone(),
+        }
     }
 
     /// Records lost so far because the ring buffer was full (sum over CPUs).

@@ -358,6 +358,7 @@ mod tests {
             charged_cgroup_id: 43,
             slot: 1,
             _pad: 0,
+            inactive_pages: 0,
         });
         let ev = to_event(&rec, &StdHashMap::new(), &mut names);
         assert_eq!(ev.cgroup.as_deref(), Some("/kubepods"));

@@ -6,8 +6,8 @@
 use std::collections::HashMap as StdHashMap;
 use std::sync::{Arc, Mutex};
 
-use agent_ebpf::{CgroupOffsets, ThresholdOffsets};
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use agent_ebpf::{CgroupOffsets, ItemMask, ThresholdOffsets, MAX_ITEMS};
+use aya::maps::{Array, HashMap, PerCpuArray, RingBuf};
 use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::{RawTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader};
@@ -148,9 +148,23 @@ impl EbpfSource {
         }
         let facts = kernel_facts(&opts.memcg_items);
         let min_interval_ns = u64::try_from(opts.min_interval.as_nanos()).unwrap_or(u64::MAX);
+        let mut facts = facts;
+        let mut mask = ItemMask::zeroed();
+        facts.items.retain(|&item, name| {
+            let fits = mask.insert(item);
+            if !fits {
+                tracing::warn!(
+                    item,
+                    name = %name,
+                    "eBPF: memcg event item not watched: its number is past {MAX_ITEMS}"
+                );
+            }
+            fits
+        });
         let mut ebpf = EbpfLoader::new()
             .override_global("CGROUP_OFFSETS", &facts.offsets, true)
             .override_global("MIN_INTERVAL_NS", &min_interval_ns, true)
+            .override_global("WATCH_ITEM_MASK", &mask, true)
             .override_global(
                 "THRESHOLD_OFFSETS",
                 facts
@@ -166,23 +180,6 @@ impl EbpfSource {
             })?;
 
         let mut missing: Vec<(&'static str, String)> = Vec::new();
-        {
-            let map = ebpf.map_mut("WATCH_ITEMS").ok_or(EbpfError::Map {
-                name: "WATCH_ITEMS",
-                reason: "not in the object".into(),
-            })?;
-            let mut watch: HashMap<&mut MapData, u32, u32> =
-                HashMap::try_from(map).map_err(|e| EbpfError::Map {
-                    name: "WATCH_ITEMS",
-                    reason: e.to_string(),
-                })?;
-            for item in facts.items.keys() {
-                watch.insert(item, 1, 0).map_err(|e| EbpfError::Map {
-                    name: "WATCH_ITEMS",
-                    reason: e.to_string(),
-                })?;
-            }
-        }
 
         // The programs' rare diagnostics (a failed read, an unexpected layout), relayed to the
         // agent's log at debug.
@@ -216,6 +213,10 @@ impl EbpfSource {
                 if charge {
                     if let Err(why) = &facts.thresholds {
                         return Err(format!("{why}: cannot read memcg usage"));
+                    }
+                } else if spec.program == "count_memcg_events" {
+                    if let Err(why) = &facts.thresholds {
+                        return Err(format!("{why}: cannot read the event's cgroup id"));
                     }
                 } else if spec.raw && !facts.offsets_valid() {
                     return Err(format!(
@@ -307,10 +308,18 @@ impl EbpfSource {
         let programs = Arc::new(Mutex::new(Programs {
             ebpf,
             charge: charge_links,
+            paused: false,
+            near: true,
         }));
         let charge_switch = charge_attached
             .then(|| ChargeSwitch::new(&programs))
             .flatten();
+        let mut usage = usage;
+        if let (Some(usage), Some(switch), Some(near)) =
+            (&mut usage, &charge_switch, &opts.near_level)
+        {
+            usage.arm_near(near.clone(), switch.clone());
+        }
         Ok(EbpfSource {
             usage,
             logger,
