@@ -254,8 +254,14 @@ impl UsageThresholds {
         self.moves.insert(slot, WatchStream::new(watch.level));
         Ok((
             format!(
-                "eBPF usage threshold {} bytes on {} (checked on every charge)",
-                level_now.usage_bytes, watch.cgroup
+                "eBPF usage threshold {} bytes on {} (checked on every charge{})",
+                level_now.usage_bytes,
+                watch.cgroup,
+                if self.near.is_some() {
+                    " while usage is near it"
+                } else {
+                    ""
+                }
             ),
             id,
         ))
