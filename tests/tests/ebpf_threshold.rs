@@ -594,7 +594,7 @@ fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
         "calm (usage 0, level 100 MiB), yet the charge programs stay on"
     );
 
-    // As fast as the hog can fault (about 1 GiB/s here), from calm to 50 MiB past the level.
+    // As fast as the hog can fault, from calm to 50 MiB past the level.
     memcg
         .spawn(Command::new(memhog_bin()).args(["150", "0", "600"]))
         .expect("memhog");
