@@ -19,7 +19,11 @@
 //! - **How it wakes.** On cgroup v1 an eventfd on `memory.usage_in_bytes` at the tripwire
 //!   (the kernel signals crossings both ways); where there is none (v2) usage is read every
 //!   [`NearLevel::poll_interval`]. While armed, usage is also read at that interval, to
-//!   detach once it falls [`DISARM_HYSTERESIS_BYTES`] below the tripwire.
+//!   detach once it falls [`DISARM_HYSTERESIS_BYTES`] below the tripwire. The v1 tripwire is
+//!   placed only while calm: registering one waits for an RCU grace period in the kernel
+//!   (`synchronize_rcu`, 10-30 ms under load), on the drain's thread, and must not delay the
+//!   kernel's threshold record on the way to a crossing (a first version re-placed it on every
+//!   look while armed and delayed eBPF-woken kills by 11-36 ms at 1 GiB/s).
 //!
 //! The programs do not follow the page cache while they are off, so a working-set slot is
 //! written again (its `inactive_file` read anew) just before they attach.
@@ -56,8 +60,9 @@ impl Default for NearLevel {
 /// hovering at the tripwire does not attach and detach them over and over.
 pub const DISARM_HYSTERESIS_BYTES: u64 = 4 << 20;
 
-/// The least move worth a new v1 tripwire registration (see `memcg::V1_MOVE_STEP_BYTES`).
-const TRIPWIRE_STEP_BYTES: u64 = 1 << 20;
+/// The least move worth a new v1 tripwire registration: each one waits for an RCU grace
+/// period in the kernel (see `memcg::V1_MOVE_STEP_BYTES`).
+const TRIPWIRE_STEP_BYTES: u64 = 8 << 20;
 
 /// The distance below a level at which the programs attach, for usage growing at
 /// `rate_bytes_per_s`.

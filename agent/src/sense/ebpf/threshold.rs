@@ -354,8 +354,14 @@ impl UsageThresholds {
             };
             let rate = wire.sample(usage, now);
             let tripwire = level.saturating_sub(near::reach(rate, &near.opts));
-            wire.place(&placed.dir, tripwire);
-            any |= near::is_near(usage, tripwire, near.on);
+            let is_near = near::is_near(usage, tripwire, near.on);
+            // Registering a v1 threshold waits for an RCU grace period in the kernel (10-30 ms
+            // measured under load): only while calm, never on the way to a crossing, where
+            // the drain must hand the kernel's event on at once (the poll covers it then).
+            if !near.on && !is_near {
+                wire.place(&placed.dir, tripwire);
+            }
+            any |= is_near;
         }
         if any == near.on {
             return;
