@@ -33,6 +33,45 @@ pub const MAX_THRESHOLDS: usize = 8;
 /// How many NUMA nodes' counters a root-cgroup threshold sums ([`ThresholdTable::node_stats`]).
 pub const MAX_NODES: usize = 8;
 
+/// `vm_event_item` numbers the memcg-event program can watch: bits of [`ItemMask`].
+pub const MAX_ITEMS: usize = 256;
+
+/// The watched `vm_event_item`s as a bitmask (item `i` is bit `i % 64` of word `i / 64`), a
+/// global of the memcg-event program: the test on every page fault is one load and a mask,
+/// where a map lookup costs a helper call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ItemMask {
+    /// The bits.
+    pub words: [u64; MAX_ITEMS / 64],
+}
+
+impl ItemMask {
+    /// No item watched.
+    pub const fn zeroed() -> Self {
+        ItemMask {
+            words: [0; MAX_ITEMS / 64],
+        }
+    }
+
+    /// Watches `item`; `false` when it is past [`MAX_ITEMS`].
+    pub fn insert(&mut self, item: u32) -> bool {
+        let i = item as usize;
+        if i >= MAX_ITEMS {
+            return false;
+        }
+        self.words[i / 64] |= 1 << (i % 64);
+        true
+    }
+
+    /// Whether `item` is watched.
+    #[inline(always)]
+    pub fn contains(&self, item: u32) -> bool {
+        let i = item as usize;
+        i < MAX_ITEMS && self.words[i / 64] & (1 << (i % 64)) != 0
+    }
+}
+
 /// Length of the kernel's `task_struct.comm`.
 pub const COMM_LEN: usize = 16;
 
@@ -119,7 +158,7 @@ pub struct StallEvent {
     pub _pad: u32,
 }
 
-/// `memcg:count_memcg_events` for a watched item, aggregated per (cgroup, item) in the kernel.
+/// `count_memcg_events` for a watched item, aggregated per (cgroup, item) in the kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemcgEvent {
@@ -155,6 +194,11 @@ pub struct ThresholdEvent {
     pub slot: u32,
     /// Explicit padding.
     pub _pad: u32,
+    /// The inactive file pages the slot counted out of usage at the crossing (0 for a slot
+    /// that does not follow them): the working set then was `usage_pages - inactive_pages`,
+    /// and `threshold_pages` is the usage level it amounted to (working-set level +
+    /// `inactive_pages`).
+    pub inactive_pages: u64,
 }
 
 /// One watched cgroup in the [`ThresholdTable`].
@@ -183,6 +227,16 @@ pub struct ThresholdSlot {
     pub cgroup_ptr: u64,
     /// Learned in the kernel: the watched `struct mem_cgroup *`.
     pub memcg_ptr: u64,
+    /// For a slot that follows the page cache (`follow` = 1): the watched cgroup's inactive
+    /// file pages, written by user space from `memory.stat` when it arms the slot and then
+    /// moved by the programs on every `NR_INACTIVE_FILE` update in the cgroup's subtree
+    /// (atomically: any CPU may move it). Signed: the snapshot may lag the moves a little.
+    pub inactive_pages: i64,
+    /// 1: `threshold_pages` and `rearm_pages` are working-set levels (usage minus
+    /// `inactive_pages`); 0: usage levels.
+    pub follow: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
 
 /// Every usage threshold, in one array-map value so a charge costs one map lookup.
@@ -197,8 +251,8 @@ pub struct ThresholdTable {
     pub node_stats: [u64; MAX_NODES],
     /// How many slots are in use (0 = the programs return at once).
     pub count: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// How many of them follow the page cache (0 = `NR_INACTIVE_FILE` moves return at once).
+    pub following: u32,
 }
 
 /// Kernel struct offsets (bytes) for the usage-threshold programs, from BTF.
@@ -237,6 +291,8 @@ pub struct ThresholdOffsets {
     pub nr_file_pages: u64,
     /// NUMA nodes to sum for a root-cgroup slot (highest online id + 1); 0 = root slots off.
     pub nr_nodes: u64,
+    /// `enum node_stat_item::NR_INACTIVE_FILE`: the page cache the working set leaves out.
+    pub nr_inactive_file: u64,
     /// 1 when every offset above was found.
     pub valid: u64,
 }
@@ -260,6 +316,7 @@ impl ThresholdOffsets {
             nr_anon_mapped: 0,
             nr_file_pages: 0,
             nr_nodes: 0,
+            nr_inactive_file: 0,
             valid: 0,
         }
     }
@@ -431,31 +488,6 @@ pub mod layout {
         pub const ALL: &[Field] = &[NR_RECLAIMED];
     }
 
-    /// `memcg:count_memcg_events` fields.
-    pub mod count_memcg_events {
-        use super::Field;
-        /// `cgroup_id(memcg->css.cgroup)`.
-        pub const ID: Field = Field {
-            name: "id",
-            offset: 8,
-            size: 8,
-        };
-        /// The `vm_event_item`.
-        pub const ITEM: Field = Field {
-            name: "item",
-            offset: 16,
-            size: 4,
-        };
-        /// The increment.
-        pub const VAL: Field = Field {
-            name: "val",
-            offset: 24,
-            size: 8,
-        };
-        /// Every field read.
-        pub const ALL: &[Field] = &[ID, ITEM, VAL];
-    }
-
     /// Fields the begin tracepoints need: none (only the time and the current task).
     pub const NONE: &[Field] = &[];
 }
@@ -475,6 +507,7 @@ mod pod {
     unsafe impl aya::Pod for super::ThresholdSlot {}
     unsafe impl aya::Pod for super::ThresholdTable {}
     unsafe impl aya::Pod for super::ThresholdOffsets {}
+    unsafe impl aya::Pod for super::ItemMask {}
 }
 
 // The layouts are part of the kernel/user contract: pin their sizes.
@@ -483,8 +516,9 @@ const _: () = assert!(core::mem::size_of::<OomEvent>() == 96);
 const _: () = assert!(core::mem::size_of::<StallEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<MemcgEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 64);
-const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 56);
-const _: () = assert!(core::mem::size_of::<ThresholdSlot>() == 56);
+const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 64);
+const _: () = assert!(core::mem::size_of::<ThresholdSlot>() == 72);
 const _: () =
-    assert!(core::mem::size_of::<ThresholdTable>() == 56 * MAX_THRESHOLDS + 8 * MAX_NODES + 8);
-const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 128);
+    assert!(core::mem::size_of::<ThresholdTable>() == 72 * MAX_THRESHOLDS + 8 * MAX_NODES + 8);
+const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 136);
+const _: () = assert!(core::mem::size_of::<ItemMask>() == 32);

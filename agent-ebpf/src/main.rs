@@ -11,7 +11,7 @@
 //! | `oom_mark_victim` | `oom:mark_victim` | `OomEvent` |
 //! | `memcg_reclaim_begin` / `_end` | `vmscan:mm_vmscan_memcg_reclaim_{begin,end}` | `StallEvent` |
 //! | `direct_reclaim_begin` / `_end` | `vmscan:mm_vmscan_direct_reclaim_{begin,end}` | `StallEvent` |
-//! | `count_memcg_events` | `memcg:count_memcg_events` | `MemcgEvent` |
+//! | `count_memcg_events` | raw tracepoint `count_memcg_events` | `MemcgEvent` |
 //! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | `ThresholdEvent` |
 //!
 //! **Usage thresholds in the kernel.** cgroup v2 has no "usage crossed X" notification and
@@ -30,18 +30,33 @@
 //! its re-arm level and `MIN_INTERVAL_NS` has passed, so a cgroup hovering at its level cannot
 //! flood the ring. Usage is charged in per-CPU batches (64 pages), so a crossing is seen
 //! within about 256 KiB per CPU of the level.
+//!
+//! **Working-set levels.** Eviction compares `usage - inactive_file`, and a usage level
+//! placed from user space goes stale as the page cache moves. A slot with `follow` set keeps
+//! the cgroup's inactive file count itself: the same tracepoint reports every
+//! `NR_INACTIVE_FILE` move, and the program adds each one in the watched subtree to the
+//! slot (an atomic add: any CPU may move it), so the check compares `usage - inactive`
+//! against a fixed working-set level. The inactive moves only follow; a check runs on charges
+//! alone, because truncation takes a batch of folios off the LRU before it uncharges them and
+//! `usage - inactive` overstates the working set in between.
 
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
+// The BPF target has no `fetch_add` on its atomics (`target_has_atomic` is off), but the
+// instruction set has an atomic add: the intrinsic emits it.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {}
 
 #[cfg(target_arch = "bpf")]
 mod programs {
+    use core::intrinsics::AtomicOrdering;
+
     use agent_ebpf::{
-        layout, CgroupOffsets, Header, MemcgEvent, MemcgKey, OomEvent, RateState, StallEvent,
-        ThresholdEvent, ThresholdOffsets, ThresholdSlot, ThresholdTable, COMM_LEN,
-        DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, KIND_THRESHOLD, MAX_NODES,
+        layout, CgroupOffsets, Header, ItemMask, MemcgEvent, MemcgKey, OomEvent, RateState,
+        StallEvent, ThresholdEvent, ThresholdOffsets, ThresholdSlot, ThresholdTable, COMM_LEN,
+        DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL, KIND_THRESHOLD, MAX_ITEMS, MAX_NODES,
         MAX_THRESHOLDS, OOM_CGROUP_FROM_RAW_TP, OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
     };
     use aya_ebpf::{
@@ -50,7 +65,7 @@ mod programs {
             bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
         },
         macros::{map, raw_tracepoint, tracepoint},
-        maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+        maps::{Array, LruHashMap, PerCpuArray, RingBuf},
         programs::{RawTracePointContext, TracePointContext},
         EbpfContext,
     };
@@ -91,9 +106,11 @@ mod programs {
     #[map]
     static VICTIM_CGROUP: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
 
-    /// The `vm_event_item`s that mean pressure (filled by user space from BTF names).
-    #[map]
-    static WATCH_ITEMS: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+    /// The `vm_event_item`s that mean pressure (set by user space from BTF names): a global
+    /// bitmask, so the test on every page fault (`PGFAULT` goes through the same tracepoint)
+    /// is a load and a mask, not a map lookup.
+    #[unsafe(no_mangle)]
+    static WATCH_ITEM_MASK: ItemMask = ItemMask::zeroed();
 
     /// Offsets for the usage-threshold programs, set by user space from BTF.
     #[unsafe(no_mangle)]
@@ -359,26 +376,37 @@ mod programs {
         Ok(())
     }
 
-    /// `memcg:count_memcg_events`: a memcg event counter moved; only watched items count.
-    #[tracepoint(category = "memcg", name = "count_memcg_events")]
-    pub fn count_memcg_events(ctx: TracePointContext) -> u32 {
-        match try_count_memcg_events(&ctx) {
-            Ok(()) | Err(_) => 0,
+    /// Raw tracepoint `count_memcg_events(memcg, item, val)`: a memcg event counter moved;
+    /// only watched items count. Entered on every page fault (`PGFAULT`), so it is a raw
+    /// tracepoint (no trace record is built for it) and an unwatched item costs one load and a
+    /// mask before it returns.
+    #[raw_tracepoint(tracepoint = "count_memcg_events")]
+    pub fn count_memcg_events(ctx: RawTracePointContext) -> i32 {
+        let item: u64 = ctx.arg(1);
+        let item = item as u32;
+        if item as usize >= MAX_ITEMS {
+            return 0;
         }
+        // SAFETY: a plain read of one word of a global the loader may have rewritten; volatile
+        // so the compiler does not fold the initial (empty) mask in.
+        let word =
+            unsafe { core::ptr::read_volatile(&WATCH_ITEM_MASK.words[(item / 64) as usize & 3]) };
+        if word & (1u64 << (item % 64)) == 0 {
+            return 0;
+        }
+        let memcg: u64 = ctx.arg(0);
+        let val: u64 = ctx.arg(2);
+        let o = threshold_offsets();
+        let cgroup_id = read_ptr(memcg, o.memcg_css + o.css_cgroup)
+            .map(|cgrp| cgroup_id_of(cgrp, &o))
+            .unwrap_or(0);
+        memcg_event(cgroup_id, item, val);
+        0
     }
 
-    fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), i32> {
-        use layout::count_memcg_events as f;
-        // SAFETY: offsets checked against the format file before attaching.
-        let item: i32 = unsafe { ctx.read_at(f::ITEM.offset)? };
-        let item = item as u32;
-        if WATCH_ITEMS.get_ptr(&item).is_none() {
-            return Ok(());
-        }
+    /// Writes (or folds) one record for a watched memcg event.
+    fn memcg_event(cgroup_id: u64, item: u32, val: u64) {
         let at_ns = now();
-        // SAFETY: as above.
-        let (cgroup_id, val): (u64, u64) =
-            unsafe { (ctx.read_at(f::ID.offset)?, ctx.read_at(f::VAL.offset)?) };
         let key = MemcgKey {
             cgroup_id,
             item,
@@ -390,7 +418,7 @@ mod programs {
                 let s = unsafe { &mut *state };
                 if at_ns.saturating_sub(s.last_emit_ns) < min_interval() {
                     s.pending += val;
-                    return Ok(());
+                    return;
                 }
                 let count = s.pending + val;
                 s.pending = 0;
@@ -409,7 +437,7 @@ mod programs {
         };
         let Some(mut entry) = EVENTS.reserve::<MemcgEvent>(0) else {
             count_drop();
-            return Ok(());
+            return;
         };
         entry.write(MemcgEvent {
             header: Header {
@@ -423,7 +451,6 @@ mod programs {
             count,
         });
         entry.submit(0);
-        Ok(())
     }
 
     #[inline(always)]
@@ -433,7 +460,9 @@ mod programs {
     }
 
     /// Raw tracepoint `mod_memcg_lruvec_state(memcg, item, val)`: per-node memcg stats move;
-    /// an increase of `NR_ANON_MAPPED` or `NR_FILE_PAGES` is a user page charged.
+    /// an increase of `NR_ANON_MAPPED` or `NR_FILE_PAGES` is a user page charged, and an
+    /// `NR_INACTIVE_FILE` move is page cache entering or leaving what the working set leaves
+    /// out.
     #[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
     pub fn charge_lruvec(ctx: RawTracePointContext) -> i32 {
         check_thresholds(&ctx);
@@ -441,35 +470,45 @@ mod programs {
     }
 
     /// Checks every armed slot that `memcg` (arg 0) is inside of, once per
-    /// `CHARGE_BATCH_PAGES` user pages charged on this CPU (arg 1 the item, arg 2 the pages).
+    /// `CHARGE_BATCH_PAGES` user pages charged on this CPU (arg 1 the item, arg 2 the pages);
+    /// moves the following slots' inactive file count on every `NR_INACTIVE_FILE` update.
     #[inline(always)]
     fn check_thresholds(ctx: &RawTracePointContext) {
         let val: u64 = ctx.arg(2);
         let val = val as i32;
-        if val <= 0 {
-            return;
-        }
         let item: u64 = ctx.arg(1);
         let item = u64::from(item as u32);
-        // Only the two item numbers on every entry (most entries end here); the whole offsets
-        // global is copied once per batch, below.
+        // Only the three item numbers on every entry (most entries end here); the whole
+        // offsets global is copied once per batch, below.
         // SAFETY: plain reads of a global the loader may have rewritten; volatile so the
         // compiler does not fold the initial values in.
-        let (anon, file) = unsafe {
+        let (anon, file, inactive) = unsafe {
             (
                 core::ptr::read_volatile(&THRESHOLD_OFFSETS.nr_anon_mapped),
                 core::ptr::read_volatile(&THRESHOLD_OFFSETS.nr_file_pages),
+                core::ptr::read_volatile(&THRESHOLD_OFFSETS.nr_inactive_file),
             )
         };
-        if item != anon && item != file {
+        if item == inactive {
+            // Only followed here, never checked: page cache leaves the LRU before it is
+            // uncharged (truncation frees a batch of folios, then uncharges them), so between
+            // the two `usage - inactive` overstates the working set by up to the batch. A rise
+            // of the working set without a charge (activation) is seen at the next charge.
+            if val != 0 {
+                follow_inactive(ctx, val);
+            }
             return;
         }
+        if val <= 0 || (item != anon && item != file) {
+            return;
+        }
+        let batch = val;
         let Some(pending) = CHARGE_PENDING.get_ptr_mut(0) else {
             return;
         };
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         let pending = unsafe { &mut *pending };
-        *pending += val as u64;
+        *pending += batch as u64;
         if *pending < CHARGE_BATCH_PAGES {
             return;
         }
@@ -514,10 +553,10 @@ mod programs {
             if slot.cgroup_id == 0 || level < slot.level {
                 continue;
             }
-            let (usage, ancestor) = if slot.level == 0 {
+            let (usage, node_inactive, ancestor) = if slot.level == 0 {
                 // Every memcg is inside the root: its usage is the node counters.
                 match node_usage(&mut table.node_stats, memcg, &o) {
-                    Some(usage) => (usage, 0),
+                    Some((usage, inactive)) => (usage, inactive, 0),
                     None => continue,
                 }
             } else {
@@ -540,11 +579,24 @@ mod programs {
                 }) else {
                     continue;
                 };
-                (usage, ancestor)
+                (usage, 0, ancestor)
             };
             let slot = &mut table.slots[i];
+            // The page cache the level leaves out: the root's from the node counters, a
+            // cgroup's as followed on its subtree's LRU moves.
+            let left_out = if slot.follow == 0 {
+                0
+            } else if slot.level == 0 {
+                node_inactive
+            } else {
+                // SAFETY: an aligned i64 in the map value that other CPUs add to atomically;
+                // an aligned 8-byte load sees one value or the other, never a torn one.
+                let followed = unsafe { core::ptr::read_volatile(&slot.inactive_pages) };
+                followed.max(0) as u64
+            };
+            let counted = usage.saturating_sub(left_out);
             if slot.armed == 1 {
-                if usage >= slot.threshold_pages {
+                if counted >= slot.threshold_pages {
                     // The learned pointer could in principle belong to a newer cgroup at the
                     // same address: confirm the id once per crossing.
                     if ancestor != 0 && cgroup_id_of(ancestor, &o) != slot.cgroup_id {
@@ -554,9 +606,16 @@ mod programs {
                     }
                     slot.armed = 0;
                     slot.last_fired_ns = at_ns;
-                    emit_threshold(i as u32, slot, usage, cgroup_id_of(cgrp, &o), at_ns);
+                    emit_threshold(
+                        i as u32,
+                        slot,
+                        usage,
+                        left_out,
+                        cgroup_id_of(cgrp, &o),
+                        at_ns,
+                    );
                 }
-            } else if usage < slot.rearm_pages
+            } else if counted < slot.rearm_pages
                 && at_ns.saturating_sub(slot.last_fired_ns) >= min_interval()
             {
                 slot.armed = 1;
@@ -564,15 +623,78 @@ mod programs {
         }
     }
 
-    /// `NR_ANON_MAPPED + NR_FILE_PAGES` summed over the NUMA nodes, in pages: the root
-    /// cgroup's usage. Each node's counter array is found once through `memcg` (any memcg's
-    /// `nodeinfo[nid]->lruvec.pgdat` is the node's) and remembered in `stats`.
+    /// Moves the inactive file count of every following slot whose subtree `memcg` (arg 0)
+    /// is in by `val` pages.
     #[inline(always)]
-    fn node_usage(stats: &mut [u64; MAX_NODES], memcg: u64, o: &ThresholdOffsets) -> Option<u64> {
+    fn follow_inactive(ctx: &RawTracePointContext, val: i32) {
+        let Some(table) = THRESHOLDS.get_ptr_mut(0) else {
+            return;
+        };
+        // SAFETY: an array-map value; the count is moved atomically, the rest as in
+        // `check_thresholds`.
+        let table = unsafe { &mut *table };
+        if table.following == 0 {
+            return;
+        }
+        let o = threshold_offsets();
+        if o.valid == 0 {
+            return;
+        }
+        let count = table.count as usize;
+        let memcg: u64 = ctx.arg(0);
+        let Some(cgrp) = read_ptr(memcg, o.memcg_css + o.css_cgroup) else {
+            return;
+        };
+        // SAFETY: bpf_probe_read_kernel checks the address.
+        let Ok(level) = (unsafe { bpf_probe_read_kernel((cgrp + o.cgroup_level) as *const i32) })
+        else {
+            return;
+        };
+        let level = level as u32;
+        for i in 0..MAX_THRESHOLDS {
+            if i >= count {
+                break;
+            }
+            let slot = &mut table.slots[i];
+            // The root's page cache is read from the node counters at each check.
+            if slot.follow == 0 || slot.level == 0 || slot.cgroup_id == 0 || level < slot.level {
+                continue;
+            }
+            let Some(ancestor) = read_ptr(cgrp, o.cgroup_ancestors + 8 * u64::from(slot.level))
+            else {
+                continue;
+            };
+            if slot.cgroup_ptr != ancestor {
+                if slot.cgroup_ptr != 0 || !learn(ctx, slot, ancestor, &o) {
+                    continue;
+                }
+            }
+            // SAFETY: an aligned i64 in the map value; an atomic add, so moves from two CPUs
+            // are both counted.
+            unsafe {
+                core::intrinsics::atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(
+                    &mut slot.inactive_pages,
+                    i64::from(val),
+                )
+            };
+        }
+    }
+
+    /// `NR_ANON_MAPPED + NR_FILE_PAGES` summed over the NUMA nodes, in pages: the root
+    /// cgroup's usage, with the nodes' `NR_INACTIVE_FILE` beside it. Each node's counter array
+    /// is found once through `memcg` (any memcg's `nodeinfo[nid]->lruvec.pgdat` is the node's)
+    /// and remembered in `stats`.
+    #[inline(always)]
+    fn node_usage(
+        stats: &mut [u64; MAX_NODES],
+        memcg: u64,
+        o: &ThresholdOffsets,
+    ) -> Option<(u64, u64)> {
         if o.nr_nodes == 0 {
             return None;
         }
         let mut total: i64 = 0;
+        let mut inactive: i64 = 0;
         for (nid, stat) in stats.iter_mut().enumerate() {
             if nid as u64 >= o.nr_nodes {
                 break;
@@ -588,8 +710,9 @@ mod programs {
             let anon = read_ptr(*stat, 8 * o.nr_anon_mapped)? as i64;
             let file = read_ptr(*stat, 8 * o.nr_file_pages)? as i64;
             total += anon + file;
+            inactive += read_ptr(*stat, 8 * o.nr_inactive_file)? as i64;
         }
-        Some(total.max(0) as u64)
+        Some((total.max(0) as u64, inactive.max(0) as u64))
     }
 
     /// The kernfs id of a `struct cgroup *`, or 0.
@@ -626,7 +749,14 @@ mod programs {
         true
     }
 
-    fn emit_threshold(index: u32, slot: &ThresholdSlot, usage: u64, charged: u64, at_ns: u64) {
+    fn emit_threshold(
+        index: u32,
+        slot: &ThresholdSlot,
+        usage: u64,
+        left_out: u64,
+        charged: u64,
+        at_ns: u64,
+    ) {
         let Some(mut entry) = EVENTS.reserve::<ThresholdEvent>(0) else {
             count_drop();
             return;
@@ -639,10 +769,11 @@ mod programs {
                 pid: current_tid(),
             },
             usage_pages: usage,
-            threshold_pages: slot.threshold_pages,
+            threshold_pages: slot.threshold_pages.saturating_add(left_out),
             charged_cgroup_id: charged,
             slot: index,
             _pad: 0,
+            inactive_pages: left_out,
         });
         entry.submit(0);
     }

@@ -299,12 +299,13 @@ fn the_charge_switch_takes_the_program_off_and_puts_it_back() {
             })
         })
         .expect("the eBPF source");
-    let (_keep, bytes) = tokio::sync::watch::channel(THRESHOLD);
+    let (_keep, bytes) =
+        tokio::sync::watch::channel(reactor::sense::memcg::Level::usage(THRESHOLD));
     source
         .watch_usage(UsageWatch {
             cgroup: memcg.cgroup.clone(),
             dir: memcg.path.clone(),
-            bytes,
+            level: bytes,
         })
         .expect("the usage threshold armed");
     let switch = source.charge_switch().expect("a charge switch");
@@ -376,4 +377,255 @@ fn the_charge_switch_takes_the_program_off_and_puts_it_back() {
     assert!(after[0] >= THRESHOLD, "usage at the crossing {}", after[0]);
     task.abort();
     memcg.kill_all();
+}
+
+/// A working-set level follows the page cache in the kernel (issue 26): armed at 100 MiB of
+/// working set while a hog holds 72 MiB, the cgroup then writes 32 MiB of page cache (usage
+/// 104+ MiB: a usage level placed before would fire on page cache alone), the loop moves the
+/// level as a pass would (to 132 MiB of usage), the page cache is dropped again (that usage
+/// level now sits 32 MiB too high), and only
+/// then does a second hog take the working set past the level. Exactly one crossing, and the
+/// working set it recorded is at the level, within a few charge batches, not 32 MiB past it.
+#[test]
+fn a_working_set_level_follows_the_page_cache_in_the_kernel() {
+    use reactor::sense::ebpf::threshold::UsageWatch;
+    use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+    use reactor::sense::memcg::Level;
+    use reactor::sense::Kind;
+
+    if !can_run() {
+        return;
+    }
+    let mut memcg = TestMemcg::new("ebpf-ws-follow", LIMIT).expect("test memcg");
+    let stat = |m: &TestMemcg, key: &str| -> u64 {
+        std::fs::read_to_string(m.path.join("memory.stat"))
+            .ok()
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    l.strip_prefix(key)?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+            })
+            .unwrap_or(0)
+    };
+    let usage = |m: &TestMemcg| -> u64 {
+        std::fs::read_to_string(m.path.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let wait_for = |what: &str, mut done: Box<dyn FnMut() -> bool + '_>| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["72", "0", "600"]))
+        .expect("memhog");
+    wait_for(
+        "the first hog's 72 MiB",
+        Box::new(|| usage(&memcg) >= 72 * MIB),
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut source = rt
+        .block_on(async {
+            EbpfSource::attach(EbpfOptions {
+                usage_thresholds: true,
+                ..EbpfOptions::default()
+            })
+        })
+        .expect("the eBPF source");
+    let inactive_now = stat(&memcg, "total_inactive_file");
+    let (_keep, level) = tokio::sync::watch::channel(Level::working_set(THRESHOLD, inactive_now));
+    source
+        .watch_usage(UsageWatch {
+            cgroup: memcg.cgroup.clone(),
+            dir: memcg.path.clone(),
+            level,
+        })
+        .expect("the working-set threshold armed");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
+    let task = rt.spawn(source.run(tx));
+
+    // The page cache grows by 32 MiB (written from inside the cgroup, so charged to it)...
+    let file = std::env::temp_dir().join(format!("reactor-test-ws-follow-{}", std::process::id()));
+    memcg
+        .spawn(Command::new("dd").args([
+            "if=/dev/zero",
+            &format!("of={}", file.display()),
+            "bs=1M",
+            "count=32",
+            "conv=fsync",
+            "status=none",
+        ]))
+        .expect("dd");
+    wait_for(
+        "32 MiB of inactive file",
+        Box::new(|| stat(&memcg, "total_inactive_file") >= inactive_now + 30 * MIB),
+    );
+    let grown = usage(&memcg);
+    assert!(
+        grown >= THRESHOLD,
+        "usage {grown} should be past the working-set level with the page cache in it"
+    );
+    // A loop pass now would place the usage level 32 MiB higher (what the v1 eventfd gets);
+    // the kernel's working-set level stays where it is.
+    _keep
+        .send(Level::working_set(
+            THRESHOLD,
+            stat(&memcg, "total_inactive_file"),
+        ))
+        .expect("the level moved");
+    // ...and shrinks again.
+    std::fs::remove_file(&file).expect("removing the page-cache file");
+    wait_for(
+        "the page cache gone",
+        Box::new(|| stat(&memcg, "total_inactive_file") < inactive_now + 2 * MIB),
+    );
+    let mut seen = Vec::new();
+    let mut drain = |seen: &mut Vec<(u64, u64)>| {
+        while let Ok(e) = rx.try_recv() {
+            if let Kind::ThresholdCrossed {
+                threshold_bytes: Some(t),
+                usage_bytes: Some(u),
+            } = e.kind
+            {
+                seen.push((t, u));
+            }
+        }
+    };
+    drain(&mut seen);
+    assert!(
+        seen.is_empty(),
+        "page cache alone crossed a working-set level: {seen:?}"
+    );
+
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["40", "0", "600"]))
+        .expect("the second memhog");
+    wait_for("the second hog", Box::new(|| usage(&memcg) >= 110 * MIB));
+    std::thread::sleep(Duration::from_millis(500));
+    drain(&mut seen);
+    task.abort();
+    memcg.kill_all();
+    assert_eq!(seen.len(), 1, "one crossing: {seen:?}");
+    let (threshold, at_usage) = seen[0];
+    // The event's level is the usage the working-set level amounted to at the crossing:
+    // working set at the crossing = usage - (level - working-set level).
+    let ws_level = Level::working_set(THRESHOLD, 0).usage_bytes;
+    let ws = at_usage - threshold.saturating_sub(ws_level);
+    eprintln!("crossing at usage {at_usage}, level {threshold}: working set {ws}");
+    assert!(
+        (ws_level..ws_level + MIB).contains(&ws),
+        "working set at the crossing {ws} should be within a few charge batches of {ws_level}"
+    );
+    assert!(
+        at_usage < ws_level + 4 * MIB,
+        "usage at the crossing {at_usage}: a level left where the page cache was would fire \
+         about 32 MiB later"
+    );
+}
+
+/// Arming near a level (issue 26): with nothing near its level the charge programs are off
+/// their tracepoint; a hog ramping from calm to past the level as fast as it can passes the
+/// tripwire first, the programs attach, and the crossing is caught by the kernel event at
+/// the level; once usage falls back, they come off again.
+#[test]
+fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
+    use reactor::sense::ebpf::near::NearLevel;
+    use reactor::sense::ebpf::threshold::UsageWatch;
+    use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+    use reactor::sense::memcg::Level;
+    use reactor::sense::Kind;
+
+    if !can_run() {
+        return;
+    }
+    let mut memcg = TestMemcg::new("ebpf-near", LIMIT).expect("test memcg");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut source = rt
+        .block_on(async {
+            EbpfSource::attach(EbpfOptions {
+                usage_thresholds: true,
+                near_level: Some(NearLevel {
+                    reach_floor_bytes: 32 * MIB,
+                    ..NearLevel::default()
+                }),
+                ..EbpfOptions::default()
+            })
+        })
+        .expect("the eBPF source");
+    let (_keep, level) = tokio::sync::watch::channel(Level::usage(THRESHOLD));
+    source
+        .watch_usage(UsageWatch {
+            cgroup: memcg.cgroup.clone(),
+            dir: memcg.path.clone(),
+            level,
+        })
+        .expect("the usage threshold armed");
+    let switch = source.charge_switch().expect("a charge switch");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
+    let task = rt.spawn(source.run(tx));
+    let wait_attached = |want: bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while switch.attached() != Some(want) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        switch.attached()
+    };
+    assert_eq!(
+        wait_attached(false),
+        Some(false),
+        "calm (usage 0, level 100 MiB), yet the charge programs stay on"
+    );
+
+    // As fast as the hog can fault, from calm to 50 MiB past the level.
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["150", "0", "600"]))
+        .expect("memhog");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut crossings = Vec::new();
+    while crossings.is_empty() && Instant::now() < deadline {
+        match rx.try_recv() {
+            Ok(e) => {
+                if let Kind::ThresholdCrossed {
+                    usage_bytes: Some(u),
+                    ..
+                } = e.kind
+                {
+                    crossings.push(u);
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(switch.attached(), Some(true), "near the level, yet off");
+    assert_eq!(crossings.len(), 1, "the kernel event for the crossing");
+    assert!(
+        (THRESHOLD..THRESHOLD + 8 * MIB).contains(&crossings[0]),
+        "usage at the crossing {} should be just past {THRESHOLD}: the programs attached late",
+        crossings[0]
+    );
+    memcg.kill_all();
+    assert_eq!(
+        wait_attached(false),
+        Some(false),
+        "usage fell back to 0, yet the charge programs stay on"
+    );
+    task.abort();
 }

@@ -764,7 +764,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             };
             self.thresholds.set(
                 target,
-                crate::sense::memcg::working_set_level(base, m.inactive_file_bytes),
+                crate::sense::memcg::Level::working_set(base, m.inactive_file_bytes),
             );
         }
     }

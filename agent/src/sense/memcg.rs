@@ -42,7 +42,7 @@ use super::{monotonic_ns, Kind, PressureEvent, Source};
 /// v1 registration refused) is ignored.
 #[derive(Clone, Debug, Default)]
 pub struct MemcgThresholds {
-    armed: Arc<Vec<(MemcgTarget, watch::Sender<u64>)>>,
+    armed: Arc<Vec<(MemcgTarget, watch::Sender<Level>)>>,
 }
 
 impl MemcgThresholds {
@@ -51,18 +51,65 @@ impl MemcgThresholds {
         self.armed.iter().map(|(t, _)| t)
     }
 
-    /// Arms `target`'s notification at `bytes` of usage from now on; a no-op when it is
-    /// armed there already.
-    pub fn set(&self, target: &MemcgTarget, bytes: u64) {
+    /// Arms `target`'s notification at `level` from now on; a no-op when it is armed there
+    /// already.
+    pub fn set(&self, target: &MemcgTarget, level: Level) {
         for (t, tx) in self.armed.iter() {
             if t == target {
                 tx.send_if_modified(|now| {
-                    let changed = *now != bytes;
-                    *now = bytes;
+                    let changed = *now != level;
+                    *now = level;
                     changed
                 });
             }
         }
+    }
+}
+
+/// Where a target's threshold is: the usage that meets it now and, for a working-set level,
+/// the inactive file pages counted into that usage.
+///
+/// The v1 eventfd and the v2 `memory.events` check can only compare usage, so they take
+/// [`usage_bytes`](Self::usage_bytes), placed at the loop's last pass. The eBPF charge
+/// programs compare the working set itself (usage minus the page cache they follow in the
+/// kernel) against `usage_bytes - inactive_file_bytes`, which does not move with the page
+/// cache, so their level cannot go stale between two passes.
+///
+/// Where the v1 eventfd cannot follow: its threshold is on `memory.usage_in_bytes` alone and
+/// moves only when the loop re-registers it (at most once per [`V1_MOVE_STEP_BYTES`]), so
+/// page cache dropped since the last pass leaves it high by that much; the eBPF slot, where it
+/// runs, is the one that catches that crossing on time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Level {
+    /// The usage at which the threshold is met now.
+    pub usage_bytes: u64,
+    /// `Some(i)`: a working-set level, `i` bytes of inactive file counted into
+    /// `usage_bytes`; `None`: a plain usage level.
+    pub inactive_file_bytes: Option<u64>,
+}
+
+impl Level {
+    /// A plain usage level.
+    pub fn usage(bytes: u64) -> Level {
+        Level {
+            usage_bytes: bytes,
+            inactive_file_bytes: None,
+        }
+    }
+
+    /// The level of a threshold on `base` bytes of working set, with `inactive_file` bytes
+    /// of inactive file pages now ([`working_set_level`]).
+    pub fn working_set(base: u64, inactive_file: u64) -> Level {
+        Level {
+            usage_bytes: working_set_level(base, inactive_file),
+            inactive_file_bytes: Some(inactive_file),
+        }
+    }
+
+    /// The working set at which the threshold is met, for a working-set level.
+    pub fn working_set_bytes(&self) -> Option<u64> {
+        self.inactive_file_bytes
+            .map(|i| self.usage_bytes.saturating_sub(i))
     }
 }
 
@@ -89,17 +136,17 @@ pub fn v1_moves(registered: u64, want: u64) -> bool {
 /// Builds [`MemcgThresholds`] while the sources attach.
 #[derive(Default)]
 pub(crate) struct ThresholdsBuilder {
-    armed: Vec<(MemcgTarget, watch::Sender<u64>)>,
+    armed: Vec<(MemcgTarget, watch::Sender<Level>)>,
 }
 
 impl ThresholdsBuilder {
     /// A receiver for `target`'s threshold, starting at `bytes`; every source that checks
     /// the same target (the memcg notification, the eBPF charge programs) follows one level.
-    pub(crate) fn add(&mut self, target: &MemcgTarget, bytes: u64) -> watch::Receiver<u64> {
+    pub(crate) fn add(&mut self, target: &MemcgTarget, bytes: u64) -> watch::Receiver<Level> {
         if let Some((_, tx)) = self.armed.iter().find(|(t, _)| t == target) {
             return tx.subscribe();
         }
-        let (tx, rx) = watch::channel(bytes);
+        let (tx, rx) = watch::channel(Level::usage(bytes));
         self.armed.push((target.clone(), tx));
         rx
     }
@@ -365,7 +412,7 @@ pub(crate) struct EventfdWatch {
     cgroup: String,
     what: V1Notification,
     /// Where the threshold should be (a threshold watch whose level can move).
-    moves: Option<watch::Receiver<u64>>,
+    moves: Option<watch::Receiver<Level>>,
 }
 
 fn open_ro(path: &Path) -> Result<OwnedFd, String> {
@@ -375,7 +422,11 @@ fn open_ro(path: &Path) -> Result<OwnedFd, String> {
     })
 }
 
-fn register_v1(dir: &Path, file: &str, arg: Option<u64>) -> Result<(OwnedFd, OwnedFd), String> {
+pub(crate) fn register_v1(
+    dir: &Path,
+    file: &str,
+    arg: Option<u64>,
+) -> Result<(OwnedFd, OwnedFd), String> {
     if !dir.is_dir() {
         return Err(format!("cgroup {} absent", dir.display()));
     }
@@ -406,7 +457,7 @@ pub(crate) fn arm_v1_threshold(
     dir: &Path,
     cgroup: &str,
     threshold_bytes: u64,
-    moves: Option<watch::Receiver<u64>>,
+    moves: Option<watch::Receiver<Level>>,
 ) -> Result<EventfdWatch, String> {
     let (efd, watched) = register_v1(dir, "memory.usage_in_bytes", Some(threshold_bytes))?;
     let mut w = EventfdWatch::new(
@@ -477,10 +528,10 @@ impl EventfdWatch {
     }
 
     /// Waits for the threshold to move; never returns for a watch that cannot move.
-    async fn moved(moves: &mut Option<watch::Receiver<u64>>) -> Option<u64> {
+    async fn moved(moves: &mut Option<watch::Receiver<Level>>) -> Option<u64> {
         match moves {
             Some(rx) => match rx.changed().await {
-                Ok(()) => Some(*rx.borrow_and_update()),
+                Ok(()) => Some(rx.borrow_and_update().usage_bytes),
                 Err(_) => std::future::pending().await,
             },
             None => std::future::pending().await,
@@ -593,7 +644,7 @@ pub(crate) struct EventsWatch {
     cgroup: String,
     threshold_bytes: Option<u64>,
     /// Where the threshold should be, read at every change.
-    moves: Option<watch::Receiver<u64>>,
+    moves: Option<watch::Receiver<Level>>,
     last: EventCounters,
 }
 
@@ -602,7 +653,7 @@ pub(crate) fn arm_v2_events(
     dir: &Path,
     cgroup: &str,
     threshold_bytes: Option<u64>,
-    moves: Option<watch::Receiver<u64>>,
+    moves: Option<watch::Receiver<Level>>,
 ) -> Result<EventsWatch, String> {
     let events_file = dir.join("memory.events");
     let text = std::fs::read_to_string(&events_file).map_err(|e| {
@@ -693,7 +744,7 @@ impl EventsWatch {
             let mut kinds = events_delta(&self.last, &now);
             self.last = now;
             if let Some(rx) = &self.moves {
-                self.threshold_bytes = Some(*rx.borrow());
+                self.threshold_bytes = Some(rx.borrow().usage_bytes);
             }
             if let Some(bytes) = self.threshold_bytes {
                 if let Some(usage) = read_u64_file(&self.current_file) {

@@ -554,6 +554,8 @@ impl Attaching {
             .collect();
         let options = ebpf::EbpfOptions {
             usage_thresholds: !wanted.is_empty(),
+            // The charge programs tax every page fault on the node: on only near a level.
+            near_level: Some(ebpf::near::NearLevel::default()),
             ..Default::default()
         };
         match ebpf::EbpfSource::attach(options) {
@@ -572,7 +574,7 @@ impl Attaching {
                         source.watch_usage(ebpf::threshold::UsageWatch {
                             cgroup: target.cgroup.clone(),
                             dir,
-                            bytes: moves,
+                            level: moves,
                         })
                     });
                     match armed {

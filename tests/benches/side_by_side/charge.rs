@@ -5,17 +5,25 @@
 //!
 //! - no eBPF program attached;
 //! - the agent's programs without the charge programs (what the agent attached before);
-//! - the agent's programs with the charge programs and the parent watched (the threshold far
-//!   above usage, so every charge takes the full check: map lookup, ancestor, usage read).
+//! - calm: the programs as the agent runs them, the parent watched with its level far above
+//!   usage, so the charge programs are off their tracepoint (they attach only near a level);
+//! - armed: the charge programs on throughout and the parent watched (the threshold far above
+//!   usage, so every charge takes the full check: map lookup, ancestor, usage read), the cost
+//!   while a watched cgroup is near its level.
 //!
-//! The figure is page faults per second; the ratio to "no eBPF" is the cost.
+//! The figure is page faults per second; the ratio to "no eBPF" is the cost. After the timed
+//! rounds, one more run per setup with the kernel's per-program statistics on
+//! (`BPF_ENABLE_STATS`, what `kernel.bpf_stats_enabled=1` does, off again when the part ends)
+//! gives each attached program's runs per fault and ns per run under the same workload. It
+//! runs apart from the timed rounds because counting itself costs two clock reads per run.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use reactor::sense::ebpf::threshold::UsageWatch;
-use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
+use reactor::sense::memcg::Level;
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
@@ -84,17 +92,19 @@ fn fault(cg: &TestMemcg, millis: u64) -> Result<(u64, f64)> {
 enum Setup {
     None,
     Programs,
+    Calm,
     Thresholds,
 }
 
 impl Setup {
-    const ALL: [Setup; 3] = [Setup::None, Setup::Programs, Setup::Thresholds];
+    const ALL: [Setup; 4] = [Setup::None, Setup::Programs, Setup::Calm, Setup::Thresholds];
 
     fn name(self) -> &'static str {
         match self {
             Setup::None => "no eBPF",
             Setup::Programs => "agent programs, no charge programs",
-            Setup::Thresholds => "agent programs + charge programs, parent watched",
+            Setup::Calm => "calm: as the agent runs them, parent watched far from its level",
+            Setup::Thresholds => "armed: charge programs on, parent watched",
         }
     }
 }
@@ -104,37 +114,75 @@ fn attach(
     rt: &tokio::runtime::Runtime,
     setup: Setup,
     parent: &TestMemcg,
-) -> Result<Option<tokio::task::JoinHandle<()>>> {
+) -> Result<Option<(tokio::task::JoinHandle<()>, StatsReader)>> {
     if setup == Setup::None {
         return Ok(None);
     }
-    let thresholds = setup == Setup::Thresholds;
+    let thresholds = matches!(setup, Setup::Thresholds | Setup::Calm);
+    // Calm: the charge programs come off their tracepoint once the source sees the parent far
+    // from its level (the agent's setting); armed: on throughout.
+    let near_level = (setup == Setup::Calm).then(reactor::sense::ebpf::near::NearLevel::default);
     let mut source = rt
         .block_on(async {
             EbpfSource::attach(EbpfOptions {
                 usage_thresholds: thresholds,
+                near_level,
                 ..EbpfOptions::default()
             })
         })
         .context("attaching the eBPF source")?;
-    let (_keep, bytes) = tokio::sync::watch::channel(900u64 << 20);
+    let (_keep, bytes) = tokio::sync::watch::channel(Level::usage(900u64 << 20));
     if thresholds {
         source
             .watch_usage(UsageWatch {
                 cgroup: parent.cgroup.clone(),
                 dir: parent.path.clone(),
-                bytes,
+                level: bytes,
             })
             .map_err(anyhow::Error::msg)
             .context("arming the usage threshold")?;
     }
+    let stats = source.stats();
     let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
-    Ok(Some(rt.spawn(async move {
+    let task = rt.spawn(async move {
         let _keep = _keep;
         let run = tokio::spawn(source.run(tx));
         while rx.recv().await.is_some() {}
         run.abort();
-    })))
+    });
+    Ok(Some((task, stats)))
+}
+
+/// One run of the child under `setup`: (faults, seconds, each program's runs and ns in it).
+fn one_run(
+    rt: &tokio::runtime::Runtime,
+    setup: Setup,
+    parent: &TestMemcg,
+    child: &TestMemcg,
+    millis: u64,
+) -> Result<(u64, f64, Vec<ProgramStats>)> {
+    let attached = attach(rt, setup, parent)?;
+    // Let the attach settle before timing.
+    std::thread::sleep(Duration::from_millis(100));
+    let before = attached.as_ref().map(|(_, s)| s.read()).unwrap_or_default();
+    let (faults, secs) = fault(child, millis)?;
+    let mut used = Vec::new();
+    if let Some((task, stats)) = attached {
+        for after in stats.read() {
+            let was = before.iter().find(|b| b.program == after.program);
+            used.push(ProgramStats {
+                program: after.program,
+                runs: after.runs - was.map_or(0, |b| b.runs),
+                run_ns: after.run_ns - was.map_or(0, |b| b.run_ns),
+            });
+        }
+        task.abort();
+        let _ = rt.block_on(task);
+    }
+    if faults == 0 || secs <= 0.0 {
+        bail!("the faulting child made no faults under {}", setup.name());
+    }
+    Ok((faults, secs, used))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -154,18 +202,17 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); Setup::ALL.len()];
     for _ in 0..rounds {
         for (i, setup) in Setup::ALL.into_iter().enumerate() {
-            let task = attach(&rt, setup, &parent)?;
-            // Let the attach settle before timing.
-            std::thread::sleep(Duration::from_millis(100));
-            let (faults, secs) = fault(&child, millis)?;
-            if let Some(task) = task {
-                task.abort();
-                let _ = rt.block_on(task);
-            }
-            if faults == 0 || secs <= 0.0 {
-                bail!("the faulting child made no faults under {}", setup.name());
-            }
+            let (faults, secs, _) = one_run(&rt, setup, &parent, &child, millis)?;
             rates[i].push(faults as f64 / secs);
+        }
+    }
+    // The statistics run, apart (counting costs two clock reads per program run).
+    let mut programs: Vec<(Setup, u64, Vec<ProgramStats>)> = Vec::new();
+    {
+        let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
+        for setup in Setup::ALL.into_iter().skip(1) {
+            let (faults, _, used) = one_run(&rt, setup, &parent, &child, millis)?;
+            programs.push((setup, faults, used));
         }
     }
     drop(child);
@@ -189,15 +236,48 @@ pub fn run(opts: &Opts) -> Result<Part> {
          write fault charges a page; the 4 MiB region is dropped and faulted again); {rounds} \
          alternating round(s) of {millis} ms per setup"
     ));
+    let mut p = Table::new(
+        "7. Each program's cost under the same workload (BPF_ENABLE_STATS)",
+        &[
+            "setup",
+            "program",
+            "runs per fault",
+            "ns per run",
+            "ns per fault",
+        ],
+    )
+    .text_columns(2);
+    for (setup, faults, used) in &programs {
+        for u in used.iter().filter(|u| u.runs > 0) {
+            let f = (*faults).max(1) as f64;
+            p.row(vec![
+                setup.name().to_string(),
+                u.program.to_string(),
+                format!("{:.2}", u.runs as f64 / f),
+                format!("{:.1}", u.run_ns as f64 / u.runs as f64),
+                format!("{:.1}", u.run_ns as f64 / f),
+            ]);
+        }
+    }
+    p.note(format!(
+        "one run of {millis} ms per setup after the timed rounds, with the kernel's per-program \
+         statistics on (off again after); programs that did not run are left out"
+    ));
     Ok(Part {
         key: "charge",
-        tables: vec![t],
+        tables: vec![t, p],
         json: json!({
             "millis_per_round": millis,
             "rounds": rounds,
             "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).map(|((s, r), m)| json!({
                 "setup": s.name(), "faults_per_s": r, "median_faults_per_s": m,
                 "ratio_to_no_ebpf": m / base,
+            })).collect::<Vec<_>>(),
+            "programs": programs.iter().map(|(s, faults, used)| json!({
+                "setup": s.name(), "faults": faults,
+                "programs": used.iter().map(|u| json!({
+                    "program": u.program, "runs": u.runs, "run_ns": u.run_ns,
+                })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         }),
         samples: rates.iter().map(Vec::len).sum(),

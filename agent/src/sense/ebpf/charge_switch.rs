@@ -25,6 +25,11 @@
 //! program, back in place (a slot armed when it went off fires at the first charge batch at
 //! or above its level; a slot that had fired re-arms at the first one below its re-arm
 //! level). The OOM programs, the memcg notification and PSI stay on throughout.
+//!
+//! The same switch takes the programs off while no watched cgroup is near its level
+//! ([`super::near`]): they are on their tracepoint when a watched cgroup is near *and* no
+//! pause is asked, so the reactor's pause and resume keep their meaning (resume puts them
+//! back only if they are wanted near a level).
 
 use std::sync::{mpsc, Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -40,6 +45,10 @@ const RESUME_WAIT: Duration = Duration::from_secs(2);
 pub(crate) struct Programs {
     pub(crate) ebpf: Ebpf,
     pub(crate) charge: Vec<ChargeLink>,
+    /// A pause is asked (the reactor is tearing a victim down).
+    pub(crate) paused: bool,
+    /// A watched cgroup is near its level (always, without arming near a level).
+    pub(crate) near: bool,
 }
 
 /// One charge program: its name in the object, its raw tracepoint, its link when attached.
@@ -52,7 +61,7 @@ pub(crate) struct ChargeLink {
 impl Programs {
     /// Attaches (`on`) or detaches every charge program that is not so already.
     fn set(&mut self, on: bool) -> Result<(), String> {
-        let Programs { ebpf, charge } = self;
+        let Programs { ebpf, charge, .. } = self;
         for c in charge {
             let program: &mut RawTracePoint = ebpf
                 .program_mut(c.program)
@@ -84,6 +93,7 @@ impl Programs {
 enum Ask {
     Off,
     On(mpsc::SyncSender<Result<(), String>>),
+    Near(bool),
 }
 
 /// Takes the charge programs off their tracepoint and puts them back (see the module doc).
@@ -120,8 +130,8 @@ impl ChargeSwitch {
         let _ = self.tx.send(Ask::Off);
     }
 
-    /// Puts the charge programs back and waits until they are (at most 2 s). `Err` says
-    /// why they are not.
+    /// Puts the charge programs back (when they are wanted near a level) and waits until
+    /// they are (at most 2 s). `Err` says why they are not.
     pub fn resume(&self) -> Result<(), String> {
         let (ack, done) = mpsc::sync_channel(1);
         self.tx
@@ -129,6 +139,12 @@ impl ChargeSwitch {
             .map_err(|_| "the charge switch's thread is gone".to_string())?;
         done.recv_timeout(RESUME_WAIT)
             .map_err(|_| format!("charge programs not back within {RESUME_WAIT:?}"))?
+    }
+
+    /// Says whether a watched cgroup is near its level; returns at once (the switch's thread
+    /// attaches or detaches the programs, unless a pause holds them off).
+    pub(crate) fn near(&self, near: bool) {
+        let _ = self.tx.send(Ask::Near(near));
     }
 
     /// Whether every charge program is on its tracepoint now; `None` once the eBPF source
@@ -146,7 +162,13 @@ fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>) {
         let result = match programs.upgrade() {
             Some(p) => {
                 let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
-                p.set(matches!(ask, Ask::On(_)))
+                match &ask {
+                    Ask::Off => p.paused = true,
+                    Ask::On(_) => p.paused = false,
+                    Ask::Near(near) => p.near = *near,
+                }
+                let want = p.near && !p.paused;
+                p.set(want)
             }
             None => Err("the eBPF source is gone".to_string()),
         };
@@ -157,6 +179,11 @@ fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>) {
             Ask::Off => {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "eBPF: charge programs not paused");
+                }
+            }
+            Ask::Near(near) => {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, near, "eBPF: charge programs not switched");
                 }
             }
         }

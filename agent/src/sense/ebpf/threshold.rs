@@ -13,6 +13,19 @@
 //! write re-reads the cgroup's usage so a slot armed below its usage waits for the next
 //! crossing instead of firing at once (what a v1 eventfd registration does too).
 //!
+//! **Working-set levels follow the page cache in the kernel.** Eviction compares the working
+//! set (`usage - inactive_file`), so a usage level placed at the loop's pass
+//! (`capacity - threshold + inactive_file`) goes stale as soon as the page cache moves: when
+//! it shrinks, the real crossing passes unnotified until usage reaches the old level (4 MiB
+//! late = 12 ms at 350 MiB/s, measured in issue 26). A slot given a working-set
+//! [`Level`] instead holds the fixed working-set level and the cgroup's `inactive_file` (read
+//! from `memory.stat` when the slot is written); the charge program then moves that count on
+//! every `NR_INACTIVE_FILE` update in the cgroup's subtree (the same tracepoint as the
+//! charges) and compares usage minus it, so the crossing is seen at the working-set crossing
+//! whatever the page cache did since the last pass. A root-cgroup slot reads the nodes'
+//! `NR_INACTIVE_FILE` beside their usage instead. The slot is written again only when the
+//! working-set level itself moves, not at every pass.
+//!
 //! Minimum kernel: the `memcg:mod_memcg_lruvec_state` tracepoint (Linux 6.14) and BTF for the
 //! offsets.
 
@@ -25,7 +38,12 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{StreamExt as _, StreamMap};
 
+use std::time::Instant;
+
 use super::btf::Btf;
+use super::charge_switch::ChargeSwitch;
+use super::near::{self, NearLevel, Tripwire};
+use crate::sense::memcg::Level;
 
 /// A slot that fired re-arms once usage falls this far below its level: at least 4 MiB (16
 /// per-CPU charge batches), or 1% of the level on large cgroups, so usage hovering at the
@@ -62,6 +80,7 @@ pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, String> {
         pgdat_vm_stat: member("pglist_data", "vm_stat")?,
         nr_anon_mapped: node_item("NR_ANON_MAPPED")?,
         nr_file_pages: node_item("NR_FILE_PAGES")?,
+        nr_inactive_file: node_item("NR_INACTIVE_FILE")?,
         nr_nodes: std::fs::read_to_string(NODES_ONLINE)
             .ok()
             .and_then(|t| node_count(&t))
@@ -92,8 +111,9 @@ pub struct UsageWatch {
     pub cgroup: String,
     /// Its directory (where `memory.current` or `memory.usage_in_bytes` is).
     pub dir: PathBuf,
-    /// Where the threshold is now and where it moves to.
-    pub bytes: watch::Receiver<u64>,
+    /// Where the threshold is now and where it moves to: a usage level, or a working-set
+    /// level whose page cache the kernel then follows.
+    pub level: watch::Receiver<Level>,
 }
 
 /// A watch placed in a slot.
@@ -103,6 +123,27 @@ struct Placed {
     dir: PathBuf,
     id: u64,
     level: u32,
+    /// Where the level is now.
+    now: Level,
+    /// What the slot was last written with: the working-set level (for a following slot)
+    /// or the usage level.
+    written: Option<Written>,
+}
+
+/// The level a slot was written at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    Usage(u64),
+    WorkingSet(u64),
+}
+
+impl Written {
+    fn of(level: &Level) -> Written {
+        match level.working_set_bytes() {
+            Some(ws) => Written::WorkingSet(ws),
+            None => Written::Usage(level.usage_bytes),
+        }
+    }
 }
 
 /// The table's user-space owner: places watches in slots and rewrites a slot when its level
@@ -112,8 +153,23 @@ pub(crate) struct UsageThresholds {
     /// Whether a root-cgroup slot can be checked (the node counters could be found).
     root: bool,
     placed: Vec<Placed>,
-    moves: StreamMap<usize, WatchStream<u64>>,
+    moves: StreamMap<usize, WatchStream<Level>>,
     page: u64,
+    /// Arming the charge programs only near a level, when asked for.
+    near: Option<Near>,
+}
+
+/// The state of arming near a level ([`super::near`]).
+struct Near {
+    opts: NearLevel,
+    switch: ChargeSwitch,
+    /// One per placed watch.
+    wires: Vec<Tripwire>,
+    tick: tokio::time::Interval,
+    /// Whether the programs are wanted on now.
+    on: bool,
+    /// Whether the first look was taken (the drain calls `follow` anew after each record).
+    looked: bool,
 }
 
 impl std::fmt::Debug for UsageThresholds {
@@ -132,7 +188,24 @@ impl UsageThresholds {
             placed: Vec::new(),
             moves: StreamMap::new(),
             page: rustix::param::page_size() as u64,
+            near: None,
         }
+    }
+
+    /// From now on, keeps the charge programs on their tracepoint only while a watched
+    /// cgroup is near its level, through `switch`.
+    pub(crate) fn arm_near(&mut self, opts: NearLevel, switch: ChargeSwitch) {
+        let mut tick = tokio::time::interval(opts.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.near = Some(Near {
+            wires: self.placed.iter().map(|_| Tripwire::default()).collect(),
+            opts,
+            switch,
+            tick,
+            // As loaded: attached; the first look decides.
+            on: true,
+            looked: false,
+        });
     }
 
     /// Places `watch` in the next slot and arms it; `Ok` describes it and gives the cgroup's
@@ -156,50 +229,166 @@ impl UsageThresholds {
         let id = std::fs::metadata(&watch.dir)
             .map_err(|e| format!("{}: cannot stat {}: {e}", watch.cgroup, watch.dir.display()))?
             .ino();
-        let bytes = *watch.bytes.borrow();
+        let level_now = *watch.level.borrow();
         self.placed.push(Placed {
             cgroup: watch.cgroup.clone(),
             dir: watch.dir,
             id,
             level,
+            now: level_now,
+            written: None,
         });
-        self.arm(slot, bytes)
+        if let Some(near) = &mut self.near {
+            near.wires.push(Tripwire::default());
+        }
+        self.arm(slot, level_now)
             .inspect_err(|_| {
                 self.placed.pop();
             })
+            .inspect_err(|_| {
+                if let Some(near) = &mut self.near {
+                    near.wires.pop();
+                }
+            })
             .map_err(|e| format!("{}: {e}", watch.cgroup))?;
-        self.moves.insert(slot, WatchStream::new(watch.bytes));
+        self.moves.insert(slot, WatchStream::new(watch.level));
         Ok((
             format!(
-                "eBPF usage threshold {} on {} (checked on every charge)",
-                crate::human::bytes(i128::from(bytes)),
-                watch.cgroup
+                "eBPF usage threshold {} on {} (checked on every charge{})",
+                crate::human::bytes(i128::from(level_now.usage_bytes)),
+                watch.cgroup,
+                if self.near.is_some() {
+                    " while usage is near it"
+                } else {
+                    ""
+                }
             ),
             id,
         ))
     }
 
-    /// Rewrites slot `index` at `bytes`, keeping the other slots as the kernel left them.
-    fn arm(&mut self, index: usize, bytes: u64) -> Result<(), String> {
+    /// Rewrites slot `index` at `level`, keeping the other slots as the kernel left them. A
+    /// working-set level whose working-set part has not moved is left alone: the kernel
+    /// follows its page cache more closely than a new `memory.stat` reading would.
+    fn arm(&mut self, index: usize, level: Level) -> Result<(), String> {
+        self.placed[index].now = level;
+        let written = Written::of(&level);
+        if self.placed[index].written == Some(written) && matches!(written, Written::WorkingSet(_))
+        {
+            return Ok(());
+        }
         let placed = &self.placed[index];
         let usage = read_usage(&placed.dir);
+        let slot = match written {
+            Written::Usage(bytes) => slot_for(placed.id, placed.level, bytes, usage, self.page),
+            Written::WorkingSet(ws) => {
+                let inactive = read_inactive_file(&placed.dir).unwrap_or(0);
+                following_slot(placed.id, placed.level, ws, usage, inactive, self.page)
+            }
+        };
         let mut table = self.map.get(&0, 0).unwrap_or_default();
-        table.slots[index] = slot_for(placed.id, placed.level, bytes, usage, self.page);
+        table.slots[index] = slot;
         table.count = u32::try_from(self.placed.len()).unwrap_or(0);
+        table.following = u32::try_from(
+            table.slots[..self.placed.len()]
+                .iter()
+                .filter(|s| s.follow == 1)
+                .count(),
+        )
+        .unwrap_or(0);
         self.map
             .set(0, table, 0)
-            .map_err(|e| format!("cannot write the eBPF threshold table: {e}"))
+            .map_err(|e| format!("cannot write the eBPF threshold table: {e}"))?;
+        self.placed[index].written = Some(written);
+        Ok(())
     }
 
     /// Moves slots as their levels move; returns when every level's sender is gone.
+    ///
+    /// Arming near a level, it also wakes on the tripwires (and the poll) and attaches or
+    /// detaches the charge programs. Cancel-safe: every wait is, and the state is written
+    /// before the next one.
     pub(crate) async fn follow(&mut self) {
-        while let Some((index, bytes)) = self.moves.next().await {
-            if let Err(e) = self.arm(index, bytes) {
-                let cgroup = &self.placed[index].cgroup;
-                tracing::warn!(%cgroup, bytes, error = %e, "eBPF usage threshold not moved");
+        if self.near.as_ref().is_some_and(|n| !n.looked) {
+            self.look_near();
+        }
+        loop {
+            let poll = self
+                .near
+                .as_ref()
+                .is_some_and(|n| n.on || n.wires.iter().any(Tripwire::polled));
+            tokio::select! {
+                Some((index, level)) = self.moves.next() => {
+                    if let Err(e) = self.arm(index, level) {
+                        let cgroup = &self.placed[index].cgroup;
+                        let bytes = level.usage_bytes;
+                        tracing::warn!(%cgroup, bytes, error = %e, "eBPF usage threshold not moved");
+                    }
+                }
+                () = wake_near(self.near.as_mut(), poll) => {}
+                else => std::future::pending::<()>().await,
+            }
+            self.look_near();
+        }
+    }
+
+    /// Reads each watched cgroup's usage, places its tripwire, and attaches or detaches the
+    /// charge programs as some cgroup is near its level or none is.
+    fn look_near(&mut self) {
+        let Some(near) = &mut self.near else {
+            return;
+        };
+        near.looked = true;
+        let now = Instant::now();
+        let mut any = false;
+        for (placed, wire) in self.placed.iter().zip(near.wires.iter_mut()) {
+            // Usage is never below the working set, so the working-set level itself is the
+            // usage the tripwire counts back from.
+            let level = placed
+                .now
+                .working_set_bytes()
+                .unwrap_or(placed.now.usage_bytes);
+            let Some(usage) = read_usage(&placed.dir) else {
+                any = true; // unreadable: stay on, the safe side
+                continue;
+            };
+            let rate = wire.sample(usage, now);
+            let tripwire = level.saturating_sub(near::reach(rate, &near.opts));
+            let is_near = near::is_near(usage, tripwire, near.on);
+            // Registering a v1 threshold waits for an RCU grace period in the kernel (10-30 ms
+            // measured under load): only while calm, never on the way to a crossing, where
+            // the drain must hand the kernel's event on at once (the poll covers it then).
+            if !near.on && !is_near {
+                wire.place(&placed.dir, tripwire);
+            }
+            any |= is_near;
+        }
+        if any == near.on {
+            return;
+        }
+        near.on = any;
+        if any {
+            // The programs followed no page cache while off: read it anew first.
+            for index in 0..self.placed.len() {
+                self.placed[index].written = None;
+                let level = self.placed[index].now;
+                if let Err(e) = self.arm(index, level) {
+                    tracing::warn!(cgroup = %self.placed[index].cgroup, error = %e, "eBPF usage threshold not rewritten");
+                }
             }
         }
-        std::future::pending::<()>().await;
+        if let Some(near) = &self.near {
+            tracing::debug!(near = any, "eBPF: charge programs switched");
+            near.switch.near(any);
+        }
+    }
+}
+
+/// Waits for a tripwire or the poll (never returns without arming near a level).
+async fn wake_near(near: Option<&mut Near>, poll: bool) {
+    match near {
+        Some(n) => near::wake(&n.wires, &mut n.tick, poll).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -233,7 +422,46 @@ pub fn slot_for(
         last_fired_ns: 0,
         cgroup_ptr: 0,
         memcg_ptr: 0,
+        inactive_pages: 0,
+        follow: 0,
+        _pad: 0,
     }
+}
+
+/// The slot for a cgroup whose working set (usage minus inactive file) is checked against
+/// `working_set_bytes`, with `inactive_bytes` of inactive file now (which the programs then
+/// follow); armed only when the working set is below the level now.
+pub fn following_slot(
+    id: u64,
+    level: u32,
+    working_set_bytes: u64,
+    usage_bytes: Option<u64>,
+    inactive_bytes: u64,
+    page: u64,
+) -> ThresholdSlot {
+    let page = page.max(1);
+    let working_set = usage_bytes.map(|u| u.saturating_sub(inactive_bytes));
+    ThresholdSlot {
+        inactive_pages: i64::try_from(inactive_bytes / page).unwrap_or(i64::MAX),
+        follow: 1,
+        ..slot_for(id, level, working_set_bytes, working_set, page)
+    }
+}
+
+/// The cgroup's inactive file pages (v1 `total_inactive_file`, v2 `inactive_file` of
+/// `memory.stat`, both counting the whole subtree), in bytes.
+fn read_inactive_file(dir: &Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    let value = |key: &str| {
+        stat.lines().find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    value("total_inactive_file").or_else(|| value("inactive_file"))
 }
 
 /// The cgroup's usage as the programs see it, from its own files: v2 `memory.current` and
@@ -297,5 +525,26 @@ mod tests {
         assert_eq!(slot_for(7, 1, mib, None, 4096).rearm_pages, 0);
         // Bytes round up to whole pages.
         assert_eq!(slot_for(7, 1, 4097, None, 4096).threshold_pages, 2);
+    }
+
+    #[test]
+    fn following_slots_compare_the_working_set() {
+        let mib = 1 << 20;
+        // Usage 120 MiB with 30 MiB of inactive file: a working set of 90 MiB, below 100.
+        let s = following_slot(7, 1, 100 * mib, Some(120 * mib), 30 * mib, 4096);
+        assert_eq!((s.follow, s.armed), (1, 1));
+        assert_eq!(
+            s.threshold_pages,
+            100 * 256,
+            "the working-set level, not usage"
+        );
+        assert_eq!(s.inactive_pages, 30 * 256);
+        assert_eq!(s.rearm_pages, 96 * 256);
+        // The same usage with 10 MiB of inactive file is past it: wait for the next crossing.
+        assert_eq!(
+            following_slot(7, 1, 100 * mib, Some(120 * mib), 10 * mib, 4096).armed,
+            0
+        );
+        assert_eq!(slot_for(7, 1, 100 * mib, None, 4096).follow, 0);
     }
 }
