@@ -97,6 +97,12 @@ pub struct ReactorSettings {
     /// `cgroupRoot` (as a path in the hierarchy): events from cgroups outside it are not
     /// this node's.
     pub cgroup_root: String,
+    /// Wait for each eviction to finish and its memory to come back before the next pass:
+    /// the kubelet's behaviour, kept so the bench can compare a "kubelet-like" loop with one
+    /// that keeps observing and deciding while evictions are in flight. Default `false`.
+    /// (The loop is serial either way until evictions in flight are implemented; until then
+    /// this is read by nobody.)
+    pub serial_evictions: bool,
 }
 
 impl ReactorSettings {
@@ -132,6 +138,7 @@ impl ReactorSettings {
             } else {
                 config.cgroup_root.clone()
             },
+            serial_evictions: false,
         })
     }
 }
