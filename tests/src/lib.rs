@@ -10,6 +10,7 @@ pub mod agent;
 pub mod cgroup_root;
 pub mod containerd;
 pub mod exposition;
+pub mod freezer;
 pub mod hog_record;
 pub mod node;
 pub mod oci;

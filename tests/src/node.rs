@@ -207,10 +207,25 @@ impl Node {
 
     /// Stops the running loop (if any) and waits for it to end.
     pub async fn stop_loop(&mut self) {
-        if let Some(l) = self.loop_.take() {
+        self.stop_loop_draining().await;
+    }
+
+    /// Stops the running loop (if any), waits for it to end, and returns the decisions it
+    /// made that nobody had received yet (those recorded while it was stopping included).
+    pub async fn stop_loop_draining(&mut self) -> Vec<Decision> {
+        let mut left = Vec::new();
+        if let Some(mut l) = self.loop_.take() {
             l.shutdown.send_replace(true);
             let _ = l.task.await;
+            loop {
+                match l.decisions.try_recv() {
+                    Ok(d) => left.push(d),
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                    Err(_) => break,
+                }
+            }
         }
+        left
     }
 
     /// The running loop.
@@ -317,6 +332,15 @@ impl Node {
             restart_policy: policy,
             termination_grace_period: Some(30),
         });
+    }
+
+    /// Sets a running pod's `terminationGracePeriodSeconds` as the loop sees it (the pods
+    /// run here start with 30), which caps a soft eviction's grace period.
+    pub fn set_termination_grace(&self, uid: &str, seconds: i64) {
+        if let Some(mut p) = self.pods.remove(uid) {
+            p.termination_grace_period = Some(seconds);
+            self.pods.add(p);
+        }
     }
 
     /// A cgroup's memory usage in bytes (0 when it cannot be read).

@@ -6,52 +6,17 @@
 //! the agent's call, not by the exit.
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reactor::act::cgroups::{CgroupManager, CgroupPath};
 use reactor::reactor::pods::kill_cgroup;
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
+use reactor_tests::freezer::Freezer;
 use reactor_tests::{is_root, memhog_bin, require, ChildGuard};
 
 const MI: u64 = 1 << 20;
-const FREEZER: &str = "/sys/fs/cgroup/freezer";
-
-/// A v1 freezer cgroup unique to the test: thawed and removed on drop.
-struct Freezer(PathBuf);
-
-impl Freezer {
-    fn new(name: &str) -> Freezer {
-        let dir = Path::new(FREEZER).join(name);
-        std::fs::create_dir(&dir).expect("creating the freezer cgroup");
-        Freezer(dir)
-    }
-
-    fn set(&self, state: &str) {
-        std::fs::write(self.0.join("freezer.state"), state).expect("writing freezer.state");
-    }
-
-    fn state(&self) -> String {
-        std::fs::read_to_string(self.0.join("freezer.state"))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    }
-}
-
-impl Drop for Freezer {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 fn usage(memcg: &Path) -> u64 {
     std::fs::read_to_string(memcg.join("memory.usage_in_bytes"))
         .ok()
@@ -72,8 +37,7 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
 fn a_killed_victims_memory_is_reaped_before_it_exits() {
     if !require(is_root(), "root (cgroups, signals to a frozen process)")
         || !require(
-            Path::new(FREEZER).join("cgroup.procs").exists()
-                && Path::new(MOUNT_ROOT).join("memory/cgroup.procs").exists(),
+            Freezer::available() && Path::new(MOUNT_ROOT).join("memory/cgroup.procs").exists(),
             "cgroup v1 memory and freezer hierarchies under /sys/fs/cgroup",
         )
         || !require(kernel_at_least(5, 15), "Linux 5.15+ (process_mrelease)")
@@ -81,7 +45,7 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
         return;
     }
     let root = TestCgroupRoot::v1("reap").expect("test cgroup root");
-    let freezer = Freezer::new(&root.name);
+    let freezer = Freezer::new(&root.name).expect("creating the freezer cgroup");
     let memcg = Path::new(MOUNT_ROOT).join("memory").join(&root.name);
     std::fs::write(memcg.join("memory.limit_in_bytes"), (512 * MI).to_string()).unwrap();
     let cgroups = CgroupManager::v1(
@@ -111,12 +75,12 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    freezer.set("FROZEN");
-    let t = Instant::now();
-    while freezer.state() != "FROZEN" {
-        assert!(t.elapsed() < Duration::from_secs(10), "victim never froze");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        freezer
+            .freeze(Duration::from_secs(10))
+            .expect("writing freezer.state"),
+        "victim never froze"
+    );
     let before = usage(&memcg);
 
     let out = kill_cgroup(&cgroups, &CgroupPath::root());
@@ -133,7 +97,7 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
         "memcg usage {before} → {after} bytes: the memory was not reaped"
     );
 
-    freezer.set("THAWED");
+    freezer.set("THAWED").expect("writing freezer.state");
     let status = victim.wait_exit("the killed victim", Duration::from_secs(10));
     assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
 }

@@ -25,7 +25,8 @@ fn out_dir() -> PathBuf {
 }
 
 /// Builds the release agent and helpers, then runs every part; `extra` goes to the bench
-/// (`--quick`, `--only lag,oom`, `--oom-rates 350,150`, `--oom-reps 20`).
+/// (`--quick`, `--only lag,oom`, `--oom-rates 350,150`, `--oom-reps 20`,
+/// `--concurrent-reps 10`, `--only soak --soak-minutes 10`: the soak only when asked).
 pub(crate) fn run(extra: &[String]) -> Result<()> {
     // The bench starts the release `reactor run` and `memhog` beside it.
     sh(cargo().args([

@@ -22,10 +22,15 @@ commands:
                systemd unit verified offline), the cgroup v2 guest suite (`vm-test`), and
                `bench --quick` (fails only if the bench harness breaks; its SVG charts must
                exist and render)
-  bench [--quick]
+  bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
-               detection lag by source, OOM avoidance, decision cost, ring buffer, footprint;
-               tables on stdout, figures in target/bench/bench.json and report.md
+               detection lag by source, OOM avoidance, decision cost, ring buffer, footprint,
+               API load, charge cost, concurrent pressure (soft then hard, two hogs, a
+               frozen victim: agent against a kubelet-like loop); tables on stdout, figures
+               in target/bench/bench.json and report.md. `--only soak` runs the soak (about
+               10 minutes, 50 API clients and a hog every 30 s: RSS and reaction over time),
+               which the default run leaves out; `--quick` runs 2 repetitions of concurrent
+               and no soak
   vm-test [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]
                the cgroup v2 suite in a QEMU guest (TCG) with a real v2 memory controller:
                fetches and caches a Debian kernel, builds an initramfs with the agent and

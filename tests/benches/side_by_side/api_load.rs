@@ -25,12 +25,13 @@ use tonic::transport::Channel;
 use crate::report::{ratio, ratio_json, Dist, Part, Table};
 use crate::Opts;
 
-const CLIENTS: usize = 50;
-const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+pub(crate) const CLIENTS: usize = 50;
+pub(crate) const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
                     evictionHard: {allocatableMemory.available: 128Mi}\n\
                     housekeepingInterval: 1s\n\
                     realtimePriority: 10\n";
-const SENSE: &str = "sense:\n  ebpf: true\n  psi: false\n  memcgThreshold: true\n  poll: true\n";
+pub(crate) const SENSE: &str =
+    "sense:\n  ebpf: true\n  psi: false\n  memcgThreshold: true\n  poll: true\n";
 
 fn doc(namespace: &str, name: &str, command: Vec<String>) -> pb::ApplyPodRequest {
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
@@ -53,7 +54,7 @@ fn remove(namespace: &str, name: &str) -> pb::RemovePodRequest {
     }
 }
 
-async fn client(agent_socket: &std::path::Path) -> Result<AgentClient<Channel>> {
+pub(crate) async fn client(agent_socket: &std::path::Path) -> Result<AgentClient<Channel>> {
     Ok(AgentClient::new(
         reactor::devices::dial_unix(agent_socket)
             .await
@@ -62,7 +63,7 @@ async fn client(agent_socket: &std::path::Path) -> Result<AgentClient<Channel>> 
 }
 
 /// One loading client: apply, list, remove, until `stop`; counts the calls answered.
-async fn load_client(
+pub(crate) async fn load_client(
     socket: std::path::PathBuf,
     i: usize,
     stop: Arc<AtomicBool>,
@@ -90,13 +91,22 @@ async fn load_client(
     Ok(())
 }
 
-/// One eviction: apply the hog, wait for its end; returns (evicted by the agent, the
-/// eviction record's reaction in ns).
-async fn one_eviction(
+/// How one hog ended.
+pub(crate) struct Ended {
+    /// Evicted by the agent, with no kernel OOM kill in it.
+    pub evicted: bool,
+    /// A kernel OOM kill in it (its container `OOMKilled` or its memcg's counter moved).
+    pub oom_killed: bool,
+    /// The eviction record's reaction, ns (none when no kernel event woke the decision).
+    pub reaction: Option<u64>,
+}
+
+/// One eviction: apply the hog, wait for its end, say how it ended.
+pub(crate) async fn one_eviction(
     c: &mut AgentClient<Channel>,
     events: &mut tonic::Streaming<pb::Event>,
     name: &str,
-) -> Result<(bool, Option<u64>)> {
+) -> Result<Ended> {
     let hog = vec![
         reactor_tests::memhog_bin().display().to_string(),
         "600".into(),
@@ -126,9 +136,9 @@ async fn one_eviction(
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let evicted = pod.reason == "Evicted"
-        && pod.containers.iter().all(|c| c.reason != "OOMKilled")
-        && pod.usage.is_none_or(|u| u.oom_kills == 0);
+    let oom_killed = pod.containers.iter().any(|c| c.reason == "OOMKilled")
+        || pod.usage.is_some_and(|u| u.oom_kills > 0);
+    let evicted = pod.reason == "Evicted" && !oom_killed;
     // The pod's eviction record; its reaction is 0 when the close watch's timer, not a kernel
     // event, woke the decision (counted, not timed).
     let mut reaction = None;
@@ -148,7 +158,11 @@ async fn one_eviction(
         }
     }
     c.remove_pod(remove("default", name)).await?;
-    Ok((evicted, reaction))
+    Ok(Ended {
+        evicted,
+        oom_killed,
+        reaction,
+    })
 }
 
 /// One mode's figures.
@@ -222,10 +236,10 @@ async fn mode(socket: &std::path::Path, load: Load, reps: usize) -> Result<Mode>
     let mut result = Ok(());
     for i in 0..reps {
         match one_eviction(&mut c, &mut events, &format!("hog-{tag}-{i}")).await {
-            Ok((evicted, reaction)) => {
+            Ok(ended) => {
                 out.runs += 1;
-                out.evicted += usize::from(evicted);
-                out.reactions.extend(reaction);
+                out.evicted += usize::from(ended.evicted);
+                out.reactions.extend(ended.reaction);
             }
             Err(e) => {
                 result = Err(e);

@@ -46,7 +46,7 @@ fn cpu_ns(pid: u32) -> u64 {
 }
 
 /// A `/proc/<pid>/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
+pub(crate) fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()

@@ -14,6 +14,12 @@
 //! 6. `api-load` — the same eviction with the API idle and under 50 gRPC clients' load:
 //!    the eviction records' reaction time, p50/p99 and the ratio.
 //! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
+//! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
+//!    victim plus a hog, for the agent's loop and a kubelet-like one that waits for each
+//!    eviction (`--concurrent-reps`, 10 by default, 2 with `--quick`).
+//! 9. `soak` — the release agent for `--soak-minutes` (10 by default) under 50 API clients
+//!    with a hog every 30 s: its RSS over time and each eviction's reaction. **Not in the
+//!    default run** (it takes about 10 minutes): only with `--only soak`.
 //!
 //! With `--markdown`, the parts with a picture (`charts`: lag CDF, crossing → released, cost,
 //! ring buffer) are also drawn as SVG next to the markdown, which embeds them.
@@ -21,8 +27,10 @@
 //! ```text
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
-//!     [--markdown PATH] [--only lag,console,oom,cost,ring,footprint,api-load,charge]
-//!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease]
+//!     [--markdown PATH]
+//!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,concurrent,soak]
+//!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--concurrent-reps 10]
+//!     [--soak-minutes 10]
 //! ```
 //!
 //! Prints one table per part and writes every figure as JSON (and the tables as markdown
@@ -33,6 +41,7 @@
 mod api_load;
 mod charge;
 mod charts;
+mod concurrent;
 mod console;
 mod cost;
 mod footprint;
@@ -40,6 +49,7 @@ mod lag;
 mod oom;
 mod report;
 mod ring;
+mod soak;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -61,9 +71,13 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
     /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
     pub no_mrelease: bool,
+    /// Repetitions per scenario and loop of the concurrent-pressure part.
+    pub concurrent_reps: Option<usize>,
+    /// How long the soak runs, minutes.
+    pub soak_minutes: Option<f64>,
 }
 
-const PARTS: [&str; 8] = [
+const PARTS: [&str; 10] = [
     "lag",
     "console",
     "oom",
@@ -72,7 +86,18 @@ const PARTS: [&str; 8] = [
     "footprint",
     "api-load",
     "charge",
+    "concurrent",
+    "soak",
 ];
+
+/// The parts a run without `--only` leaves out: the soak takes about 10 minutes.
+const ONLY_ASKED: [&str; 1] = ["soak"];
+
+const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
+    [--only lag,console,oom,cost,ring,footprint,api-load,charge,concurrent,soak]
+    [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--concurrent-reps 10]
+    [--soak-minutes 10]
+Every part but soak runs by default; soak (about 10 minutes) only with --only soak.";
 
 fn parse_args() -> Result<Opts> {
     let mut opts = Opts {
@@ -83,6 +108,8 @@ fn parse_args() -> Result<Opts> {
         oom_rates: None,
         oom_reps: None,
         no_mrelease: false,
+        concurrent_reps: None,
+        soak_minutes: None,
     };
     let mut args = std::env::args().skip(1);
     let list = |v: Option<String>, what: &str| -> Result<String> {
@@ -93,6 +120,10 @@ fn parse_args() -> Result<Opts> {
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             "--quick" => opts.quick = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             "--no-mrelease" => opts.no_mrelease = true,
             "--json" => opts.json = Some(list(args.next(), "--json")?.into()),
             "--markdown" => opts.markdown = Some(list(args.next(), "--markdown")?.into()),
@@ -122,7 +153,23 @@ fn parse_args() -> Result<Opts> {
                     _ => bail!("--oom-reps: {v:?} is not a positive whole number"),
                 }
             }
-            other => bail!("unknown argument {other:?}"),
+            "--concurrent-reps" => {
+                let v = list(args.next(), "--concurrent-reps")?;
+                match v.parse::<usize>() {
+                    Ok(n) if n > 0 => opts.concurrent_reps = Some(n),
+                    _ => bail!("--concurrent-reps: {v:?} is not a positive whole number"),
+                }
+            }
+            "--soak-minutes" => {
+                let v = list(args.next(), "--soak-minutes")?;
+                match v.parse::<f64>() {
+                    Ok(m) if m.is_finite() && (0.5..=1440.0).contains(&m) => {
+                        opts.soak_minutes = Some(m)
+                    }
+                    _ => bail!("--soak-minutes: {v:?} is not a number of minutes from 0.5 to 1440"),
+                }
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
     Ok(opts)
@@ -202,7 +249,10 @@ fn main() -> Result<()> {
     };
     println!("reactor bench: {machine_line}");
     let started = Instant::now();
-    let wanted = |p: &str| opts.only.as_ref().is_none_or(|o| o.iter().any(|x| x == p));
+    let wanted = |p: &str| match &opts.only {
+        Some(o) => o.iter().any(|x| x == p),
+        None => !ONLY_ASKED.contains(&p),
+    };
     let mut parts: Vec<Part> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let mut timings = serde_json::Map::new();
@@ -217,6 +267,8 @@ fn main() -> Result<()> {
             "ring" => ring::run(&opts),
             "api-load" => api_load::run(&opts),
             "charge" => charge::run(&opts),
+            "concurrent" => concurrent::run(&opts),
+            "soak" => soak::run(&opts),
             _ => footprint::run(&opts),
         };
         let secs = t.elapsed().as_secs_f64();

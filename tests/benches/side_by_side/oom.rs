@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use reactor::act::cgroups::CgroupPath;
 use reactor::act::runtime::{RestartPolicy, Runtime};
-use reactor::reactor::{Action, Decision, PodControl};
+use reactor::reactor::{Action, Decision, PodControl, ReactorSettings};
 use reactor::sense::memcg::working_set_level;
 use reactor::sense::{monotonic_ns, Kind, Source};
 use reactor_tests::hog_record::{self, layout, RecordFile};
@@ -62,10 +62,10 @@ use crate::Opts;
 const CAPACITY_MI: u64 = 512;
 const HARD_MI: u64 = 128;
 /// What the BestEffort hog allocates, MiB (the node has 512).
-const HOG_MI: u64 = 600;
+pub(crate) const HOG_MI: u64 = 600;
 
 /// Which sources the loop listens to.
-struct Mode {
+pub(crate) struct Mode {
     name: &'static str,
     ebpf: bool,
     psi: bool,
@@ -81,7 +81,7 @@ struct Mode {
 
 const TEN: Duration = Duration::from_secs(10);
 
-const MODES: [Mode; 6] = [
+pub(crate) const MODES: [Mode; 6] = [
     Mode {
         name: "full agent",
         ebpf: true,
@@ -167,7 +167,7 @@ struct Rep {
 
 /// One repetition's crossing clock: what it was set from and what the hog's record gave.
 #[derive(Default)]
-struct ClockRep {
+pub(crate) struct ClockRep {
     /// The usage the threshold is met at: [`working_set_level`]`(384 MiB, inactive_file)`.
     level: u64,
     /// kubepods' inactive file pages just before the hog started, added to the 384 MiB.
@@ -181,7 +181,7 @@ struct ClockRep {
     /// How far into that chunk's burst.
     fraction: Option<f64>,
     /// Why there is no crossing, if there is none.
-    none: Option<&'static str>,
+    pub(crate) none: Option<&'static str>,
     /// The mean of this hog's complete chunks' touch bursts: the clock's resolution.
     mean_burst_ns: Option<u64>,
 }
@@ -220,7 +220,7 @@ async fn ensure_base_pods(node: &Node) {
 /// usage file the hog reads after each chunk. Read from the hog's progress record afterwards
 /// ([`hog_record::crossing`]), it gives when the hog charged the crossing page, a clock no
 /// sensing mode under test has a part in.
-struct Clock {
+pub(crate) struct Clock {
     record: RecordFile,
     level: u64,
     inactive_file: u64,
@@ -233,13 +233,14 @@ struct Clock {
 impl Clock {
     /// Makes the hog's record (its pages charged to the bench, not to kubepods) and the
     /// hog's pod and container cgroups, then reads kubepods' usage and inactive file pages.
-    /// Call it on a settled node, right before the hog starts.
+    /// Call it on a settled node, right before the hog starts. The threshold is met when
+    /// kubepods' working set passes `working_set_mi`.
     ///
     /// The cgroups come first because making a memory cgroup charges its own kernel
     /// structures to its parent (a 64-page charge batch each here: kubepods' counter rose
     /// by 256 KiB per mkdir); made after the settled check, they could push kubepods past
     /// the level unseen. (The runtime keeps cgroups that exist.)
-    fn arm(node: &Node, uid: &str) -> Result<Clock> {
+    pub(crate) fn arm(node: &Node, uid: &str, working_set_mi: u64) -> Result<Clock> {
         let record = RecordFile::create(HOG_MI).context("the hog's progress record")?;
         let container = CgroupPath::pod(Some("besteffort"), uid)
             .and_then(|p| p.join("app"))
@@ -259,7 +260,7 @@ impl Clock {
         if !usage_file.exists() {
             bail!("no kubepods usage file at {}", usage_file.display());
         }
-        let level = working_set_level((CAPACITY_MI - HARD_MI) * MI, inactive_file);
+        let level = working_set_level(working_set_mi * MI, inactive_file);
         if now.usage_bytes >= level {
             bail!(
                 "kubepods at {} bytes, already past the crossing at {level}: the node did not \
@@ -276,9 +277,25 @@ impl Clock {
         })
     }
 
+    /// The hog's environment for this record: where it is and kubepods' usage file.
+    pub(crate) fn hog_env(&self) -> Result<[(&'static str, String); 2]> {
+        let text = |p: &std::path::Path, what: &str| {
+            p.to_str()
+                .map(str::to_string)
+                .with_context(|| format!("{what} path is not UTF-8"))
+        };
+        Ok([
+            (layout::ENV, text(self.record.path(), "the hog's record")?),
+            (
+                layout::USAGE_ENV,
+                text(&self.usage_file, "kubepods' usage file")?,
+            ),
+        ])
+    }
+
     /// The crossing from the record as the hog left it, CLOCK_MONOTONIC ns, with what the
     /// repetition keeps of it.
-    fn read(&self) -> (Option<u64>, ClockRep) {
+    pub(crate) fn read(&self) -> (Option<u64>, ClockRep) {
         let mut rep = ClockRep {
             level: self.level,
             inactive_file: self.inactive_file,
@@ -319,24 +336,14 @@ fn kill_at(d: &Decision) -> u64 {
 }
 
 async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
-    let clock = Clock::arm(node, uid)?;
-    let record = clock
-        .record
-        .path()
-        .to_str()
-        .context("the hog's record path is not UTF-8")?
-        .to_string();
-    let usage_file = clock
-        .usage_file
-        .to_str()
-        .context("kubepods' usage file path is not UTF-8")?
-        .to_string();
+    let clock = Clock::arm(node, uid, CAPACITY_MI - HARD_MI)?;
+    let env = clock.hog_env()?;
     node.run_env(
         uid,
         Some("besteffort"),
         json!({}),
         &[&HOG_MI.to_string(), &rate.to_string()],
-        &[(layout::ENV, &record), (layout::USAGE_ENV, &usage_file)],
+        &env.each_ref().map(|(k, v)| (*k, v.as_str())),
         RestartPolicy::Never,
     )
     .await;
@@ -494,6 +501,15 @@ fn round_order(modes: usize, rep: usize) -> Vec<usize> {
 /// its own, started for it and stopped after it, because modes take turns repetition by
 /// repetition ([`round_order`]).
 fn start_mode(node: &mut Node, mode: &Mode) {
+    start_mode_with(node, mode, |_| {});
+}
+
+/// [`start_mode`], with the loop's settings then adjusted by `adjust`.
+pub(crate) fn start_mode_with(
+    node: &mut Node,
+    mode: &Mode,
+    adjust: impl FnOnce(&mut ReactorSettings),
+) {
     node.start_loop_with(|o, s| {
         o.ebpf = mode.ebpf;
         o.psi = mode.psi;
@@ -506,6 +522,7 @@ fn start_mode(node: &mut Node, mode: &Mode) {
         if !mode.close_watch {
             s.close_poll = mode.housekeeping;
         }
+        adjust(s);
     });
 }
 

@@ -21,6 +21,10 @@
 //! cgroup, so the record adds no charge of its own to the cgroup the hog is measured in.
 //! Each entry is stored into the shared mapping as it is made (no buffering), so whatever
 //! the hog had done when it was SIGKILLed is there to read.
+//!
+//! With `MEMHOG_BLOCK_TERM=1` it blocks SIGTERM: a pod that ignores a graceful stop and
+//! dies only by SIGKILL. Blocked rather than ignored so the SIGTERM stays pending, where
+//! `/proc/<pid>/status` (`ShdPnd`) shows the concurrent bench when the stop began.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -143,7 +147,26 @@ impl Progress {
     }
 }
 
+/// Blocks SIGTERM for the process (see the module doc); exits if it cannot.
+fn block_term() {
+    // SAFETY: a zeroed sigset_t is a valid argument to sigemptyset, which initialises it;
+    // the pointers are to locals that outlive the calls; one thread exists at this point,
+    // so the thread's mask is the process's.
+    let rc = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        fail(format!("blocking SIGTERM: error {rc}"));
+    }
+}
+
 fn main() {
+    if std::env::var_os("MEMHOG_BLOCK_TERM").is_some_and(|v| v == "1") {
+        block_term();
+    }
     let args: Vec<String> = std::env::args().collect();
     let total_mib = arg(&args, 1, 128);
     let rate = arg(&args, 2, 0);
