@@ -304,32 +304,12 @@ fn parse_observations(
             }
             let path = format!("observations[{i}].{key}");
             if key == "activeFile" {
-                let text = match value {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    other => {
-                        return Err(invalid(
-                            &path,
-                            format!("expected a quantity string or an integer, found {other}"),
-                        ))
-                    }
-                };
-                active_file = Some(parse_amount(&text).map_err(|e| invalid(&path, e))?);
+                active_file = Some(amount(value).map_err(|e| invalid(&path, e))?);
                 continue;
             }
             let signal = Signal::parse(key)
                 .ok_or_else(|| invalid(&path, format!("unsupported eviction signal {key:?}")))?;
-            let text = match value {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                other => {
-                    return Err(invalid(
-                        &path,
-                        format!("expected a quantity string or an integer, found {other}"),
-                    ))
-                }
-            };
-            let available = parse_amount(&text).map_err(|e| invalid(&path, e))?;
+            let available = amount(value).map_err(|e| invalid(&path, e))?;
             observations.set(
                 signal,
                 Observation {
@@ -500,6 +480,20 @@ fn memory_reclaim_out(
         request,
         reason,
     }
+}
+
+/// An observation's amount: a quantity string or a plain integer.
+fn amount(value: &Value) -> Result<Quantity, String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => {
+            return Err(format!(
+                "expected a quantity string or an integer, found {other}"
+            ))
+        }
+    };
+    parse_amount(&text)
 }
 
 #[cfg(test)]

@@ -449,19 +449,16 @@ pub fn following_slot(
 }
 
 /// The cgroup's inactive file pages (v1 `total_inactive_file`, v2 `inactive_file` of
+/// One `key value` line of a `memory.stat` text, the value in bytes.
+fn stat_value(stat: &str, key: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// `memory.stat`, both counting the whole subtree), in bytes.
 fn read_inactive_file(dir: &Path) -> Option<u64> {
     let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
-    let value = |key: &str| {
-        stat.lines().find_map(|l| {
-            l.strip_prefix(key)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-    };
-    value("total_inactive_file").or_else(|| value("inactive_file"))
+    stat_value(&stat, "total_inactive_file").or_else(|| stat_value(&stat, "inactive_file"))
 }
 
 /// The cgroup's usage as the programs see it, from its own files: v2 `memory.current` and
@@ -473,16 +470,7 @@ fn read_usage(dir: &Path) -> Option<u64> {
         return t.trim().parse().ok();
     }
     let stat = read("memory.stat")?;
-    let value = |key: &str| {
-        stat.lines().find_map(|l| {
-            l.strip_prefix(key)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-    };
-    Some(value("anon")?.saturating_add(value("file")?))
+    Some(stat_value(&stat, "anon")?.saturating_add(stat_value(&stat, "file")?))
 }
 
 #[cfg(test)]
