@@ -181,6 +181,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             },
             expected_bytes,
             pending_bytes: expected_bytes,
+            last_usage_bytes: None,
             holds_charges: grace == 0 && self.charge_switch.is_some(),
             stop: None,
             stop_ended_ns: None,

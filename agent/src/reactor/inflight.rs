@@ -51,8 +51,11 @@ pub(super) struct InFlight {
     pub(super) stop: Option<Result<Evicted, String>>,
     /// `CLOCK_MONOTONIC` ns when the stop ended.
     pub(super) stop_ended_ns: Option<u64>,
-    /// Whether its pod cgroup was found empty (or gone).
+    /// Whether its memory is back: its pod cgroup gone, or empty with its usage no longer
+    /// falling ([`memory_back`]).
     pub(super) released: bool,
+    /// Its pod cgroup's memory usage at the last look (memory victims), bytes.
+    pub(super) last_usage_bytes: Option<u64>,
     /// Whether its second record (released, or still pending at the bound) was made.
     pub(super) reported: bool,
 }
@@ -165,14 +168,19 @@ impl<P: PodControl + 'static> Reactor<P> {
         for f in &mut self.in_flight {
             if !f.released {
                 let cg = &f.pod.cgroup;
-                f.released = !self.cgroups.exists(cg) || self.cgroups.is_empty(cg).unwrap_or(false);
-                f.pending_bytes = if f.released || f.signal.resource() != Resource::Memory {
+                let gone = !self.cgroups.exists(cg);
+                let empty = gone || self.cgroups.is_empty(cg).unwrap_or(false);
+                let usage = if gone || f.signal.resource() != Resource::Memory {
+                    None
+                } else {
+                    self.cgroups.memory_usage(cg).ok().map(|u| u.usage_bytes)
+                };
+                f.released = empty && memory_back(f.last_usage_bytes, usage);
+                f.last_usage_bytes = usage;
+                f.pending_bytes = if f.released {
                     0
                 } else {
-                    self.cgroups
-                        .memory_usage(cg)
-                        .map_or(0, |u| u.usage_bytes)
-                        .min(f.expected_bytes)
+                    usage.unwrap_or(0).min(f.expected_bytes)
                 };
             }
             let stuck = f.stuck(now_ns, bound);
@@ -334,4 +342,47 @@ struct Released {
     release_ns: Option<u64>,
     pending_bytes: Option<u64>,
     error: Option<String>,
+}
+
+/// How far an empty pod cgroup's usage may still fall between two looks (about a
+/// millisecond apart while a killed victim is in flight) for its memory to count as back.
+const STILL_FALLING_BYTES: u64 = 1 << 20;
+
+/// Whether an empty pod cgroup's memory is back, from its usage at the last look and now
+/// (`None`: gone, or not a memory eviction). A victim leaves its cgroup before its memory
+/// is all uncharged: with `process_mrelease` the agent's reaper may still be tearing down
+/// the address space after the process has exited, so "empty" alone let the loop count the
+/// victim's memory as no longer coming back and evict a second pod for it while its pages
+/// were still being freed (seen in the v2 guest, 80 MiB still charged 100 ms after the
+/// cgroup emptied). An empty cgroup's usage otherwise only moves by reclaim of the page cache
+/// it leaves behind, slowly.
+fn memory_back(before: Option<u64>, now: Option<u64>) -> bool {
+    match (before, now) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(b), Some(n)) => b.saturating_sub(n) < STILL_FALLING_BYTES,
+    }
+}
+
+#[cfg(test)]
+mod memory_back_tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_back_once_the_usage_stops_falling() {
+        assert!(memory_back(None, None), "gone, or not a memory eviction");
+        assert!(
+            !memory_back(None, Some(10 << 20)),
+            "first look: not known yet"
+        );
+        assert!(
+            !memory_back(Some(200 << 20), Some(120 << 20)),
+            "still falling"
+        );
+        assert!(memory_back(Some(120 << 20), Some(120 << 20)), "steady");
+        assert!(
+            memory_back(Some(3 << 20), Some((2 << 20) + 512)),
+            "page cache trickle"
+        );
+    }
 }
