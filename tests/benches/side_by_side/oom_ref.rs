@@ -124,18 +124,28 @@ pub(crate) fn add_to(
                 .filter_map(|r| r.seen_to_kill_ns)
                 .collect::<Vec<_>>(),
         );
-        t.row(vec![
-            format!("{rate} MiB/s"),
-            "no agent (SIGKILL → exit reference)".to_string(),
-            format!("{oom}/{n}"),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            d.p50_text(),
-            d.p99_text(),
-            "-".into(),
-        ]);
-        let bound = (d.n > 0).then(|| (d.p99 as f64 * 1.3) as u64);
+        // Under its rate's mode rows.
+        let rate_cell = format!("{rate} MiB/s");
+        let at = t
+            .rows
+            .iter()
+            .rposition(|r| r.first() == Some(&rate_cell))
+            .map_or(t.rows.len(), |i| i + 1);
+        t.rows.insert(
+            at,
+            vec![
+                rate_cell,
+                "no agent (SIGKILL → exit reference)".to_string(),
+                format!("{oom}/{n}"),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                d.p50_text(),
+                d.p99_text(),
+                "-".into(),
+            ],
+        );
+        let bound = (d.n > 0).then_some((d.p99 as f64 * 1.3) as u64);
         let full = full_p99.get(&rate).copied();
         match (full, bound) {
             (Some(f), Some(b)) => t.note(format!(
