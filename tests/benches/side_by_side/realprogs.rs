@@ -45,6 +45,8 @@ const PYTHON: &str = "d = {i: i for i in range(2_000_000)}\n\
 struct Program {
     name: &'static str,
     tool: &'static str,
+    /// What runs: the tool's own executable once found (see [`executable`]).
+    exe: PathBuf,
     args: Vec<String>,
 }
 
@@ -103,15 +105,26 @@ fn c_file(dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Whether `tool` runs (`--version` succeeds).
-fn installed(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// The executable that runs for `tool`, or nothing when it is not installed (`--version`
+/// fails). `python3` is asked for its own path (`sys.executable`): on a machine with a
+/// version manager, `python3` on PATH is a shell script that starts the interpreter, whose
+/// start-up would be timed with the program.
+fn executable(tool: &str) -> Option<PathBuf> {
+    let quiet = |c: &mut Command| c.stdin(Stdio::null()).stderr(Stdio::null()).output();
+    let version = quiet(Command::new(tool).arg("--version")).ok()?;
+    if !version.status.success() {
+        return None;
+    }
+    if tool != "python3" {
+        return Some(PathBuf::from(tool));
+    }
+    let out = quiet(Command::new(tool).args(["-c", "import sys; print(sys.executable)"])).ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Some(if path.is_absolute() {
+        path
+    } else {
+        PathBuf::from(tool)
+    })
 }
 
 /// One run of `p` in a fresh child cgroup of `root`: its wall time, seconds.
@@ -123,7 +136,7 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<f64> {
         .with_context(|| format!("limiting the cgroup for {}", p.name))?;
     let (status, took) = cg
         .run(
-            Command::new(p.tool)
+            Command::new(&p.exe)
                 .args(&p.args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -158,6 +171,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         Program {
             name: "compressor",
             tool: "xz",
+            exe: executable("xz").unwrap_or_default(),
             args: vec![
                 "-6".into(),
                 "-T1".into(),
@@ -169,6 +183,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         Program {
             name: "C compile",
             tool: "gcc",
+            exe: executable("gcc").unwrap_or_default(),
             args: vec![
                 "-O2".into(),
                 "-c".into(),
@@ -180,10 +195,14 @@ pub fn run(opts: &Opts) -> Result<Part> {
         Program {
             name: "interpreter",
             tool: "python3",
+            exe: executable("python3").unwrap_or_default(),
             args: vec!["-c".into(), PYTHON.into()],
         },
     ];
-    let present: Vec<bool> = programs.iter().map(|p| installed(p.tool)).collect();
+    let present: Vec<bool> = programs
+        .iter()
+        .map(|p| !p.exe.as_os_str().is_empty())
+        .collect();
     // Read the input once so every run finds it in the page cache.
     std::fs::read(&input).context("reading the compressor's input")?;
     let root = TestMemcg::new("bench-realprogs", 4 << 30).context("the part's test memcg")?;
@@ -269,7 +288,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
             format!("{on_lo:.3}–{on_hi:.3} s"),
         ]);
         rows.push(json!({
-            "program": p.name, "tool": p.tool, "args": p.args, "installed": true,
+            "program": p.name, "tool": p.tool, "executable": p.exe, "args": p.args,
+            "installed": true,
             "off_seconds": off, "on_seconds": on,
             "off_median_s": m_off, "on_median_s": m_on, "ratio_on_off": m_on / m_off,
             "off_min_s": off_lo, "off_max_s": off_hi, "on_min_s": on_lo, "on_max_s": on_hi,
@@ -285,8 +305,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
          realtimePriority 10, a modelled 512 MiB node with no pods, so its watched cgroups are \
          far from their levels (calm); off: no agent running; both sides wait 2 s before \
          their runs; compressor: xz -6 -T1 of {XZ_INPUT_MI} MiB of generated text; C compile: \
-         gcc -O2 -c of {} lines; interpreter: python3, a 2 M-entry dict plus 100 k page-sized \
-         bytearrays",
+         gcc -O2 -c of {} lines; interpreter: python3 (run by its own path, sys.executable), a \
+         2 M-entry dict plus 100 k page-sized bytearrays",
         C_FUNCTIONS * 9
     ));
     t.note("target (issue 26, reported, never judged): each program's on / off within 1.02");
