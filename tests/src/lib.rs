@@ -132,6 +132,21 @@ impl TestMemcg {
         Ok(pid)
     }
 
+    /// Runs a command inside this cgroup to its end: how it exited and how long it took from
+    /// just before the spawn to its exit (waited for directly, so no polling interval in it).
+    pub fn run(
+        &mut self,
+        cmd: &mut std::process::Command,
+    ) -> std::io::Result<(std::process::ExitStatus, std::time::Duration)> {
+        let start = std::time::Instant::now();
+        self.spawn(cmd)?;
+        let child = self.children.last_mut().expect("just spawned");
+        let status = child.wait()?;
+        let took = start.elapsed();
+        self.children.pop();
+        Ok((status, took))
+    }
+
     /// Kills (by pid) and reaps every child started here so far, so the cgroup can be used
     /// again from empty.
     pub fn kill_all(&mut self) {

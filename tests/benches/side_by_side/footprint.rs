@@ -30,6 +30,11 @@ use crate::Opts;
 
 const MI: u64 = 1 << 20;
 
+/// Every sense source on (eBPF, PSI, the memcg notification, the tick): the agent as the
+/// footprint and the real-program parts run it.
+pub(crate) const SENSE_ALL: &str =
+    "sense:\n  ebpf: true\n  psi: true\n  memcgThreshold: true\n  poll: true\n";
+
 /// Sum of every thread's on-CPU nanoseconds.
 fn cpu_ns(pid: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -167,11 +172,7 @@ fn storm(cg: &mut TestMemcg, file: &std::path::Path, stop: &AtomicBool) -> Resul
 /// Run part 5.
 pub fn run(opts: &Opts) -> Result<Part> {
     let length = Duration::from_secs(if opts.quick { 5 } else { 20 });
-    let agent = TestAgent::start_sensing(
-        "bench-footprint",
-        "sense:\n  ebpf: true\n  psi: true\n  memcgThreshold: true\n  poll: true\n",
-        "realtimePriority: 10\n",
-    );
+    let agent = TestAgent::start_sensing("bench-footprint", SENSE_ALL, "realtimePriority: 10\n");
     // Let it settle (programs attached, first tick done).
     std::thread::sleep(Duration::from_secs(2));
     let idle = measure(&agent, length)?;

@@ -6,7 +6,8 @@
 //!    `console` — the eBPF tail with the console log level as found and lowered to 1
 //!    (`dmesg -n 1`, restored afterwards), and what one error-level kernel line costs.
 //! 2. `oom` — OOM avoidance: a BestEffort hog beside a Guaranteed and a Burstable pod on a
-//!    modelled 512 MiB node, the reactor loop with every source and with each one alone.
+//!    modelled 512 MiB node, the reactor loop with every source and with each one alone,
+//!    and a reference with no agent: the bench's own SIGKILL at the crossing → exit.
 //! 3. `cost` — ranking, preemption and image-GC planning at 100 … 100,000 pods/images.
 //! 4. `ring` — the eBPF ring buffer: the highest event rate with no drops, and drop
 //!    accounting when it overflows.
@@ -14,6 +15,8 @@
 //! 6. `api-load` — the same eviction with the API idle and under 50 gRPC clients' load:
 //!    the eviction records' reaction time, p50/p99 and the ratio.
 //! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
+//!    `realprogs` (7b) — real programs (`xz`, `gcc`, `python3`) with the release agent on a
+//!    calm node against no agent, alternating rounds (8, 2 with `--quick`).
 //! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
 //!    victim plus a hog, for the agent's loop and a kubelet-like one that waits for each
 //!    eviction (`--concurrent-reps`, 10 by default, 2 with `--quick`).
@@ -28,7 +31,7 @@
 //! cargo xtask bench [--quick]
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
 //!     [--markdown PATH]
-//!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,concurrent,soak]
+//!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
 //!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--concurrent-reps 10]
 //!     [--soak-minutes 10]
 //! ```
@@ -47,6 +50,8 @@ mod cost;
 mod footprint;
 mod lag;
 mod oom;
+mod oom_ref;
+mod realprogs;
 mod report;
 mod ring;
 mod soak;
@@ -77,7 +82,7 @@ pub struct Opts {
     pub soak_minutes: Option<f64>,
 }
 
-const PARTS: [&str; 10] = [
+const PARTS: [&str; 11] = [
     "lag",
     "console",
     "oom",
@@ -86,6 +91,7 @@ const PARTS: [&str; 10] = [
     "footprint",
     "api-load",
     "charge",
+    "realprogs",
     "concurrent",
     "soak",
 ];
@@ -94,7 +100,7 @@ const PARTS: [&str; 10] = [
 const ONLY_ASKED: [&str; 1] = ["soak"];
 
 const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
-    [--only lag,console,oom,cost,ring,footprint,api-load,charge,concurrent,soak]
+    [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--concurrent-reps 10]
     [--soak-minutes 10]
 Every part but soak runs by default; soak (about 10 minutes) only with --only soak.";
@@ -267,6 +273,7 @@ fn main() -> Result<()> {
             "ring" => ring::run(&opts),
             "api-load" => api_load::run(&opts),
             "charge" => charge::run(&opts),
+            "realprogs" => realprogs::run(&opts),
             "concurrent" => concurrent::run(&opts),
             "soak" => soak::run(&opts),
             _ => footprint::run(&opts),

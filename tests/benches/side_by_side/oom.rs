@@ -196,7 +196,7 @@ struct Row {
 
 /// Makes sure the Guaranteed and Burstable pods run (an eviction or OOM kill of either is
 /// recorded as a wrong victim, then they are brought back for the next repetition).
-async fn ensure_base_pods(node: &Node) {
+pub(crate) async fn ensure_base_pods(node: &Node) {
     for (uid, qos, resources) in [
         ("g", None, guaranteed()),
         ("b", Some("burstable"), burstable("64Mi")),
@@ -335,7 +335,13 @@ fn kill_at(d: &Decision) -> u64 {
     }
 }
 
-async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
+/// Starts one repetition's hog (600 MiB at `rate` MiB/s, BestEffort, its clock armed just
+/// before) and returns the clock and a reader of the pods' OOM kills so far.
+pub(crate) async fn start_hog(
+    node: &mut Node,
+    uid: &str,
+    rate: u64,
+) -> Result<(Clock, impl Fn() -> u64 + Send + Sync)> {
     let clock = Clock::arm(node, uid, CAPACITY_MI - HARD_MI)?;
     let env = clock.hog_env()?;
     node.run_env(
@@ -347,10 +353,6 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
         RestartPolicy::Never,
     )
     .await;
-    let mut rep = Rep::default();
-    let mut oom_at: Option<u64> = None;
-    let mut evicted: Option<Decision> = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let cgroups = node.cgroups.clone();
     // On cgroup v1 an OOM kill is counted in the victim's own memcg only (no propagation to
     // kubepods), so watch every pod's container.
@@ -368,6 +370,15 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
             .map(|c| cgroups.oom_kills(c).unwrap_or(0))
             .sum()
     };
+    Ok((clock, ooms))
+}
+
+async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
+    let (clock, ooms) = start_hog(node, uid, rate).await?;
+    let mut rep = Rep::default();
+    let mut oom_at: Option<u64> = None;
+    let mut evicted: Option<Decision> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let oom0 = ooms();
     loop {
         let lp = node.lp();
@@ -456,8 +467,14 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
     } else {
         rep.oom_first = oom_at.is_some() || ooms() > oom0;
     }
-    // Clean up: the hog (evicted, OOM-killed or still running), its cgroup, the node back
-    // to its two base pods, and the decisions of this repetition.
+    clean_up(node, uid).await;
+    while node.lp().decisions.try_recv().is_ok() {}
+    Ok(rep)
+}
+
+/// After a repetition: the hog (evicted, OOM-killed or still running) stopped, its cgroup
+/// removed, the node back to its two base pods and settled.
+pub(crate) async fn clean_up(node: &mut Node, uid: &str) {
     let _ = node.runtime.stop_pod(uid, Duration::ZERO).await;
     node.pods.remove(uid);
     if let Ok(cg) = CgroupPath::pod(Some("besteffort"), uid) {
@@ -469,8 +486,6 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    while node.lp().decisions.try_recv().is_ok() {}
-    Ok(rep)
 }
 
 /// The order of the modes in round `rep` of a rate: the first half of [`MODES`] (the
@@ -574,6 +589,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         .await;
         ensure_base_pods(&node).await;
         let mut rows = Vec::new();
+        let mut references: BTreeMap<u64, Vec<crate::oom_ref::RefRep>> = BTreeMap::new();
         for &rate in &rates {
             let mut rate_rows: Vec<Row> = MODES
                 .iter()
@@ -604,6 +620,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
                     node.stop_loop().await;
                     row.reps.push(result?);
                 }
+                // The reference takes its turn after the round's modes, with no loop.
+                let uid = format!("be-{rate}-ref-{rep}");
+                let r = crate::oom_ref::repetition(&mut node, &uid, rate).await?;
+                references.entry(rate).or_default().push(r);
             }
             for row in &rate_rows {
                 eprintln!(
@@ -618,9 +638,28 @@ pub fn run(opts: &Opts) -> Result<Part> {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
         }
         node.finish().await;
-        Ok::<_, anyhow::Error>(rows)
+        Ok::<_, anyhow::Error>((rows, references))
     })?;
-    Ok(summarise(&rows, reps, realtime, !opts.no_mrelease))
+    let (rows, references) = rows;
+    let mut part = summarise(&rows, reps, realtime, !opts.no_mrelease);
+    crate::oom_ref::add_to(&mut part, &rows_full_agent_p99(&rows), &references);
+    Ok(part)
+}
+
+/// Each rate's full-agent crossing → released p99, ns, for the reference's comparison.
+fn rows_full_agent_p99(rows: &[Row]) -> BTreeMap<u64, u64> {
+    rows.iter()
+        .filter(|r| r.mode == "full agent")
+        .filter_map(|r| {
+            let d = Dist::of(
+                &r.reps
+                    .iter()
+                    .filter_map(|x| x.crossing_to_released_ns)
+                    .collect::<Vec<_>>(),
+            );
+            (d.n > 0).then_some((r.rate, d.p99))
+        })
+        .collect()
 }
 
 fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool) -> Part {
