@@ -382,7 +382,7 @@ impl<P: PodControl + 'static> Reactor<P> {
 }
 
 /// A pod cgroup's path in the hierarchy, as the observer names it.
-fn pod_cgroup_path(root: &str, pod: &ActivePod) -> String {
+pub(super) fn pod_cgroup_path(root: &str, pod: &ActivePod) -> String {
     let mut path = String::with_capacity(root.len() + 64);
     path.push_str(root);
     for name in pod.cgroup.names() {

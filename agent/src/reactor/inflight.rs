@@ -164,6 +164,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// are gone.
     pub(super) fn track(&mut self, now_ns: u64) {
         let bound = self.settings.victim_bound;
+        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let mut records = Vec::new();
         for f in &mut self.in_flight {
             if !f.released {
@@ -173,7 +174,10 @@ impl<P: PodControl + 'static> Reactor<P> {
                 let usage = if gone || f.signal.resource() != Resource::Memory {
                     None
                 } else {
-                    self.cgroups.memory_usage(cg).ok().map(|u| u.usage_bytes)
+                    // The pod's usage counter the observer keeps open (`warm_pods`): one
+                    // `pread` per look, no path walk and no `memory.stat`.
+                    let path = super::evict::pod_cgroup_path(&root, &f.pod);
+                    self.observer.pod_memory_usages([path]).pop().flatten()
                 };
                 f.released = empty && memory_back(f.last_usage_bytes, usage);
                 f.last_usage_bytes = usage;
