@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use super::inflight::InFlight;
-use super::pods::{ActivePod, ActivePods, EvictionStatus, PodControl};
+use super::pods::{pod_cgroup_path, ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
 use crate::decide::inflight::{hard_choice, HardChoice};
@@ -379,17 +379,6 @@ impl<P: PodControl + 'static> Reactor<P> {
             }
         }
     }
-}
-
-/// A pod cgroup's path in the hierarchy, as the observer names it.
-pub(super) fn pod_cgroup_path(root: &str, pod: &ActivePod) -> String {
-    let mut path = String::with_capacity(root.len() + 64);
-    path.push_str(root);
-    for name in pod.cgroup.names() {
-        path.push('/');
-        path.push_str(name);
-    }
-    path
 }
 
 /// A pod's cgroups as the observer names them (paths in the hierarchy).

@@ -176,7 +176,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 } else {
                     // The pod's usage counter the observer keeps open (`warm_pods`): one
                     // `pread` per look, no path walk and no `memory.stat`.
-                    let path = super::evict::pod_cgroup_path(&root, &f.pod);
+                    let path = super::pods::pod_cgroup_path(&root, &f.pod);
                     self.observer.pod_memory_usages([path]).pop().flatten()
                 };
                 f.released = empty && memory_back(f.last_usage_bytes, usage);

@@ -384,3 +384,14 @@ where
     }
     (result, out)
 }
+
+/// A pod cgroup's path in the hierarchy, as the observer names it.
+pub(crate) fn pod_cgroup_path(root: &str, pod: &ActivePod) -> String {
+    let mut path = String::with_capacity(root.len() + 64);
+    path.push_str(root);
+    for name in pod.cgroup.names() {
+        path.push('/');
+        path.push_str(name);
+    }
+    path
+}
