@@ -32,7 +32,8 @@
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
 //!     [--markdown PATH]
 //!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
-//!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--concurrent-reps 10]
+//!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--memory-reclaim]
+//!     [--concurrent-reps 10]
 //!     [--soak-minutes 10]
 //! ```
 //!
@@ -76,6 +77,9 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
     /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
     pub no_mrelease: bool,
+    /// The OOM part's loops run with `memoryReclaim.enabled` (on v1 the agent turns it off
+    /// at start, as a user's would be).
+    pub memory_reclaim: bool,
     /// Repetitions per scenario and loop of the concurrent-pressure part.
     pub concurrent_reps: Option<usize>,
     /// How long the soak runs, minutes.
@@ -101,7 +105,8 @@ const ONLY_ASKED: [&str; 1] = ["soak"];
 
 const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
-    [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--concurrent-reps 10]
+    [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--memory-reclaim]
+    [--concurrent-reps 10]
     [--soak-minutes 10]
 Every part but soak runs by default; soak (about 10 minutes) only with --only soak.";
 
@@ -114,6 +119,7 @@ fn parse_args() -> Result<Opts> {
         oom_rates: None,
         oom_reps: None,
         no_mrelease: false,
+        memory_reclaim: false,
         concurrent_reps: None,
         soak_minutes: None,
     };
@@ -131,6 +137,7 @@ fn parse_args() -> Result<Opts> {
                 std::process::exit(0);
             }
             "--no-mrelease" => opts.no_mrelease = true,
+            "--memory-reclaim" => opts.memory_reclaim = true,
             "--json" => opts.json = Some(list(args.next(), "--json")?.into()),
             "--markdown" => opts.markdown = Some(list(args.next(), "--markdown")?.into()),
             "--only" => {
