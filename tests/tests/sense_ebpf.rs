@@ -313,3 +313,96 @@ fn cgroup_ids_resolve_by_file_handle_on_cgroupfs() {
     drop(gone);
     assert_eq!(names.by_id(gone_id), None);
 }
+
+/// With `memcg_events_on_reclaim`, `count_memcg_events` is off its tracepoint while nothing
+/// is reclaimed (it is entered on every page fault), comes on when a reclaim stall is seen,
+/// reports the reclaim's scanning from the stalled cgroup, and goes off again once no stall
+/// has come for the hold time.
+#[test]
+fn memcg_events_attach_on_reclaim_and_leave_after_the_hold() {
+    if !can_run() {
+        return;
+    }
+    let rt = runtime();
+    let hold = Duration::from_secs(2);
+    let source = rt
+        .block_on(async {
+            EbpfSource::attach(EbpfOptions {
+                memcg_events_on_reclaim: Some(hold),
+                ..EbpfOptions::default()
+            })
+        })
+        .expect("attach");
+    assert!(
+        source.attached().contains(&"count_memcg_events"),
+        "{:?}",
+        source.missing()
+    );
+    let switch = source.program_switch().expect("the program switch");
+    let off_within = |limit: Duration| {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if switch.memcg_events_attached() == Some(false) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    };
+    assert!(
+        off_within(Duration::from_secs(2)),
+        "count_memcg_events still on a calm node: {:?}",
+        switch.memcg_events_attached()
+    );
+    let (tx, mut rx) = mpsc::channel(65_536);
+    let task = rt.spawn(source.run(tx));
+
+    // Page cache written through a 32 MiB memcg: its limit reclaim stalls the writer.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cache");
+    let mut memcg = TestMemcg::new("ebpf-events-gate", 32 << 20).expect("test memcg");
+    memcg
+        .spawn(Command::new("sh").arg("-c").arg(format!(
+            "for i in 1 2 3 4 5 6; do dd if=/dev/zero of={} bs=1M count=128 status=none; done",
+            file.display()
+        )))
+        .expect("writer");
+    let ours = Some(memcg.cgroup.clone());
+    let mut attached_seen = false;
+    let seen = collect_until(&rt, &mut rx, Duration::from_secs(30), |e| {
+        attached_seen |= switch.memcg_events_attached() == Some(true);
+        e.cgroup == ours
+            && matches!(e.kind, Kind::MemcgEvent { ref item, .. } if item.starts_with("pgscan") || item.starts_with("pgsteal"))
+    });
+    let stalls = seen
+        .iter()
+        .filter(|s| s.event.cgroup == ours && matches!(s.event.kind, Kind::ReclaimStall { .. }))
+        .count();
+    let scans = seen
+        .iter()
+        .filter(|s| s.event.cgroup == ours && matches!(s.event.kind, Kind::MemcgEvent { .. }))
+        .count();
+    assert!(
+        stalls > 0,
+        "no reclaim stall from {} ({} events)",
+        memcg.cgroup,
+        seen.len()
+    );
+    assert!(
+        scans > 0 && attached_seen,
+        "no scanning reported from {} after {stalls} stalls (program on: {attached_seen})",
+        memcg.cgroup
+    );
+    let statuses = memcg.wait_all(Duration::from_secs(60));
+    assert!(
+        statuses.iter().all(Option::is_some),
+        "the writer did not finish"
+    );
+    assert!(
+        off_within(hold + Duration::from_secs(5)),
+        "count_memcg_events still on {:?} after the last reclaim",
+        hold + Duration::from_secs(5)
+    );
+    drop(rx);
+    task.abort();
+}

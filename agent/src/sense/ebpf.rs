@@ -15,9 +15,14 @@
 //! **Cost on a calm node.** `count_memcg_events` is entered on every page fault of every
 //! process (the kernel counts `PGFAULT` per memcg through it), so it is a raw tracepoint: no
 //! trace record is built for it, and an item that is not watched costs one load and a mask
-//! (`WATCH_ITEM_MASK`, a global) before it returns, where the classic tracepoint paid for the
-//! record and a hash-map lookup. Bench part 7 (`cargo xtask bench --only charge`) reports
-//! each program's runs per fault and ns per run.
+//! (`WATCH_ITEM_MASK`, a global) before it returns. Even so the kernel's dispatch to it on
+//! every fault cost 11 % of the page-fault rate (bench part 7), and the items it watches mean
+//! pressure only while memory is reclaimed: with
+//! [`EbpfOptions::memcg_events_on_reclaim`] (the agent's setting) it is on its tracepoint
+//! only from a reclaim stall until a hold after the last one ([`charge_switch`]). The charge
+//! programs attach only near a level ([`near`]). A calm node then runs none of the programs
+//! on its page faults. Bench part 7 (`cargo xtask bench --only charge`) reports the fault
+//! rate in each state and each program's runs per fault and ns per run.
 //!
 //! Each program needs its tracepoint with the layout in `agent_ebpf::layout` (checked at
 //! attach; `memcg:count_memcg_events` is a recent addition that older kernels lack, and
@@ -61,7 +66,8 @@
 //! - [`threshold`]: the usage-threshold slots the charge programs check;
 //! - [`near`]: keeping the charge programs off their tracepoint while no watched cgroup is
 //!   near its level;
-//! - [`charge_switch`]: taking the charge programs off their tracepoint and back;
+//! - [`charge_switch`]: taking the charge programs off their tracepoint and back, and the
+//!   memcg events program on reclaim;
 //! - [`record`]: decoding ring-buffer records; [`cgroup`]: naming cgroup ids;
 //! - [`btf`], [`tracefs`]: reading the kernel's type information and tracepoint formats.
 //!
@@ -213,6 +219,9 @@ pub struct EbpfOptions {
     /// Keep the charge programs on their tracepoint only while a watched cgroup is near its
     /// level ([`near`]); `None` keeps them on throughout.
     pub near_level: Option<near::NearLevel>,
+    /// Attach `count_memcg_events` only from a reclaim stall until this long after the last
+    /// one ([`charge_switch`]); `None` keeps it on throughout.
+    pub memcg_events_on_reclaim: Option<Duration>,
 }
 
 impl Default for EbpfOptions {
@@ -224,6 +233,7 @@ impl Default for EbpfOptions {
             drop_check_interval: Duration::from_millis(250),
             usage_thresholds: false,
             near_level: None,
+            memcg_events_on_reclaim: None,
         }
     }
 }
@@ -331,6 +341,8 @@ pub struct EbpfSource {
     _programs: Arc<Mutex<Programs>>,
     /// Pauses the charge programs, when they attached.
     charge_switch: Option<ChargeSwitch>,
+    /// The switch's thread, when it serves the charge programs or the memcg events program.
+    switch: Option<ChargeSwitch>,
     ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
     /// OOM victim pid → memcg id, from the raw `mark_victim` program.
@@ -367,6 +379,13 @@ impl EbpfSource {
     /// down (see [`ChargeSwitch`]); `None` when they did not attach.
     pub fn charge_switch(&self) -> Option<ChargeSwitch> {
         self.charge_switch.clone()
+    }
+
+    /// The switch over the programs that attach only when wanted: the charge programs and,
+    /// with [`EbpfOptions::memcg_events_on_reclaim`], the memcg events program; `None` when
+    /// neither is switched.
+    pub fn program_switch(&self) -> Option<ChargeSwitch> {
+        self.switch.clone()
     }
 
     /// The programs that did not attach, each with the reason.

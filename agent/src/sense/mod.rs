@@ -44,6 +44,10 @@ pub use memcg::{MemcgTarget, MemoryHierarchy};
 
 pub mod ebpf;
 
+/// How long the agent keeps `count_memcg_events` attached after the last reclaim stall
+/// ([`ebpf::charge_switch`]).
+pub const MEMCG_EVENTS_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where an event came from. One variant per sense source; the config switches each one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -556,6 +560,9 @@ impl Attaching {
             usage_thresholds: !wanted.is_empty(),
             // The charge programs tax every page fault on the node: on only near a level.
             near_level: Some(ebpf::near::NearLevel::default()),
+            // `count_memcg_events` is entered on every page fault too; its items mean
+            // pressure only while memory is reclaimed: on only then.
+            memcg_events_on_reclaim: Some(MEMCG_EVENTS_HOLD),
             ..Default::default()
         };
         match ebpf::EbpfSource::attach(options) {

@@ -1,15 +1,19 @@
 //! Part 7: what the in-kernel usage thresholds cost on the charge path. A child process writes
 //! to fresh pages flat out in a child of a watched memory cgroup (every write fault allocates
 //! and charges a page, and `madvise(DONTNEED)` gives them back) under three setups, in
-//! alternating rounds so drift hits them alike:
+//! rounds (the order rotated every round, each rate divided by its round's no-eBPF rate):
 //!
 //! - no eBPF program attached;
-//! - the agent's programs without the charge programs (what the agent attached before);
+//! - the agent's programs without the charge programs and with `count_memcg_events` on
+//!   throughout (what the agent attached before either was switched);
 //! - calm: the programs as the agent runs them, the parent watched with its level far above
-//!   usage, so the charge programs are off their tracepoint (they attach only near a level);
+//!   usage, so the charge programs are off their tracepoint (they attach only near a level)
+//!   and so is `count_memcg_events` (it attaches only on reclaim);
 //! - armed: the charge programs on throughout and the parent watched (the threshold far above
 //!   usage, so every charge takes the full check: map lookup, ancestor, usage read), the cost
-//!   while a watched cgroup is near its level.
+//!   while a watched cgroup is near its level and nothing is reclaimed;
+//! - armed and reclaiming: the same with `count_memcg_events` on too, the cost while memory
+//!   is being reclaimed near a level.
 //!
 //! The figure is page faults per second; the ratio to "no eBPF" is the cost. After the timed
 //! rounds, one more run per setup with the kernel's per-program statistics on
@@ -45,6 +49,26 @@ pub fn child(args: &[String]) -> Result<()> {
     };
     let run_for = Duration::from_millis(millis.parse().context("milliseconds")?);
     let base = crate::ring::join_and_map(procs, REGION)?;
+    pin_to_last_cpu();
+    // Untimed first: a virtual CPU that was idle runs slower for its first hundreds of
+    // milliseconds, which taxed whichever setup started after the quietest pause.
+    fault_for(base, WARM_UP)?;
+    let (cpu_before, start) = (cpu_nanos(), Instant::now());
+    let faults = fault_for(base, run_for)?;
+    let wall = start.elapsed().as_nanos();
+    println!(
+        "faults {faults} nanos {wall} cpu_nanos {}",
+        cpu_nanos().saturating_sub(cpu_before)
+    );
+    Ok(())
+}
+
+/// How long the child faults before it starts counting.
+const WARM_UP: Duration = Duration::from_millis(300);
+
+/// Writes to each page of the region at `base`, drops it and faults it again, for `run_for`;
+/// returns how many faults.
+fn fault_for(base: *mut std::ffi::c_void, run_for: Duration) -> Result<u64> {
     let start = Instant::now();
     let mut faults: u64 = 0;
     while start.elapsed() < run_for {
@@ -58,11 +82,37 @@ pub fn child(args: &[String]) -> Result<()> {
         unsafe { rustix::mm::madvise(base, REGION, rustix::mm::Advice::LinuxDontNeed) }
             .context("madvise(MADV_DONTNEED)")?;
     }
-    println!("faults {faults} nanos {}", start.elapsed().as_nanos());
-    Ok(())
+    Ok(faults)
 }
 
-/// One run of the child in `cg`; returns (faults, seconds).
+/// Pins this process to the machine's last CPU. A faulting process that moves between CPUs
+/// leaves the CPU it left in its mm's CPU mask, and each `madvise` then sends that CPU a
+/// TLB-flush IPI, far dearer when it is an idle virtual CPU: it made the fault rate depend
+/// on where the scheduler put the child, and on how idle the other CPU was.
+fn pin_to_last_cpu() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity take valid pointers.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus - 1, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// This process's user + system CPU time so far, ns (`getrusage`): what its faults cost it,
+/// the programs included (they run in the faulting task), without the time it waited.
+fn cpu_nanos() -> u128 {
+    // SAFETY: an all-zero rusage is valid; getrusage fills it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u128 * 1_000_000_000 + t.tv_usec as u128 * 1_000;
+    ns(u.ru_utime) + ns(u.ru_stime)
+}
+
+/// One run of the child in `cg`; returns (faults, seconds of CPU time it spent).
 fn fault(cg: &TestMemcg, millis: u64) -> Result<(u64, f64)> {
     let out = Command::new(std::env::current_exe()?)
         .arg(CHILD_FLAG)
@@ -79,7 +129,7 @@ fn fault(cg: &TestMemcg, millis: u64) -> Result<(u64, f64)> {
         );
     }
     let mut words = text.split_whitespace();
-    match (words.nth(1), words.nth(1)) {
+    match (words.nth(1), words.nth(3)) {
         (Some(f), Some(n)) => Ok((
             f.parse().context("child's fault count")?,
             n.parse::<f64>().context("child's time")? / 1e9,
@@ -94,17 +144,25 @@ enum Setup {
     Programs,
     Calm,
     Thresholds,
+    Reclaiming,
 }
 
 impl Setup {
-    const ALL: [Setup; 4] = [Setup::None, Setup::Programs, Setup::Calm, Setup::Thresholds];
+    const ALL: [Setup; 5] = [
+        Setup::None,
+        Setup::Programs,
+        Setup::Calm,
+        Setup::Thresholds,
+        Setup::Reclaiming,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Setup::None => "no eBPF",
-            Setup::Programs => "agent programs, no charge programs",
+            Setup::Programs => "agent programs, memcg events throughout, no charge programs",
             Setup::Calm => "calm: as the agent runs them, parent watched far from its level",
             Setup::Thresholds => "armed: charge programs on, parent watched",
+            Setup::Reclaiming => "armed and reclaiming: charge programs and memcg events on",
         }
     }
 }
@@ -118,7 +176,11 @@ fn attach(
     if setup == Setup::None {
         return Ok(None);
     }
-    let thresholds = matches!(setup, Setup::Thresholds | Setup::Calm);
+    let thresholds = matches!(setup, Setup::Thresholds | Setup::Calm | Setup::Reclaiming);
+    // The memcg events program as the agent switches it (on only after a reclaim stall;
+    // this workload never stalls), except in the rows that keep it on throughout.
+    let memcg_events_on_reclaim = matches!(setup, Setup::Calm | Setup::Thresholds)
+        .then_some(reactor::sense::MEMCG_EVENTS_HOLD);
     // Calm: the charge programs come off their tracepoint once the source sees the parent far
     // from its level (the agent's setting); armed: on throughout.
     let near_level = (setup == Setup::Calm).then(reactor::sense::ebpf::near::NearLevel::default);
@@ -127,6 +189,7 @@ fn attach(
             EbpfSource::attach(EbpfOptions {
                 usage_thresholds: thresholds,
                 near_level,
+                memcg_events_on_reclaim,
                 ..EbpfOptions::default()
             })
         })
@@ -192,18 +255,29 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Run part 7.
 pub fn run(opts: &Opts) -> Result<Part> {
-    let (millis, rounds) = if opts.quick { (300, 1) } else { (2000, 5) };
+    let (millis, rounds) = if opts.quick { (300, 1) } else { (1000, 10) };
     let parent = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
     let child = parent.child("pod").context("creating the child memcg")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); Setup::ALL.len()];
-    for _ in 0..rounds {
-        for (i, setup) in Setup::ALL.into_iter().enumerate() {
-            let (faults, secs, _) = one_run(&rt, setup, &parent, &child, millis)?;
-            rates[i].push(faults as f64 / secs);
+    // Each round runs every setup once, in an order rotated from round to round so no setup
+    // always comes first (a run after a pause, or after a detach, may start slower); the
+    // cost is the ratio to the same round's no-eBPF run, so drift between rounds cancels.
+    let n = Setup::ALL.len();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
+    for round in 0..rounds {
+        let mut this = vec![0.0; n];
+        for k in 0..n {
+            let i = (k + round) % n;
+            let (faults, secs, _) = one_run(&rt, Setup::ALL[i], &parent, &child, millis)?;
+            this[i] = faults as f64 / secs;
+        }
+        for i in 0..n {
+            rates[i].push(this[i]);
+            ratios[i].push(this[i] / this[0]);
         }
     }
     // The statistics run, apart (counting costs two clock reads per program run).
@@ -217,24 +291,36 @@ pub fn run(opts: &Opts) -> Result<Part> {
     }
     drop(child);
     drop(parent);
-    let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
-    let base = medians[0];
+    let medians: Vec<f64> = rates.iter().map(|r| median(&mut r.clone())).collect();
+    let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(&mut r.clone())).collect();
+    let spread = |r: &[f64]| {
+        let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{lo:.3}–{hi:.3}")
+    };
     let mut t = Table::new(
         "7. Charge-path cost of the in-kernel usage thresholds",
-        &["setup", "page faults/s (median)", "× no eBPF"],
+        &[
+            "setup",
+            "page faults/s (median)",
+            "× no eBPF (median of rounds)",
+            "× no eBPF, rounds' range",
+        ],
     )
     .text_columns(1);
-    for (setup, m) in Setup::ALL.into_iter().zip(&medians) {
+    for (i, setup) in Setup::ALL.into_iter().enumerate() {
         t.row(vec![
             setup.name().to_string(),
-            format!("{:.0}k", m / 1e3),
-            format!("{:.3}", m / base),
+            format!("{:.0}k", medians[i] / 1e3),
+            format!("{:.3}", ratio_medians[i]),
+            spread(&ratios[i]),
         ]);
     }
     t.note(format!(
         "one process writing to fresh pages flat out in a child of the watched cgroup (each \
          write fault charges a page; the 4 MiB region is dropped and faulted again); {rounds} \
-         alternating round(s) of {millis} ms per setup"
+         round(s) of {millis} ms per setup, the setups' order rotated every round; each \
+         round's rate divided by the same round's no-eBPF rate"
     ));
     let mut p = Table::new(
         "7. Each program's cost under the same workload (BPF_ENABLE_STATS)",
@@ -269,9 +355,9 @@ pub fn run(opts: &Opts) -> Result<Part> {
         json: json!({
             "millis_per_round": millis,
             "rounds": rounds,
-            "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).map(|((s, r), m)| json!({
+            "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).enumerate().map(|(i, ((s, r), m))| json!({
                 "setup": s.name(), "faults_per_s": r, "median_faults_per_s": m,
-                "ratio_to_no_ebpf": m / base,
+                "ratios_to_no_ebpf": ratios[i], "ratio_to_no_ebpf": ratio_medians[i],
             })).collect::<Vec<_>>(),
             "programs": programs.iter().map(|(s, faults, used)| json!({
                 "setup": s.name(), "faults": faults,

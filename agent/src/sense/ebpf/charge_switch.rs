@@ -31,8 +31,20 @@
 //! pause is asked, so the reactor's pause and resume keep their meaning (resume puts them
 //! back only if they are wanted near a level).
 
+//! **The memcg events program.** `count_memcg_events` is entered on every page fault (the
+//! kernel counts `PGFAULT` per memcg through it), about 2 runs per fault: on a calm node it
+//! cost 11 % of the page-fault rate (bench part 7) only to find each time that the item is
+//! not watched. The items it reports (scanning, stealing, swap-out, major faults) mean
+//! pressure only while memory is being reclaimed, so with
+//! [`EbpfOptions::memcg_events_on_reclaim`](super::EbpfOptions::memcg_events_on_reclaim)
+//! the same thread attaches it when the drain sees a reclaim stall record
+//! ([`ChargeSwitch::reclaim_seen`]) and takes it off again once no stall has come for the
+//! hold time. What that misses: the first stall's own scans (the program comes a stall record
+//! and one attach later) and kswapd's scanning while no task stalls; the stall records
+//! themselves, from the reclaim tracepoints, are never gated.
+
 use std::sync::{mpsc, Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::RawTracePoint;
@@ -45,6 +57,10 @@ const RESUME_WAIT: Duration = Duration::from_secs(2);
 pub(crate) struct Programs {
     pub(crate) ebpf: Ebpf,
     pub(crate) charge: Vec<ChargeLink>,
+    /// `count_memcg_events`, when it attaches only on reclaim (empty when it stays attached).
+    pub(crate) events: Vec<ChargeLink>,
+    /// How long the memcg events program stays after the last reclaim stall seen.
+    pub(crate) events_hold: Duration,
     /// A pause is asked (the reactor is tearing a victim down).
     pub(crate) paused: bool,
     /// A watched cgroup is near its level (always, without arming near a level).
@@ -62,27 +78,13 @@ impl Programs {
     /// Attaches (`on`) or detaches every charge program that is not so already.
     fn set(&mut self, on: bool) -> Result<(), String> {
         let Programs { ebpf, charge, .. } = self;
-        for c in charge {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(c.program)
-                .ok_or_else(|| format!("{}: not in the object", c.program))?
-                .try_into()
-                .map_err(|e| format!("{}: {e}", c.program))?;
-            match (on, c.link.take()) {
-                (true, None) => {
-                    c.link = Some(
-                        program
-                            .attach(c.tracepoint)
-                            .map_err(|e| format!("{}: attach failed: {e}", c.program))?,
-                    );
-                }
-                (false, Some(link)) => program
-                    .detach(link)
-                    .map_err(|e| format!("{}: detach failed: {e}", c.program))?,
-                (_, link) => c.link = link,
-            }
-        }
-        Ok(())
+        set_links(ebpf, charge, on)
+    }
+
+    /// Attaches (`on`) or detaches the memcg events program when it is switched.
+    fn set_events(&mut self, on: bool) -> Result<(), String> {
+        let Programs { ebpf, events, .. } = self;
+        set_links(ebpf, events, on)
     }
 
     fn attached(&self) -> bool {
@@ -90,10 +92,36 @@ impl Programs {
     }
 }
 
+/// Attaches (`on`) or detaches every program of `links` that is not so already.
+fn set_links(ebpf: &mut Ebpf, links: &mut [ChargeLink], on: bool) -> Result<(), String> {
+    for c in links {
+        let program: &mut RawTracePoint = ebpf
+            .program_mut(c.program)
+            .ok_or_else(|| format!("{}: not in the object", c.program))?
+            .try_into()
+            .map_err(|e| format!("{}: {e}", c.program))?;
+        match (on, c.link.take()) {
+            (true, None) => {
+                c.link = Some(
+                    program
+                        .attach(c.tracepoint)
+                        .map_err(|e| format!("{}: attach failed: {e}", c.program))?,
+                );
+            }
+            (false, Some(link)) => program
+                .detach(link)
+                .map_err(|e| format!("{}: detach failed: {e}", c.program))?,
+            (_, link) => c.link = link,
+        }
+    }
+    Ok(())
+}
+
 enum Ask {
     Off,
     On(mpsc::SyncSender<Result<(), String>>),
     Near(bool),
+    Reclaim,
 }
 
 /// Takes the charge programs off their tracepoint and puts them back (see the module doc).
@@ -147,6 +175,20 @@ impl ChargeSwitch {
         let _ = self.tx.send(Ask::Near(near));
     }
 
+    /// Says that a reclaim stall was seen; returns at once (the switch's thread attaches the
+    /// memcg events program, when it is switched, and keeps it for the hold time).
+    pub(crate) fn reclaim_seen(&self) {
+        let _ = self.tx.send(Ask::Reclaim);
+    }
+
+    /// Whether the memcg events program is on its tracepoint now: `None` when it is not
+    /// switched (attached throughout, or not at all) or the eBPF source is gone.
+    pub fn memcg_events_attached(&self) -> Option<bool> {
+        let programs = self.programs.upgrade()?;
+        let programs = programs.lock().unwrap_or_else(PoisonError::into_inner);
+        (!programs.events.is_empty()).then(|| programs.events.iter().all(|c| c.link.is_some()))
+    }
+
     /// Whether every charge program is on its tracepoint now; `None` once the eBPF source
     /// is gone.
     pub fn attached(&self) -> Option<bool> {
@@ -156,22 +198,65 @@ impl ChargeSwitch {
     }
 }
 
-/// The switch's thread: does what is asked, in order, until every switch is dropped.
+/// The switch's thread: does what is asked, in order, until every switch is dropped; takes
+/// the memcg events program off when its hold after the last reclaim stall has passed.
 fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>) {
-    while let Ok(ask) = rx.recv() {
-        let result = match programs.upgrade() {
-            Some(p) => {
-                let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
-                match &ask {
-                    Ask::Off => p.paused = true,
-                    Ask::On(_) => p.paused = false,
-                    Ask::Near(near) => p.near = *near,
+    // The memcg events program starts off (it attached at load only to prove it can).
+    let mut reclaim_at: Option<Instant> = None;
+    let mut hold = Duration::ZERO;
+    if let Some(p) = programs.upgrade() {
+        let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
+        hold = p.events_hold;
+        if let Err(e) = p.set_events(false) {
+            tracing::warn!(error = %e, "eBPF: memcg events program not taken off");
+        }
+    }
+    loop {
+        let ask = match reclaim_at {
+            Some(at) => {
+                match rx.recv_timeout((at + hold).saturating_duration_since(Instant::now())) {
+                    Ok(ask) => Some(ask),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 }
-                let want = p.near && !p.paused;
-                p.set(want)
             }
-            None => Err("the eBPF source is gone".to_string()),
+            None => match rx.recv() {
+                Ok(ask) => Some(ask),
+                Err(_) => break,
+            },
         };
+        let Some(p) = programs.upgrade() else {
+            reclaim_at = None;
+            if let Some(Ask::On(ack)) = ask {
+                let _ = ack.send(Err("the eBPF source is gone".to_string()));
+            }
+            continue;
+        };
+        let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(ask) = ask else {
+            // The hold passed with no stall.
+            reclaim_at = None;
+            if let Err(e) = p.set_events(false) {
+                tracing::warn!(error = %e, "eBPF: memcg events program not taken off");
+            }
+            continue;
+        };
+        if let Ask::Reclaim = ask {
+            reclaim_at = Some(Instant::now());
+            if let Err(e) = p.set_events(true) {
+                tracing::warn!(error = %e, "eBPF: memcg events program not attached on reclaim");
+            }
+            continue;
+        }
+        match &ask {
+            Ask::Off => p.paused = true,
+            Ask::On(_) => p.paused = false,
+            Ask::Near(near) => p.near = *near,
+            Ask::Reclaim => {}
+        }
+        let want = p.near && !p.paused;
+        let result = p.set(want);
+        drop(p);
         match ask {
             Ask::On(ack) => {
                 let _ = ack.send(result);
@@ -186,6 +271,7 @@ fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>) {
                     tracing::warn!(error = %e, near, "eBPF: charge programs not switched");
                 }
             }
+            Ask::Reclaim => {}
         }
     }
 }

@@ -40,8 +40,15 @@ impl EbpfSource {
             opts,
             usage,
             logger,
+            switch,
             ..
         } = self;
+        // Reclaim stalls wake the memcg events program, when it is switched: told at most
+        // once a second (the switch keeps it for its hold after the last one).
+        let events_switched = switch
+            .as_ref()
+            .is_some_and(|s| s.memcg_events_attached().is_some());
+        let mut told_reclaim: Option<std::time::Instant> = None;
         let mut usage = usage;
         let mut logger = match logger {
             // SAFETY: the logger owns its ring buffer's map fd (a `MapData`) and keeps it open,
@@ -87,6 +94,14 @@ impl EbpfSource {
                         taken += 1;
                         match decoded {
                             Ok(rec) => {
+                                if events_switched && matches!(rec, Record::Stall(_))
+                                    && told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL)
+                                {
+                                    if let Some(s) = &switch {
+                                        s.reclaim_seen();
+                                    }
+                                    told_reclaim = Some(std::time::Instant::now());
+                                }
                                 // Written during this pass: it did not wait for a wake-up.
                                 let woke = pass.max(rec.header().at_ns);
                                 let mut fast = CacheOnly { cache: &cache, missed: false };
@@ -163,6 +178,8 @@ async fn flush_log(logger: Option<&mut AsyncFd<aya_log::EbpfLogger<&'static dyn 
 const PASS_RECORDS: usize = 256;
 /// Records that may wait for the resolver before the drain waits for it.
 const SLOW_QUEUE: usize = 4096;
+/// The least time between two reclaim stalls told to the program switch.
+const RECLAIM_TELL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A record whose cgroup needs I/O to name, for the resolver.
 struct Slow {

@@ -194,6 +194,7 @@ impl EbpfSource {
         let root = tracefs::root();
         let mut attached = Vec::new();
         let mut charge_links = Vec::new();
+        let mut event_links = Vec::new();
         for spec in TRACEPOINTS {
             let charge = CHARGE_PROGRAMS.contains(&spec.program);
             if charge && !opts.usage_thresholds {
@@ -252,12 +253,19 @@ impl EbpfSource {
             match result {
                 Ok(link) => {
                     attached.push(spec.program);
-                    if let (true, Some(link)) = (charge, link) {
-                        charge_links.push(ChargeLink {
+                    let gated = spec.program == "count_memcg_events"
+                        && opts.memcg_events_on_reclaim.is_some();
+                    if let (true, Some(link)) = (charge || gated, link) {
+                        let link = ChargeLink {
                             program: spec.program,
                             tracepoint: spec.name,
                             link: Some(link),
-                        });
+                        };
+                        if charge {
+                            charge_links.push(link);
+                        } else {
+                            event_links.push(link);
+                        }
                     }
                 }
                 Err(why) => missing.push((spec.program, why)),
@@ -305,15 +313,17 @@ impl EbpfSource {
             _ => None,
         };
         let charge_attached = !charge_links.is_empty();
+        let switched = charge_attached || !event_links.is_empty();
         let programs = Arc::new(Mutex::new(Programs {
             ebpf,
             charge: charge_links,
+            events: event_links,
+            events_hold: opts.memcg_events_on_reclaim.unwrap_or_default(),
             paused: false,
             near: true,
         }));
-        let charge_switch = charge_attached
-            .then(|| ChargeSwitch::new(&programs))
-            .flatten();
+        let switch = switched.then(|| ChargeSwitch::new(&programs)).flatten();
+        let charge_switch = switch.clone().filter(|_| charge_attached);
         let mut usage = usage;
         if let (Some(usage), Some(switch), Some(near)) =
             (&mut usage, &charge_switch, &opts.near_level)
@@ -325,6 +335,7 @@ impl EbpfSource {
             logger,
             _programs: programs,
             charge_switch,
+            switch,
             ring,
             drops,
             victims,
