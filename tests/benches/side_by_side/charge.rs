@@ -52,13 +52,14 @@ pub fn child(args: &[String]) -> Result<()> {
     pin_to_last_cpu();
     // Untimed first: a virtual CPU that was idle runs slower for its first hundreds of
     // milliseconds, which taxed whichever setup started after the quietest pause.
-    fault_for(base, WARM_UP)?;
+    let warm = fault_for(base, WARM_UP)?;
     let (cpu_before, start) = (cpu_nanos(), Instant::now());
     let faults = fault_for(base, run_for)?;
     let wall = start.elapsed().as_nanos();
     println!(
-        "faults {faults} nanos {wall} cpu_nanos {}",
-        cpu_nanos().saturating_sub(cpu_before)
+        "faults {faults} nanos {wall} cpu_nanos {} all_faults {}",
+        cpu_nanos().saturating_sub(cpu_before),
+        warm + faults
     );
     Ok(())
 }
@@ -112,8 +113,9 @@ fn cpu_nanos() -> u128 {
     ns(u.ru_utime) + ns(u.ru_stime)
 }
 
-/// One run of the child in `cg`; returns (faults, seconds of CPU time it spent).
-fn fault(cg: &TestMemcg, millis: u64) -> Result<(u64, f64)> {
+/// One run of the child in `cg`; returns (faults, seconds of CPU time it spent on them,
+/// faults with the warm-up's).
+fn fault(cg: &TestMemcg, millis: u64) -> Result<(u64, f64, u64)> {
     let out = Command::new(std::env::current_exe()?)
         .arg(CHILD_FLAG)
         .arg(cg.path.join("cgroup.procs"))
@@ -129,10 +131,12 @@ fn fault(cg: &TestMemcg, millis: u64) -> Result<(u64, f64)> {
         );
     }
     let mut words = text.split_whitespace();
-    match (words.nth(1), words.nth(3)) {
-        (Some(f), Some(n)) => Ok((
+    match (words.nth(1), words.nth(3), words.nth(1)) {
+        (Some(f), Some(n), Some(all)) => Ok((
             f.parse().context("child's fault count")?,
             n.parse::<f64>().context("child's time")? / 1e9,
+            all.parse()
+                .context("child's fault count with the warm-up")?,
         )),
         _ => bail!("charging child said {text:?}"),
     }
@@ -216,19 +220,20 @@ fn attach(
     Ok(Some((task, stats)))
 }
 
-/// One run of the child under `setup`: (faults, seconds, each program's runs and ns in it).
+/// One run of the child under `setup`: (faults, seconds, each program's runs and ns in the
+/// whole run, the faults of the whole run — the warm-up's too, as the programs ran on them).
 fn one_run(
     rt: &tokio::runtime::Runtime,
     setup: Setup,
     parent: &TestMemcg,
     child: &TestMemcg,
     millis: u64,
-) -> Result<(u64, f64, Vec<ProgramStats>)> {
+) -> Result<(u64, f64, Vec<ProgramStats>, u64)> {
     let attached = attach(rt, setup, parent)?;
     // Let the attach settle before timing.
     std::thread::sleep(Duration::from_millis(100));
     let before = attached.as_ref().map(|(_, s)| s.read()).unwrap_or_default();
-    let (faults, secs) = fault(child, millis)?;
+    let (faults, secs, all_faults) = fault(child, millis)?;
     let mut used = Vec::new();
     if let Some((task, stats)) = attached {
         for after in stats.read() {
@@ -245,7 +250,7 @@ fn one_run(
     if faults == 0 || secs <= 0.0 {
         bail!("the faulting child made no faults under {}", setup.name());
     }
-    Ok((faults, secs, used))
+    Ok((faults, secs, used, all_faults))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -272,7 +277,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         let mut this = vec![0.0; n];
         for k in 0..n {
             let i = (k + round) % n;
-            let (faults, secs, _) = one_run(&rt, Setup::ALL[i], &parent, &child, millis)?;
+            let (faults, secs, _, _) = one_run(&rt, Setup::ALL[i], &parent, &child, millis)?;
             this[i] = faults as f64 / secs;
         }
         for i in 0..n {
@@ -285,7 +290,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     {
         let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
         for setup in Setup::ALL.into_iter().skip(1) {
-            let (faults, _, used) = one_run(&rt, setup, &parent, &child, millis)?;
+            let (_, _, used, faults) = one_run(&rt, setup, &parent, &child, millis)?;
             programs.push((setup, faults, used));
         }
     }
