@@ -338,7 +338,7 @@ fn memcg_events_attach_on_reclaim_and_leave_after_the_hold() {
         "{:?}",
         source.missing()
     );
-    let switch = source.program_switch().expect("the program switch");
+    let switch = source.events_switch().expect("the memcg events switch");
     let off_within = |limit: Duration| {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {

@@ -182,6 +182,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             expected_bytes,
             pending_bytes: expected_bytes,
             last_usage_bytes: None,
+            usage_path: pod_cgroup_path(self.settings.cgroup_root.trim_end_matches('/'), pod),
             holds_charges: grace == 0 && self.charge_switch.is_some(),
             stop: None,
             stop_ended_ns: None,

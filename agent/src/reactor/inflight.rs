@@ -56,6 +56,8 @@ pub(super) struct InFlight {
     pub(super) released: bool,
     /// Its pod cgroup's memory usage at the last look (memory victims), bytes.
     pub(super) last_usage_bytes: Option<u64>,
+    /// Its pod cgroup's path as the observer names it, for those looks (made once).
+    pub(super) usage_path: String,
     /// Whether its second record (released, or still pending at the bound) was made.
     pub(super) reported: bool,
 }
@@ -164,7 +166,6 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// are gone.
     pub(super) fn track(&mut self, now_ns: u64) {
         let bound = self.settings.victim_bound;
-        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let mut records = Vec::new();
         for f in &mut self.in_flight {
             if !f.released {
@@ -176,8 +177,10 @@ impl<P: PodControl + 'static> Reactor<P> {
                 } else {
                     // The pod's usage counter the observer keeps open (`warm_pods`): one
                     // `pread` per look, no path walk and no `memory.stat`.
-                    let path = super::pods::pod_cgroup_path(&root, &f.pod);
-                    self.observer.pod_memory_usages([path]).pop().flatten()
+                    self.observer
+                        .pod_memory_usages([f.usage_path.as_str()])
+                        .pop()
+                        .flatten()
                 };
                 f.released = empty && memory_back(f.last_usage_bytes, usage);
                 f.last_usage_bytes = usage;

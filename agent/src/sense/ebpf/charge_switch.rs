@@ -30,11 +30,11 @@
 //! ([`super::near`]): they are on their tracepoint when a watched cgroup is near *and* no
 //! pause is asked, so the reactor's pause and resume keep their meaning (resume puts them
 //! back only if they are wanted near a level).
-
+//!
 //! **The memcg events program.** `count_memcg_events` is entered on every page fault (the
-//! kernel counts `PGFAULT` per memcg through it), about 2 runs per fault: on a calm node it
-//! cost 11 % of the page-fault rate (bench part 7) only to find each time that the item is
-//! not watched. The items it reports (scanning, stealing, swap-out, major faults) mean
+//! kernel counts `PGFAULT` per memcg through it), about 2 runs per fault, only to find each
+//! time that the item is not watched: bench part 7 puts the node at 0.98 of the no-eBPF
+//! fault rate with it on and nothing else. The items it reports (scanning, stealing, swap-out, major faults) mean
 //! pressure only while memory is being reclaimed, so with
 //! [`EbpfOptions::memcg_events_on_reclaim`](super::EbpfOptions::memcg_events_on_reclaim)
 //! the same thread attaches it when the drain sees a reclaim stall record
@@ -59,8 +59,6 @@ pub(crate) struct Programs {
     pub(crate) charge: Vec<ChargeLink>,
     /// `count_memcg_events`, when it attaches only on reclaim (empty when it stays attached).
     pub(crate) events: Vec<ChargeLink>,
-    /// How long the memcg events program stays after the last reclaim stall seen.
-    pub(crate) events_hold: Duration,
     /// A pause is asked (the reactor is tearing a victim down).
     pub(crate) paused: bool,
     /// A watched cgroup is near its level (always, without arming near a level).
@@ -85,6 +83,18 @@ impl Programs {
     fn set_events(&mut self, on: bool) -> Result<(), String> {
         let Programs { ebpf, events, .. } = self;
         set_links(ebpf, events, on)
+    }
+
+    /// Does what `ask` asks: the memcg events program on for a reclaim stall; otherwise the
+    /// charge programs on when wanted near a level and no pause holds them off.
+    fn apply(&mut self, ask: &Ask) -> Result<(), String> {
+        match ask {
+            Ask::Reclaim => return self.set_events(true),
+            Ask::Off => self.paused = true,
+            Ask::On(_) => self.paused = false,
+            Ask::Near(near) => self.near = *near,
+        }
+        self.set(self.near && !self.paused)
     }
 
     fn attached(&self) -> bool {
@@ -136,13 +146,17 @@ pub struct ChargeSwitch {
 impl ChargeSwitch {
     /// A switch over `programs`, with the thread that detaches them. `None` when the
     /// thread cannot be started (the programs then simply stay attached).
-    pub(crate) fn new(programs: &Arc<Mutex<Programs>>) -> Option<ChargeSwitch> {
+    /// `events_hold`: how long the memcg events program stays after the last reclaim stall.
+    pub(crate) fn new(
+        programs: &Arc<Mutex<Programs>>,
+        events_hold: Duration,
+    ) -> Option<ChargeSwitch> {
         let (tx, rx) = mpsc::channel();
         let weak = Arc::downgrade(programs);
         let served = weak.clone();
         let spawned = std::thread::Builder::new()
             .name("ebpf-charge-switch".into())
-            .spawn(move || serve(&served, &rx));
+            .spawn(move || serve(&served, &rx, events_hold));
         match spawned {
             Ok(_) => Some(ChargeSwitch { tx, programs: weak }),
             Err(e) => {
@@ -199,64 +213,48 @@ impl ChargeSwitch {
 }
 
 /// The switch's thread: does what is asked, in order, until every switch is dropped; takes
-/// the memcg events program off when its hold after the last reclaim stall has passed.
-fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>) {
+/// the memcg events program off when `hold` has passed since the last reclaim stall.
+fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>, hold: Duration) {
     // The memcg events program starts off (it attached at load only to prove it can).
-    let mut reclaim_at: Option<Instant> = None;
-    let mut hold = Duration::ZERO;
-    if let Some(p) = programs.upgrade() {
+    let mut events_until: Option<Instant> = None;
+    let set_events = |on: bool| {
+        let Some(p) = programs.upgrade() else {
+            return;
+        };
         let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
-        hold = p.events_hold;
-        if let Err(e) = p.set_events(false) {
-            tracing::warn!(error = %e, "eBPF: memcg events program not taken off");
+        if let Err(e) = p.set_events(on) {
+            tracing::warn!(error = %e, on, "eBPF: memcg events program not switched");
         }
-    }
+    };
+    set_events(false);
     loop {
-        let ask = match reclaim_at {
-            Some(at) => {
-                match rx.recv_timeout((at + hold).saturating_duration_since(Instant::now())) {
-                    Ok(ask) => Some(ask),
-                    Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        let ask = match events_until {
+            Some(until) => match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(ask) => ask,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    events_until = None;
+                    set_events(false);
+                    continue;
                 }
-            }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
             None => match rx.recv() {
-                Ok(ask) => Some(ask),
+                Ok(ask) => ask,
                 Err(_) => break,
             },
         };
-        let Some(p) = programs.upgrade() else {
-            reclaim_at = None;
-            if let Some(Ask::On(ack)) = ask {
-                let _ = ack.send(Err("the eBPF source is gone".to_string()));
+        let result = match programs.upgrade() {
+            Some(p) => {
+                if let Ask::Reclaim = ask {
+                    events_until = Some(Instant::now() + hold);
+                }
+                p.lock().unwrap_or_else(PoisonError::into_inner).apply(&ask)
             }
-            continue;
+            None => {
+                events_until = None;
+                Err("the eBPF source is gone".to_string())
+            }
         };
-        let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(ask) = ask else {
-            // The hold passed with no stall.
-            reclaim_at = None;
-            if let Err(e) = p.set_events(false) {
-                tracing::warn!(error = %e, "eBPF: memcg events program not taken off");
-            }
-            continue;
-        };
-        if let Ask::Reclaim = ask {
-            reclaim_at = Some(Instant::now());
-            if let Err(e) = p.set_events(true) {
-                tracing::warn!(error = %e, "eBPF: memcg events program not attached on reclaim");
-            }
-            continue;
-        }
-        match &ask {
-            Ask::Off => p.paused = true,
-            Ask::On(_) => p.paused = false,
-            Ask::Near(near) => p.near = *near,
-            Ask::Reclaim => {}
-        }
-        let want = p.near && !p.paused;
-        let result = p.set(want);
-        drop(p);
         match ask {
             Ask::On(ack) => {
                 let _ = ack.send(result);
@@ -271,7 +269,11 @@ fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>) {
                     tracing::warn!(error = %e, near, "eBPF: charge programs not switched");
                 }
             }
-            Ask::Reclaim => {}
+            Ask::Reclaim => {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "eBPF: memcg events program not attached on reclaim");
+                }
+            }
         }
     }
 }

@@ -40,14 +40,11 @@ impl EbpfSource {
             opts,
             usage,
             logger,
-            switch,
+            events_switch,
             ..
         } = self;
         // Reclaim stalls wake the memcg events program, when it is switched: told at most
         // once a second (the switch keeps it for its hold after the last one).
-        let events_switched = switch
-            .as_ref()
-            .is_some_and(|s| s.memcg_events_attached().is_some());
         let mut told_reclaim: Option<std::time::Instant> = None;
         let mut usage = usage;
         let mut logger = match logger {
@@ -94,13 +91,11 @@ impl EbpfSource {
                         taken += 1;
                         match decoded {
                             Ok(rec) => {
-                                if events_switched && matches!(rec, Record::Stall(_))
-                                    && told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL)
-                                {
-                                    if let Some(s) = &switch {
+                                if let (Some(s), Record::Stall(_)) = (&events_switch, &rec) {
+                                    if told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL) {
                                         s.reclaim_seen();
+                                        told_reclaim = Some(std::time::Instant::now());
                                     }
-                                    told_reclaim = Some(std::time::Instant::now());
                                 }
                                 // Written during this pass: it did not wait for a wake-up.
                                 let woke = pass.max(rec.header().at_ns);

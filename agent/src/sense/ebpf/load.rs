@@ -313,16 +313,17 @@ impl EbpfSource {
             _ => None,
         };
         let charge_attached = !charge_links.is_empty();
-        let switched = charge_attached || !event_links.is_empty();
+        let events_switched = !event_links.is_empty();
         let programs = Arc::new(Mutex::new(Programs {
             ebpf,
             charge: charge_links,
             events: event_links,
-            events_hold: opts.memcg_events_on_reclaim.unwrap_or_default(),
             paused: false,
             near: true,
         }));
-        let switch = switched.then(|| ChargeSwitch::new(&programs)).flatten();
+        let switch = (charge_attached || events_switched)
+            .then(|| ChargeSwitch::new(&programs, opts.memcg_events_on_reclaim.unwrap_or_default()))
+            .flatten();
         let charge_switch = switch.clone().filter(|_| charge_attached);
         let mut usage = usage;
         if let (Some(usage), Some(switch), Some(near)) =
@@ -335,7 +336,7 @@ impl EbpfSource {
             logger,
             _programs: programs,
             charge_switch,
-            switch,
+            events_switch: switch.filter(|_| events_switched),
             ring,
             drops,
             victims,
