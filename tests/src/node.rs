@@ -52,6 +52,8 @@ pub struct Node {
     pub ebpf_attached: bool,
     /// The sources the last loop started with.
     pub attached: Vec<Source>,
+    /// Metrics the next loop started keeps up to date (none unless a test sets them).
+    pub metrics: Option<Arc<reactor::record::metrics::Metrics>>,
 }
 
 /// A running reactor loop.
@@ -152,6 +154,7 @@ impl Node {
             loop_: None,
             ebpf_attached: false,
             attached: Vec::new(),
+            metrics: None,
         };
         if !spec.deferred {
             node.start_loop();
@@ -194,6 +197,10 @@ impl Node {
             self.cgroups.clone(),
             None,
         );
+        let reactor = match &self.metrics {
+            Some(m) => reactor.with_metrics(m.clone()),
+            None => reactor,
+        };
         let (tx, rx) = watch::channel(false);
         let (handle, task) = spawn(reactor, sense, rx);
         let decisions = handle.subscribe();

@@ -67,6 +67,7 @@ use crate::decide::thresholds::format_quantity;
 use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::ebpf::charge_switch::ChargeSwitch;
+use crate::sense::ebpf::kernel_watch::KernelWatch;
 use crate::sense::memcg::MemcgThresholds;
 use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
@@ -125,7 +126,9 @@ pub struct Reactor<P> {
     /// The first kernel event of the current pressure episode (since the last evaluation
     /// that found nothing met and nothing close): what a timer-woken decision answers to.
     episode: Option<PressureEvent>,
-    close: bool,
+    close: CloseWatch,
+    /// Which watched cgroups the kernel checks at their working-set level now.
+    kernel_watch: KernelWatch,
     tap: Option<EventTap>,
     metrics: Option<Arc<Metrics>>,
     /// The memcg usage thresholds, moved by the inactive file pages on every pass.
@@ -147,6 +150,23 @@ pub struct Reactor<P> {
     stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
     stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
 }
+
+/// How closely the loop re-reads the memory signals between events ([`Reactor::close_watch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CloseWatch {
+    /// No memory signal is close to a threshold: the housekeeping interval.
+    Far,
+    /// Close only to thresholds the kernel checks at their working-set level itself:
+    /// `kernel_watched_poll`, a net under the kernel's record.
+    KernelWatched,
+    /// Close to a threshold nothing in the kernel watches at its crossing: `close_poll`.
+    Close,
+}
+
+/// How far above a threshold's working-set level a kernel slot may sit and still count as
+/// watching it: the charge program checks every 16 pages per CPU, and a slot's level is
+/// rounded up to a page.
+const KERNEL_WATCH_SLACK_BYTES: u64 = 64 << 10;
 
 /// What woke the loop.
 enum Woke {
@@ -214,7 +234,8 @@ impl<P: PodControl + 'static> Reactor<P> {
             unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
             episode: None,
-            close: false,
+            close: CloseWatch::Far,
+            kernel_watch: KernelWatch::default(),
             tap: None,
             metrics: None,
             thresholds: MemcgThresholds::default(),
@@ -259,6 +280,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.check_memory_reclaim();
         self.thresholds = sense.memcg_thresholds();
         self.charge_switch = sense.charge_switch();
+        self.kernel_watch = sense.kernel_watch();
         let mut pods_changed = self.pods.changes();
         self.warm_pods();
         loop {
@@ -281,7 +303,12 @@ impl<P: PodControl + 'static> Reactor<P> {
                 Some(()) = next_change(&mut pods_changed) => Woke::Pods,
             };
             let first = match woke {
-                Woke::Sense(first) => first,
+                Woke::Sense(first) => {
+                    if first.is_none() {
+                        self.count_close_reread();
+                    }
+                    first
+                }
                 Woke::StopEnded(ended) => {
                     self.stop_ended(ended);
                     continue;
@@ -297,6 +324,18 @@ impl<P: PodControl + 'static> Reactor<P> {
                 continue;
             };
             self.evaluate(wake, &mut sense).await;
+        }
+    }
+
+    /// Counts a pass the timer started while a memory signal was close to a threshold.
+    fn count_close_reread(&self) {
+        let watch = match self.close {
+            CloseWatch::Far => return,
+            CloseWatch::KernelWatched => "kernel_watched",
+            CloseWatch::Close => "close",
+        };
+        if let Some(m) = &self.metrics {
+            m.count_close_reread(watch);
         }
     }
 
@@ -367,8 +406,13 @@ impl<P: PodControl + 'static> Reactor<P> {
     fn next_recheck(&self) -> Duration {
         let now = i128::from(monotonic_ns());
         let mut wait = i128::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(i128::MAX);
-        if self.close {
-            wait = wait.min(i128::try_from(self.settings.close_poll.as_nanos()).unwrap_or(0));
+        let close = match self.close {
+            CloseWatch::Far => None,
+            CloseWatch::KernelWatched => Some(self.settings.kernel_watched_poll),
+            CloseWatch::Close => Some(self.settings.close_poll),
+        };
+        if let Some(every) = close {
+            wait = wait.min(i128::try_from(every.as_nanos()).unwrap_or(0));
         }
         let held = i128::from(self.disk_hold_until_ns) - now;
         if held > 0 {
@@ -416,7 +460,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             self.state = next;
             self.track(signals.monotonic_ns);
-            self.close = self.is_close(&signals);
+            self.close = self.close_watch(&signals);
             self.record_metrics(&observations, &result.conditions);
             self.pressure.send_replace(Some(status::snapshot(
                 &self.settings.thresholds,
@@ -428,7 +472,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             )));
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
-            if self.state.first_observed_at.is_empty() && !self.close {
+            if self.state.first_observed_at.is_empty() && self.close == CloseWatch::Far {
                 self.episode = None;
             }
             let conditions: Vec<String> = result
@@ -605,25 +649,46 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.state.thresholds_met.retain(|&i| i < kept);
     }
 
-    /// Whether a memory signal is within a margin of a threshold (a quarter of its level, at
-    /// least 16 MiB): then the loop re-reads every `close_poll` rather than trusting the next
-    /// notification to come in time.
-    fn is_close(&self, signals: &Signals) -> bool {
+    /// How closely to re-read the memory signals: a memory signal is close when it is within
+    /// a margin of a threshold (a quarter of its level, at least 16 MiB). Close to a
+    /// threshold the kernel checks at its working-set level itself (an armed eBPF slot that
+    /// follows the page cache, [`KernelWatch`]), the kernel's record wakes the loop at the
+    /// crossing and re-reading every `close_poll` would only race it; close to any other,
+    /// the loop re-reads every `close_poll` rather than trusting the next notification to
+    /// come in time.
+    fn close_watch(&self, signals: &Signals) -> CloseWatch {
         let observations = signals.observations();
-        self.settings.thresholds.iter().any(|t| {
-            if !t.signal.is_memory() {
-                return false;
-            }
+        let settings = self.observer.settings();
+        let mut watch = CloseWatch::Far;
+        for t in &self.settings.thresholds {
+            let cgroup = match t.signal {
+                Signal::MemoryAvailable => &settings.node_cgroup,
+                Signal::AllocatableMemoryAvailable => &settings.kubepods_cgroup,
+                _ => continue,
+            };
             let Some(obs) = observations.get(t.signal) else {
-                return false;
+                continue;
             };
             let capacity = obs
                 .capacity
                 .unwrap_or(crate::decide::quantity::Quantity::ZERO);
             let level = t.level(capacity, false).value();
             let margin = (level / 4).max(16 << 20);
-            obs.available.value() < level.saturating_add(margin)
-        })
+            if obs.available.value() >= level.saturating_add(margin) {
+                continue;
+            }
+            // Met when the working set (capacity - available) passes capacity - level.
+            let working_set = u64::try_from(capacity.value().saturating_sub(level)).unwrap_or(0);
+            if self
+                .kernel_watch
+                .watches(cgroup, working_set, KERNEL_WATCH_SLACK_BYTES)
+            {
+                watch = CloseWatch::KernelWatched;
+            } else {
+                return CloseWatch::Close;
+            }
+        }
+        watch
     }
 
     /// Reads each container's OOM kill counter as the starting point.

@@ -43,8 +43,13 @@ pub struct ReactorSettings {
     /// the kubelet's behaviour, kept for the bench's "kubelet-like" comparison. Default
     /// `false`: evictions run in flight and the loop keeps observing and deciding.
     pub serial_evictions: bool,
-    /// How often to re-read the signals while a memory signal is close to a threshold.
+    /// How often to re-read the signals while a memory signal is close to a threshold that
+    /// nothing in the kernel watches at its crossing.
     pub close_poll: Duration,
+    /// How often to re-read them while the only thresholds close are ones the kernel checks
+    /// at their working-set level itself (an armed eBPF slot; its record wakes the loop at
+    /// the crossing): a safety net, not the way a crossing is caught.
+    pub kernel_watched_poll: Duration,
     /// How many pods of the ranking each decision records.
     pub ranking_top: usize,
     /// `cgroupRoot` (as a path in the hierarchy): events from cgroups outside it are not
@@ -88,6 +93,7 @@ impl ReactorSettings {
             victim_bound: Duration::from_secs(2),
             serial_evictions: false,
             close_poll: Duration::from_millis(1),
+            kernel_watched_poll: Duration::from_millis(100),
             ranking_top: 5,
             cgroup_root: if config.cgroup_root.is_empty() {
                 "/".to_string()

@@ -34,6 +34,7 @@
 //! | `reactor_memory_reclaims_total` | counter | `outcome` (resolved, skipped, bounded, short, failed) | yes, every outcome |
 //! | `reactor_memory_reclaimed_bytes_total` | counter | — | yes |
 //! | `reactor_memory_reclaim_duration_seconds` | histogram | — | yes |
+//! | `reactor_close_watch_rereads_total` | counter | `watch` (close, kernel_watched) | yes, both |
 //! | `reactor_devices` | gauge | `resource`, `health` (healthy, unhealthy) | no: after the first [`Metrics::update_devices`] (resources are whatever plugins register) |
 //! | `reactor_devices_allocated` | gauge | `resource` | no: as `reactor_devices` |
 //!
@@ -170,6 +171,16 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabels {
+    watch: &'static str,
+}
+
+/// How the loop re-reads the signals near a threshold: `close` every `close_poll` (nothing in
+/// the kernel watches the crossing), `kernel_watched` at the safety-net interval under an
+/// armed eBPF slot.
+pub const CLOSE_WATCHES: [&str; 2] = ["close", "kernel_watched"];
+
 /// The outcomes of a memory reclaim before an eviction (the decision record's
 /// `memoryReclaim.outcome`), each created at zero.
 pub const MEMORY_RECLAIM_OUTCOMES: [&str; 5] =
@@ -261,6 +272,7 @@ pub struct Metrics {
     memory_reclaims: Family<OutcomeLabels, Counter>,
     memory_reclaimed: Counter,
     memory_reclaim_duration: Histogram,
+    close_rereads: Family<WatchLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -307,6 +319,7 @@ impl Metrics {
             memory_reclaims: Family::default(),
             memory_reclaimed: Counter::default(),
             memory_reclaim_duration: lag_histogram(),
+            close_rereads: Family::default(),
             registry: Registry::default(),
         };
         registry.register_with_unit(
@@ -411,6 +424,16 @@ impl Metrics {
              evicted), skipped (file pages could not cover the shortfall), bounded, short, failed",
             m.memory_reclaims.clone(),
         );
+        registry.register(
+            "reactor_close_watch_rereads",
+            "Passes the loop's own timer started while a memory signal was close to a \
+             threshold, by watch: close (every 1 ms; nothing in the kernel watches the \
+             crossing) or kernel_watched (a safety net under an armed eBPF usage threshold)",
+            m.close_rereads.clone(),
+        );
+        for watch in CLOSE_WATCHES {
+            m.close_rereads.get_or_create_owned(&WatchLabels { watch });
+        }
         registry.register_with_unit(
             "reactor_memory_reclaimed",
             "Bytes freed by memory reclaims before an eviction (drop of kubepods file pages)",
@@ -600,6 +623,16 @@ impl Metrics {
         self.memory_reclaimed.inc_by(freed_bytes);
         if outcome != "skipped" {
             self.memory_reclaim_duration.observe(took_secs);
+        }
+    }
+
+    /// Counts one pass the loop's timer started near a threshold, by `watch` (one of
+    /// [`CLOSE_WATCHES`]).
+    pub fn count_close_reread(&self, watch: &str) {
+        if let Some(&watch) = CLOSE_WATCHES.iter().find(|&&w| w == watch) {
+            self.close_rereads
+                .get_or_create(&WatchLabels { watch })
+                .inc();
         }
     }
 

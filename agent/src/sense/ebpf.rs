@@ -90,6 +90,7 @@ pub mod btf;
 pub mod cgroup;
 pub mod charge_switch;
 mod drain;
+pub mod kernel_watch;
 mod load;
 pub mod near;
 pub mod record;
@@ -349,6 +350,9 @@ pub struct EbpfSource {
     victims: HashMap<MapData, u32, u64>,
     /// The usage-threshold table, when the charge programs attached.
     usage: Option<UsageThresholds>,
+    /// Which watched cgroups the kernel checks at their working-set level now (written by
+    /// the charge switch, the table's owner and the drain).
+    kernel_watch: kernel_watch::KernelWatch,
     /// The programs' log ring (aya-log), when it could be opened.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     attached: Vec<&'static str>,
@@ -385,6 +389,12 @@ impl EbpfSource {
     /// ([`EbpfOptions::memcg_events_on_reclaim`]); `None` when it is not switched.
     pub fn events_switch(&self) -> Option<ChargeSwitch> {
         self.events_switch.clone()
+    }
+
+    /// Which watched cgroups the kernel checks at their working-set level right now (see
+    /// [`kernel_watch`]); watches nothing when the charge programs did not attach.
+    pub fn kernel_watch(&self) -> kernel_watch::KernelWatch {
+        self.kernel_watch.clone()
     }
 
     /// The programs that did not attach, each with the reason.

@@ -392,6 +392,7 @@ pub struct Sense {
     lag: LagRecorder,
     thresholds: memcg::MemcgThresholds,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
+    kernel_watch: ebpf::kernel_watch::KernelWatch,
 }
 
 impl Sense {
@@ -407,6 +408,7 @@ impl Sense {
             missing: Vec::new(),
             thresholds: memcg::ThresholdsBuilder::default(),
             charge_switch: None,
+            kernel_watch: ebpf::kernel_watch::KernelWatch::default(),
         };
         let hierarchy = match &opts.hierarchy {
             Some(h) => Ok(h.clone()),
@@ -453,6 +455,7 @@ impl Sense {
             missing,
             thresholds,
             charge_switch,
+            kernel_watch,
         } = attaching;
         // Only the tasks hold senders now: the channel closes when the last source stops.
         drop(tx);
@@ -484,6 +487,7 @@ impl Sense {
             lag: LagRecorder::default(),
             thresholds: thresholds.build(),
             charge_switch,
+            kernel_watch,
         })
     }
 
@@ -491,6 +495,12 @@ impl Sense {
     /// is torn down ([`ebpf::charge_switch`]); `None` when they are not attached.
     pub fn charge_switch(&self) -> Option<ebpf::charge_switch::ChargeSwitch> {
         self.charge_switch.clone()
+    }
+
+    /// Which watched cgroups the eBPF charge programs check at their working-set level right
+    /// now ([`ebpf::kernel_watch`]); watches nothing without them.
+    pub fn kernel_watch(&self) -> ebpf::kernel_watch::KernelWatch {
+        self.kernel_watch.clone()
     }
 
     /// The memcg usage thresholds armed, to move while running (see
@@ -540,6 +550,7 @@ struct Attaching {
     missing: Vec<MissingPart>,
     thresholds: memcg::ThresholdsBuilder,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
+    kernel_watch: ebpf::kernel_watch::KernelWatch,
 }
 
 impl Attaching {
@@ -593,6 +604,7 @@ impl Attaching {
                     }
                 }
                 self.charge_switch = source.charge_switch();
+                self.kernel_watch = source.kernel_watch();
                 let tx = self.tx.clone();
                 let task = async move {
                     if let Err(e) = source.run(tx).await {

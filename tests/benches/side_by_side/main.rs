@@ -33,6 +33,7 @@
 //!     [--markdown PATH]
 //!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
 //!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--memory-reclaim]
+//!     [--close-watch-always]
 //!     [--concurrent-reps 10]
 //!     [--soak-minutes 10]
 //! ```
@@ -80,6 +81,9 @@ pub struct Opts {
     /// The OOM part's loops run with `memoryReclaim.enabled` (on v1 the agent turns it off
     /// at start, as a user's would be).
     pub memory_reclaim: bool,
+    /// The OOM part's loops re-read every 1 ms near a threshold even where an armed eBPF slot
+    /// watches it (`kernel_watched_poll` = `close_poll`), to compare with the default.
+    pub close_watch_always: bool,
     /// Repetitions per scenario and loop of the concurrent-pressure part.
     pub concurrent_reps: Option<usize>,
     /// How long the soak runs, minutes.
@@ -106,6 +110,7 @@ const ONLY_ASKED: [&str; 1] = ["soak"];
 const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--memory-reclaim]
+    [--close-watch-always]
     [--concurrent-reps 10]
     [--soak-minutes 10]
 Every part but soak runs by default; soak (about 10 minutes) only with --only soak.";
@@ -120,6 +125,7 @@ fn parse_args() -> Result<Opts> {
         oom_reps: None,
         no_mrelease: false,
         memory_reclaim: false,
+        close_watch_always: false,
         concurrent_reps: None,
         soak_minutes: None,
     };
@@ -138,6 +144,7 @@ fn parse_args() -> Result<Opts> {
             }
             "--no-mrelease" => opts.no_mrelease = true,
             "--memory-reclaim" => opts.memory_reclaim = true,
+            "--close-watch-always" => opts.close_watch_always = true,
             "--json" => opts.json = Some(list(args.next(), "--json")?.into()),
             "--markdown" => opts.markdown = Some(list(args.next(), "--markdown")?.into()),
             "--only" => {

@@ -534,6 +534,7 @@ pub(crate) fn start_mode_with(
         s.housekeeping = mode.housekeeping;
         if !mode.close_watch {
             s.close_poll = mode.housekeeping;
+            s.kernel_watched_poll = mode.housekeeping;
         }
         adjust(s);
     });
@@ -605,6 +606,9 @@ pub fn run(opts: &Opts) -> Result<Part> {
                         if opts.memory_reclaim {
                             s.memory_reclaim = Some(MEMORY_RECLAIM_TIMEOUT);
                         }
+                        if opts.close_watch_always {
+                            s.kernel_watched_poll = s.close_poll;
+                        }
                     });
                     let row = &mut rate_rows[mi];
                     if rep == 0 {
@@ -649,6 +653,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         realtime,
         !opts.no_mrelease,
         opts.memory_reclaim,
+        opts.close_watch_always,
     );
     crate::oom_ref::add_to(&mut part, &rows_full_agent_p99(&rows), &references);
     Ok(part)
@@ -670,7 +675,14 @@ fn rows_full_agent_p99(rows: &[Row]) -> BTreeMap<u64, u64> {
         .collect()
 }
 
-fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool, reclaim: bool) -> Part {
+fn summarise(
+    rows: &[Row],
+    reps: usize,
+    realtime: bool,
+    reaping: bool,
+    reclaim: bool,
+    close_watch_always: bool,
+) -> Part {
     let mut t = Table::new(
         "2. OOM avoidance: BestEffort hog on a 512 MiB node, allocatableMemory.available<128Mi",
         &[
@@ -843,6 +855,13 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool, reclaim: 
          a tick running all along"
             .to_string(),
     );
+    if close_watch_always {
+        t.note(
+            "--close-watch-always: the loops re-read every 1 ms near the threshold even while \
+             an armed eBPF slot watches it (kernel_watched_poll = close_poll)"
+                .to_string(),
+        );
+    }
     if reclaim {
         t.note(
             "--memory-reclaim: every loop started with memoryReclaim.enabled (timeout 100ms); \
@@ -856,6 +875,7 @@ fn summarise(rows: &[Row], reps: usize, realtime: bool, reaping: bool, reclaim: 
         json: json!({
             "capacity_mib": CAPACITY_MI, "hard_threshold": "allocatableMemory.available<128Mi",
             "process_mrelease": reaping, "memory_reclaim": reclaim,
+            "close_watch_always": close_watch_always,
             "repetitions": reps, "rows": out,
         }),
         samples,

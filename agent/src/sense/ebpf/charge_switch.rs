@@ -50,6 +50,8 @@ use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::RawTracePoint;
 use aya::Ebpf;
 
+use super::kernel_watch::KernelWatch;
+
 /// How long [`ChargeSwitch::resume`] waits for the programs to be back.
 const RESUME_WAIT: Duration = Duration::from_secs(2);
 
@@ -63,6 +65,8 @@ pub(crate) struct Programs {
     pub(crate) paused: bool,
     /// A watched cgroup is near its level (always, without arming near a level).
     pub(crate) near: bool,
+    /// Told whether the charge programs are on (for the loop's close watch).
+    pub(crate) kernel_watch: KernelWatch,
 }
 
 /// One charge program: its name in the object, its raw tracepoint, its link when attached.
@@ -74,9 +78,16 @@ pub(crate) struct ChargeLink {
 
 impl Programs {
     /// Attaches (`on`) or detaches every charge program that is not so already.
+    /// The kernel watch hears "off" before a detach and "on" only after an attach.
     fn set(&mut self, on: bool) -> Result<(), String> {
+        if !on {
+            self.kernel_watch.set_attached(false);
+        }
         let Programs { ebpf, charge, .. } = self;
-        set_links(ebpf, charge, on)
+        let result = set_links(ebpf, charge, on);
+        self.kernel_watch
+            .set_attached(!self.charge.is_empty() && self.attached());
+        result
     }
 
     /// Attaches (`on`) or detaches the memcg events program when it is switched.
@@ -97,7 +108,7 @@ impl Programs {
         self.set(self.near && !self.paused)
     }
 
-    fn attached(&self) -> bool {
+    pub(crate) fn attached(&self) -> bool {
         self.charge.iter().all(|c| c.link.is_some())
     }
 }

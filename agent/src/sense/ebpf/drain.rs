@@ -41,6 +41,7 @@ impl EbpfSource {
             usage,
             logger,
             events_switch,
+            kernel_watch,
             ..
         } = self;
         // Reclaim stalls wake the memcg events program, when it is switched: told at most
@@ -91,6 +92,11 @@ impl EbpfSource {
                         taken += 1;
                         match decoded {
                             Ok(rec) => {
+                                // The kernel disarmed the slot at this crossing: the loop
+                                // must not count on it until it re-arms.
+                                if let Record::Threshold(t) = &rec {
+                                    kernel_watch.fired(t.slot as usize);
+                                }
                                 if let (Some(s), Record::Stall(_)) = (&events_switch, &rec) {
                                     if told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL) {
                                         s.reclaim_seen();

@@ -15,6 +15,7 @@ use aya::{Ebpf, EbpfLoader};
 use super::btf::{self, Btf};
 use super::cgroup::CgroupNames;
 use super::charge_switch::{ChargeLink, ChargeSwitch, Programs};
+use super::kernel_watch::KernelWatch;
 use super::threshold::{self, UsageThresholds};
 use super::tracefs;
 use super::{EbpfError, EbpfOptions, EbpfSource, CHARGE_PROGRAMS, TRACEPOINTS};
@@ -300,6 +301,7 @@ impl EbpfSource {
                 name: "VICTIM_CGROUP",
                 reason: e.to_string(),
             })?;
+        let kernel_watch = KernelWatch::default();
         let usage = match &facts.thresholds {
             Ok(offsets) if CHARGE_PROGRAMS.iter().any(|p| attached.contains(p)) => {
                 let table = Array::try_from(take(&mut ebpf, "THRESHOLDS")?).map_err(|e| {
@@ -308,7 +310,7 @@ impl EbpfSource {
                         reason: e.to_string(),
                     }
                 })?;
-                Some(UsageThresholds::new(table, offsets))
+                Some(UsageThresholds::new(table, offsets, kernel_watch.clone()))
             }
             _ => None,
         };
@@ -320,7 +322,11 @@ impl EbpfSource {
             events: event_links,
             paused: false,
             near: true,
+            kernel_watch: kernel_watch.clone(),
         }));
+        if let Ok(p) = programs.lock() {
+            kernel_watch.set_attached(charge_attached && p.attached());
+        }
         let switch = (charge_attached || events_switched)
             .then(|| ChargeSwitch::new(&programs, opts.memcg_events_on_reclaim.unwrap_or_default()))
             .flatten();
@@ -333,6 +339,7 @@ impl EbpfSource {
         }
         Ok(EbpfSource {
             usage,
+            kernel_watch,
             logger,
             _programs: programs,
             charge_switch,

@@ -42,6 +42,7 @@ use std::time::Instant;
 
 use super::btf::Btf;
 use super::charge_switch::ChargeSwitch;
+use super::kernel_watch::KernelWatch;
 use super::near::{self, NearLevel, Tripwire};
 use crate::sense::memcg::Level;
 
@@ -157,6 +158,8 @@ pub(crate) struct UsageThresholds {
     page: u64,
     /// Arming the charge programs only near a level, when asked for.
     near: Option<Near>,
+    /// Told what each slot watches and whether it is armed (for the loop's close watch).
+    kernel_watch: KernelWatch,
 }
 
 /// The state of arming near a level ([`super::near`]).
@@ -181,7 +184,11 @@ impl std::fmt::Debug for UsageThresholds {
 }
 
 impl UsageThresholds {
-    pub(crate) fn new(map: Array<MapData, ThresholdTable>, offsets: &ThresholdOffsets) -> Self {
+    pub(crate) fn new(
+        map: Array<MapData, ThresholdTable>,
+        offsets: &ThresholdOffsets,
+        kernel_watch: KernelWatch,
+    ) -> Self {
         UsageThresholds {
             map,
             root: offsets.nr_nodes > 0,
@@ -189,6 +196,7 @@ impl UsageThresholds {
             moves: StreamMap::new(),
             page: rustix::param::page_size() as u64,
             near: None,
+            kernel_watch,
         }
     }
 
@@ -296,10 +304,24 @@ impl UsageThresholds {
                 .count(),
         )
         .unwrap_or(0);
+        // Not watching while the slot is rewritten; watching after, if it follows the page
+        // cache and was armed below its level.
+        self.kernel_watch
+            .set_slot(index, &self.placed[index].cgroup, None, false);
         self.map
             .set(0, table, 0)
             .map_err(|e| format!("cannot write the eBPF threshold table: {e}"))?;
         self.placed[index].written = Some(written);
+        let working_set = match written {
+            Written::WorkingSet(_) => Some(slot.threshold_pages.saturating_mul(self.page)),
+            Written::Usage(_) => None,
+        };
+        self.kernel_watch.set_slot(
+            index,
+            &self.placed[index].cgroup,
+            working_set,
+            slot.armed == 1,
+        );
         Ok(())
     }
 
@@ -339,6 +361,18 @@ impl UsageThresholds {
             return;
         };
         near.looked = true;
+        // A fired slot re-arms in the kernel, silently, once usage has fallen below its
+        // re-arm level: read the flags back while the programs are on (each look then, every
+        // poll interval), so the loop's close watch relaxes again only once it has.
+        if near.on {
+            if let Ok(table) = self.map.get(&0, 0) {
+                self.kernel_watch.set_armed(
+                    table.slots[..self.placed.len().min(MAX_THRESHOLDS)]
+                        .iter()
+                        .map(|s| s.armed == 1),
+                );
+            }
+        }
         let now = Instant::now();
         let mut any = false;
         for (placed, wire) in self.placed.iter().zip(near.wires.iter_mut()) {
@@ -354,12 +388,16 @@ impl UsageThresholds {
             };
             let rate = wire.sample(usage, now);
             let tripwire = level.saturating_sub(near::reach(rate, &near.opts));
-            let is_near = near::is_near(usage, tripwire, near.on);
+            let mut is_near = near::is_near(usage, tripwire, near.on);
             // Registering a v1 threshold waits for an RCU grace period in the kernel (10-30 ms
             // measured under load): only while calm, never on the way to a crossing, where
             // the drain must hand the kernel's event on at once (the poll covers it then).
             if !near.on && !is_near {
                 wire.place(&placed.dir, tripwire);
+                // The kernel signals only crossings after the registration: usage that passed
+                // the tripwire while it was being registered would leave the programs off
+                // until usage fell back and rose again. Read it once more.
+                is_near = read_usage(&placed.dir).is_some_and(|u| u >= tripwire);
             }
             any |= is_near;
         }

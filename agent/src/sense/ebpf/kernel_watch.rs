@@ -1,0 +1,182 @@
+//! Which watched cgroups the kernel itself is checking at their working-set level right now,
+//! for the reactor loop to read on every pass.
+//!
+//! The loop re-reads the signals every `close_poll` (1 ms) while a memory signal is near a
+//! threshold, because a notification placed on usage can come late: the v1 eventfd is checked
+//! every 128 charged pages per CPU and its level goes stale as the page cache moves. An
+//! armed eBPF slot that follows the page cache has neither problem: the charge program checks
+//! the working set every 16 pages per CPU and writes its record at the crossing. While such a
+//! slot watches a threshold, the loop's 1 ms re-reads only race the kernel's record (a read
+//! that lands between the crossing and the record takes the kill, a fraction of a
+//! millisecond sooner at best) and cost the node a thousand cgroupfs reads a second just when
+//! it is short of memory; the loop then re-reads at a slower safety-net interval instead.
+//!
+//! A slot counts as watching only while all of these hold, each set by what knows it:
+//!
+//! - the charge programs are on their tracepoint: the charge switch says so after an attach
+//!   and before a detach, so the loop never trusts a program that is coming off;
+//! - the slot follows the page cache (a working-set level) and was armed when written: the
+//!   table's owner says so when it writes the slot;
+//! - it has not fired since: the drain clears it when the slot's record arrives (the record
+//!   itself wakes the loop), and the table's owner reads the kernel's `armed` flags again on
+//!   each look while the programs are on, which is when a fired slot re-arms in the kernel.
+//!
+//! Every change toward "not watching" happens no later than the kernel stops watching, and
+//! every change toward "watching" no earlier than it starts, so the loop errs on the side of
+//! polling.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agent_ebpf::MAX_THRESHOLDS;
+
+/// Shared view of the kernel's usage watches (cheap to clone). The default watches nothing.
+#[derive(Clone, Debug, Default)]
+pub struct KernelWatch {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The charge programs are on their tracepoint.
+    attached: AtomicBool,
+    /// Per slot: its cgroup, its working-set level (`None`: a usage level, which does not
+    /// follow the page cache) and whether it is armed.
+    slots: Mutex<Vec<Slot>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Slot {
+    cgroup: String,
+    working_set_bytes: Option<u64>,
+    armed: bool,
+}
+
+impl KernelWatch {
+    /// Whether the kernel will write a record when `cgroup`'s working set reaches
+    /// `working_set_bytes` (within `slack_bytes` above it): the charge programs are on and an
+    /// armed slot following the page cache watches that cgroup at or below that level.
+    pub fn watches(&self, cgroup: &str, working_set_bytes: u64, slack_bytes: u64) -> bool {
+        if !self.inner.attached.load(Ordering::Acquire) {
+            return false;
+        }
+        let slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        slots.iter().any(|s| {
+            s.armed
+                && s.cgroup == cgroup
+                && s.working_set_bytes
+                    .is_some_and(|ws| ws <= working_set_bytes.saturating_add(slack_bytes))
+        })
+    }
+
+    /// The charge programs are on (`true`, after attaching) or coming off (`false`, before
+    /// detaching).
+    pub(crate) fn set_attached(&self, on: bool) {
+        self.inner.attached.store(on, Ordering::Release);
+    }
+
+    /// Slot `index` was written: on `cgroup`, at `working_set_bytes` when it follows the page
+    /// cache, armed or not.
+    pub(crate) fn set_slot(
+        &self,
+        index: usize,
+        cgroup: &str,
+        working_set_bytes: Option<u64>,
+        armed: bool,
+    ) {
+        if index >= MAX_THRESHOLDS {
+            return;
+        }
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slots.len() <= index {
+            slots.resize(index + 1, Slot::default());
+        }
+        slots[index] = Slot {
+            cgroup: cgroup.to_string(),
+            working_set_bytes,
+            armed,
+        };
+    }
+
+    /// The kernel says each slot's `armed` flag is now as given (index order).
+    pub(crate) fn set_armed(&self, armed: impl IntoIterator<Item = bool>) {
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (slot, armed) in slots.iter_mut().zip(armed) {
+            slot.armed = armed;
+        }
+    }
+
+    /// Slot `index` fired (its record arrived): the kernel disarmed it.
+    pub(crate) fn fired(&self, index: usize) {
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = slots.get_mut(index) {
+            slot.armed = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn watches_only_an_armed_following_slot_at_or_below_the_level_while_attached() {
+        let w = KernelWatch::default();
+        assert!(!w.watches("/kubepods", 384 * MIB, MIB), "nothing placed");
+        w.set_slot(0, "/kubepods", Some(384 * MIB + 1), true);
+        assert!(!w.watches("/kubepods", 384 * MIB, MIB), "programs off");
+        w.set_attached(true);
+        assert!(w.watches("/kubepods", 384 * MIB, MIB));
+        assert!(
+            !w.watches("/kubepods", 380 * MIB, MIB),
+            "the slot is above this level"
+        );
+        assert!(!w.watches("/", 384 * MIB, MIB), "another cgroup");
+        w.fired(0);
+        assert!(
+            !w.watches("/kubepods", 384 * MIB, MIB),
+            "fired, not re-armed"
+        );
+        w.set_armed([true]);
+        assert!(
+            w.watches("/kubepods", 384 * MIB, MIB),
+            "re-armed in the kernel"
+        );
+        w.set_attached(false);
+        assert!(
+            !w.watches("/kubepods", 384 * MIB, MIB),
+            "programs coming off"
+        );
+    }
+
+    #[test]
+    fn a_usage_level_does_not_count_as_watching_the_working_set() {
+        let w = KernelWatch::default();
+        w.set_attached(true);
+        w.set_slot(1, "/kubepods", None, true);
+        assert!(!w.watches("/kubepods", 384 * MIB, MIB));
+        // A lower slot of the same cgroup (a soft threshold's) notifies first: it covers.
+        w.set_slot(0, "/kubepods", Some(300 * MIB), true);
+        assert!(w.watches("/kubepods", 384 * MIB, MIB));
+        w.set_slot(MAX_THRESHOLDS, "/x", Some(1), true);
+        assert!(!w.watches("/x", MIB, MIB), "out-of-range slots are ignored");
+    }
+}
