@@ -420,3 +420,60 @@ fn watch_json_prints_memcg_events_and_lag_summary() {
     );
     assert!(text.contains("eBPF") || text.contains("ebpf"), "{text}");
 }
+
+/// The loop moves a v1 usage threshold as the page cache moves; the registration (which waits
+/// for an RCU grace period in the kernel) runs off the runtime's thread, and the threshold
+/// then fires at its new level. A current-thread runtime, like the reactor loop's one
+/// worker: the sense tasks share it.
+#[test]
+fn a_moved_v1_threshold_fires_at_its_new_level() {
+    if !require_kernel() {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cg = TestMemcg::new("fallback-move", 256 << 20).expect("create test memcg");
+    let target = MemcgTarget {
+        cgroup: cg.cgroup.clone(),
+        threshold_bytes: Some(200 << 20),
+    };
+    let mut opts = SenseOptions::from_config(&Config::default(), vec![target.clone()]);
+    opts.ebpf = false;
+    opts.psi = false;
+    opts.poll = false;
+    let moved_to: u64 = 24 << 20;
+    runtime.block_on(async {
+        let mut sense = Sense::start(&opts).expect("sense starts");
+        sense
+            .memcg_thresholds()
+            .set(&target, reactor::sense::memcg::Level::usage(moved_to));
+        // Let the registration finish before usage passes the new level.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cg.spawn(Command::new(memhog_bin()).args(["48", "200", "30"]))
+            .expect("memhog starts");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut crossed = None;
+        while crossed.is_none() {
+            let Ok(Some(r)) = tokio::time::timeout_at(deadline, sense.next()).await else {
+                break;
+            };
+            if let Kind::ThresholdCrossed {
+                threshold_bytes,
+                usage_bytes,
+            } = r.event.kind
+            {
+                crossed = Some((threshold_bytes, usage_bytes));
+            }
+        }
+        cg.kill_all();
+        let _ = sense.shutdown().await;
+        let (threshold, usage) = crossed.expect("a threshold-crossed event within 20 s");
+        assert_eq!(threshold, Some(moved_to), "the event names the moved level");
+        assert!(
+            usage.is_some_and(|u| u >= moved_to && u < 200 << 20),
+            "usage at the event is past the new level, far below the old: {usage:?}"
+        );
+    });
+}

@@ -496,6 +496,20 @@ fn oom_kills(text: Option<String>) -> u64 {
         .unwrap_or(0)
 }
 
+/// A v1 threshold registration running on a blocking thread: the level and what
+/// [`register_v1`] gave.
+type Moving = tokio::task::JoinHandle<(u64, Result<(OwnedFd, OwnedFd), String>)>;
+
+/// Waits for the registration in flight; never returns when there is none.
+async fn registered(
+    moving: &mut Option<Moving>,
+) -> Option<Result<(u64, Result<(OwnedFd, OwnedFd), String>), tokio::task::JoinError>> {
+    match moving {
+        Some(handle) => Some(handle.await),
+        None => std::future::pending().await,
+    }
+}
+
 impl EventfdWatch {
     fn new(
         efd: OwnedFd,
@@ -516,10 +530,9 @@ impl EventfdWatch {
         })
     }
 
-    /// Registers the threshold at `bytes` with a new eventfd and drops the old one (the
-    /// kernel removes an event whose eventfd is closed).
-    fn rearm(&mut self, bytes: u64) -> Result<(), String> {
-        let (efd, watched) = register_v1(&self.dir, "memory.usage_in_bytes", Some(bytes))?;
+    /// Takes the threshold registered at `bytes` (with its new eventfd) in place of the old
+    /// one, whose eventfd is dropped (the kernel removes an event whose eventfd is closed).
+    fn rearmed(&mut self, bytes: u64, efd: OwnedFd, watched: OwnedFd) -> Result<(), String> {
         self.eventfd = super::register_fd(efd, tokio::io::Interest::READABLE)
             .map_err(|e| format!("cannot register eventfd: {e}"))?;
         self.watched = watched;
@@ -560,6 +573,11 @@ impl EventfdWatch {
     pub(crate) async fn run(mut self, tx: mpsc::Sender<PressureEvent>) {
         let mut kills_seen = oom_kills(pread_text(&self.watched));
         let mut moves = self.moves.take();
+        // A registration waits for an RCU grace period in the kernel (10-30 ms under load):
+        // on a blocking thread, never on the runtime the reactor loop shares, and with the old
+        // threshold still armed (and read here) until the new one is in place. Moves that
+        // come meanwhile wait in the watch channel; the latest is taken after.
+        let mut moving: Option<Moving> = None;
         loop {
             let mut guard = tokio::select! {
                 ready = self.eventfd.readable() => match ready {
@@ -569,14 +587,27 @@ impl EventfdWatch {
                         return;
                     }
                 },
-                Some(bytes) = Self::moved(&mut moves) => {
+                Some(bytes) = Self::moved(&mut moves), if moving.is_none() => {
                     let V1Notification::Threshold(registered) = self.what else {
                         continue;
                     };
                     if !v1_moves(registered, bytes) {
                         continue;
                     }
-                    if let Err(e) = self.rearm(bytes) {
+                    let dir = self.dir.clone();
+                    moving = Some(tokio::task::spawn_blocking(move || {
+                        (bytes, register_v1(&dir, "memory.usage_in_bytes", Some(bytes)))
+                    }));
+                    continue;
+                }
+                Some(done) = registered(&mut moving) => {
+                    moving = None;
+                    let moved = match done {
+                        Ok((bytes, Ok((efd, watched)))) => self.rearmed(bytes, efd, watched),
+                        Ok((_, Err(e))) => Err(e),
+                        Err(e) => Err(format!("registration thread failed: {e}")),
+                    };
+                    if let Err(e) = moved {
                         tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg threshold not moved; the old one stays");
                     }
                     continue;
