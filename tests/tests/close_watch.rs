@@ -41,6 +41,24 @@ fn spec(name: &'static str, ebpf: bool) -> NodeSpec {
     }
 }
 
+/// Starts the node's loop with metrics, PSI off and, with eBPF, the memcg notification
+/// off too (each mode hears one kernel source); `None`, the node finished, where eBPF was
+/// asked for and cannot attach.
+async fn start(name: &'static str, ebpf: bool) -> Option<(Node, Arc<Metrics>)> {
+    let mut node = Node::start(spec(name, ebpf)).await;
+    let metrics = Arc::new(Metrics::new());
+    node.metrics = Some(metrics.clone());
+    node.start_loop_with(|o, _| {
+        o.psi = false;
+        o.memcg = !ebpf;
+    });
+    if ebpf && !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
+        node.finish().await;
+        return None;
+    }
+    Some((node, metrics))
+}
+
 /// `reactor_close_watch_rereads_total{watch="<watch>"}`.
 fn rereads(metrics: &Metrics, watch: &str) -> f64 {
     let label = format!("reactor_close_watch_rereads_total{{watch=\"{watch}\"}} ");
@@ -97,17 +115,9 @@ async fn an_armed_ebpf_slot_relaxes_the_close_watch_and_still_catches_the_crossi
     if !ready() {
         return;
     }
-    let mut node = Node::start(spec("reactor-closewatch-ebpf", true)).await;
-    let metrics = Arc::new(Metrics::new());
-    node.metrics = Some(metrics.clone());
-    node.start_loop_with(|o, _| {
-        o.psi = false;
-        o.memcg = false;
-    });
-    if !require(node.ebpf_attached, "the eBPF source attached (root, BTF)") {
-        node.finish().await;
+    let Some((mut node, metrics)) = start("reactor-closewatch-ebpf", true).await else {
         return;
-    }
+    };
     let (close, watched) = rereads_while_close(&node, &metrics).await;
     eprintln!(
         "2 s near the level under an armed eBPF slot: close {close}, kernel_watched {watched}"
@@ -160,12 +170,9 @@ async fn without_an_ebpf_slot_the_loop_re_reads_every_millisecond_near_the_level
     if !ready() {
         return;
     }
-    let mut node = Node::start(spec("reactor-closewatch-memcg", false)).await;
-    let metrics = Arc::new(Metrics::new());
-    node.metrics = Some(metrics.clone());
-    node.start_loop_with(|o, _| {
-        o.psi = false;
-    });
+    let Some((node, metrics)) = start("reactor-closewatch-memcg", false).await else {
+        return;
+    };
     let (close, watched) = rereads_while_close(&node, &metrics).await;
     eprintln!(
         "2 s near the level, memcg notification alone: close {close}, kernel_watched {watched}"

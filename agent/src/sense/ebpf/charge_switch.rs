@@ -85,9 +85,14 @@ impl Programs {
         }
         let Programs { ebpf, charge, .. } = self;
         let result = set_links(ebpf, charge, on);
+        self.tell_watch();
+        result
+    }
+
+    /// Tells the kernel watch whether the charge programs are on their tracepoint now.
+    pub(crate) fn tell_watch(&self) {
         self.kernel_watch
             .set_attached(!self.charge.is_empty() && self.attached());
-        result
     }
 
     /// Attaches (`on`) or detaches the memcg events program when it is switched.
@@ -108,7 +113,7 @@ impl Programs {
         self.set(self.near && !self.paused)
     }
 
-    pub(crate) fn attached(&self) -> bool {
+    fn attached(&self) -> bool {
         self.charge.iter().all(|c| c.link.is_some())
     }
 }

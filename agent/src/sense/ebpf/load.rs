@@ -325,7 +325,7 @@ impl EbpfSource {
             kernel_watch: kernel_watch.clone(),
         }));
         if let Ok(p) = programs.lock() {
-            kernel_watch.set_attached(charge_attached && p.attached());
+            p.tell_watch();
         }
         let switch = (charge_attached || events_switched)
             .then(|| ChargeSwitch::new(&programs, opts.memcg_events_on_reclaim.unwrap_or_default()))
