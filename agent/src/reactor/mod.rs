@@ -283,6 +283,18 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.kernel_watch = sense.kernel_watch();
         let mut pods_changed = self.pods.changes();
         self.warm_pods();
+        // The first pass runs at once, as the kubelet's eviction manager synchronizes as soon
+        // as it starts: a node already under pressure is acted on without waiting for an
+        // event or a tick, and each memcg threshold is moved to where the working set meets
+        // its level (the page cache counted) before the first crossing can come. Until then
+        // a threshold stands at its base and would fire a page cache early.
+        let start = Wake {
+            event: None,
+            timer: true,
+            detection_lag_ns: None,
+            coalesced: 0,
+        };
+        self.evaluate(start, &mut sense).await;
         loop {
             if *shutdown.borrow() {
                 return sense;
