@@ -469,6 +469,14 @@ mod programs {
         0
     }
 
+    /// Does nothing. Never attached by the agent: bench part 7 attaches it alone to measure
+    /// what the kernel's dispatch to a program on this tracepoint costs by itself, the floor
+    /// under `charge_lruvec`.
+    #[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
+    pub fn lruvec_floor(_ctx: RawTracePointContext) -> i32 {
+        0
+    }
+
     /// Checks every armed slot that `memcg` (arg 0) is inside of, once per
     /// `CHARGE_BATCH_PAGES` user pages charged on this CPU (arg 1 the item, arg 2 the pages);
     /// moves the following slots' inactive file count on every `NR_INACTIVE_FILE` update.

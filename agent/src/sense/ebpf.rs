@@ -90,6 +90,7 @@ pub mod btf;
 pub mod cgroup;
 pub mod charge_switch;
 mod drain;
+pub mod floor;
 pub mod kernel_watch;
 mod load;
 pub mod near;

@@ -9,6 +9,8 @@
 //! - calm: the programs as the agent runs them, the parent watched with its level far above
 //!   usage, so the charge programs are off their tracepoint (they attach only near a level)
 //!   and so is `count_memcg_events` (it attaches only on reclaim);
+//! - the kernel's dispatch alone: an empty program on the charge programs' tracepoint
+//!   ([`DispatchFloor`]), the floor under "armed" that no program can go below;
 //! - armed: the charge programs on throughout and the parent watched (the threshold far above
 //!   usage, so every charge takes the full check: map lookup, ancestor, usage read), the cost
 //!   while a watched cgroup is near its level and nothing is reclaimed;
@@ -25,6 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use reactor::sense::ebpf::floor::DispatchFloor;
 use reactor::sense::ebpf::threshold::UsageWatch;
 use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
 use reactor::sense::memcg::Level;
@@ -147,15 +150,17 @@ enum Setup {
     None,
     Programs,
     Calm,
+    Floor,
     Thresholds,
     Reclaiming,
 }
 
 impl Setup {
-    const ALL: [Setup; 5] = [
+    const ALL: [Setup; 6] = [
         Setup::None,
         Setup::Programs,
         Setup::Calm,
+        Setup::Floor,
         Setup::Thresholds,
         Setup::Reclaiming,
     ];
@@ -165,20 +170,53 @@ impl Setup {
             Setup::None => "no eBPF",
             Setup::Programs => "agent programs, memcg events throughout, no charge programs",
             Setup::Calm => "calm: as the agent runs them, parent watched far from its level",
+            Setup::Floor => {
+                "the kernel's dispatch alone: an empty program on the charge tracepoint"
+            }
             Setup::Thresholds => "armed: charge programs on, parent watched",
             Setup::Reclaiming => "armed and reclaiming: charge programs and memcg events on",
         }
     }
 }
 
-/// Attaches what `setup` asks for and drains its ring until the task is aborted.
+/// What a setup attached: the agent's source (drained by a task until it is aborted) or
+/// the empty program alone.
+enum Attached {
+    Source(tokio::task::JoinHandle<()>, StatsReader),
+    Floor(DispatchFloor),
+}
+
+impl Attached {
+    fn stats(&self) -> Vec<ProgramStats> {
+        match self {
+            Attached::Source(_, stats) => stats.read(),
+            Attached::Floor(floor) => floor.stats(),
+        }
+    }
+
+    fn detach(self, rt: &tokio::runtime::Runtime) {
+        if let Attached::Source(task, _) = self {
+            task.abort();
+            let _ = rt.block_on(task);
+        }
+    }
+}
+
+/// Attaches what `setup` asks for.
 fn attach(
     rt: &tokio::runtime::Runtime,
     setup: Setup,
     parent: &TestMemcg,
-) -> Result<Option<(tokio::task::JoinHandle<()>, StatsReader)>> {
-    if setup == Setup::None {
-        return Ok(None);
+) -> Result<Option<Attached>> {
+    match setup {
+        Setup::None => return Ok(None),
+        Setup::Floor => {
+            let floor = DispatchFloor::attach()
+                .map_err(anyhow::Error::msg)
+                .context("attaching the empty program")?;
+            return Ok(Some(Attached::Floor(floor)));
+        }
+        _ => {}
     }
     let thresholds = matches!(setup, Setup::Thresholds | Setup::Calm | Setup::Reclaiming);
     // The memcg events program as the agent switches it (on only after a reclaim stall;
@@ -217,7 +255,7 @@ fn attach(
         while rx.recv().await.is_some() {}
         run.abort();
     });
-    Ok(Some((task, stats)))
+    Ok(Some(Attached::Source(task, stats)))
 }
 
 /// One run of the child under `setup`: (faults, seconds, each program's runs and ns in the
@@ -232,11 +270,11 @@ fn one_run(
     let attached = attach(rt, setup, parent)?;
     // Let the attach settle before timing.
     std::thread::sleep(Duration::from_millis(100));
-    let before = attached.as_ref().map(|(_, s)| s.read()).unwrap_or_default();
+    let before = attached.as_ref().map(Attached::stats).unwrap_or_default();
     let (faults, secs, all_faults) = fault(child, millis)?;
     let mut used = Vec::new();
-    if let Some((task, stats)) = attached {
-        for after in stats.read() {
+    if let Some(attached) = attached {
+        for after in attached.stats() {
             let was = before.iter().find(|b| b.program == after.program);
             used.push(ProgramStats {
                 program: after.program,
@@ -244,8 +282,7 @@ fn one_run(
                 run_ns: after.run_ns - was.map_or(0, |b| b.run_ns),
             });
         }
-        task.abort();
-        let _ = rt.block_on(task);
+        attached.detach(rt);
     }
     if faults == 0 || secs <= 0.0 {
         bail!("the faulting child made no faults under {}", setup.name());

@@ -21,7 +21,8 @@ use super::tracefs;
 use super::{EbpfError, EbpfOptions, EbpfSource, CHARGE_PROGRAMS, TRACEPOINTS};
 
 /// The programs, built by `build.rs` from the `agent-ebpf` crate (empty with AYA_BUILD_SKIP).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
+pub(super) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
 
 /// Kernel facts from BTF: the cgroup-walk offsets and the watched `vm_event_item` numbers.
 #[derive(Debug)]
