@@ -629,3 +629,107 @@ fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
     );
     task.abort();
 }
+
+/// On cgroup v1 the tripwire is an eventfd on `memory.usage_in_bytes`, registered on a
+/// blocking thread (each registration waits for an RCU grace period): with the poll an hour
+/// apart, only the registered eventfd can attach the programs on the way up, and the crossing
+/// is still the kernel's.
+#[test]
+fn a_v1_tripwire_registered_off_the_runtime_attaches_the_programs_without_the_poll() {
+    use reactor::sense::ebpf::near::NearLevel;
+    use reactor::sense::ebpf::threshold::UsageWatch;
+    use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+    use reactor::sense::memcg::Level;
+    use reactor::sense::Kind;
+
+    if !can_run() {
+        return;
+    }
+    let mut memcg = TestMemcg::new("ebpf-tripwire", LIMIT).expect("test memcg");
+    if !require(
+        memcg.path.join("memory.usage_in_bytes").exists(),
+        "a cgroup v1 memory hierarchy (the tripwire is a v1 eventfd)",
+    ) {
+        return;
+    }
+    // One worker, as the agent's loop runtime has.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut source = rt
+        .block_on(async {
+            EbpfSource::attach(EbpfOptions {
+                usage_thresholds: true,
+                near_level: Some(NearLevel {
+                    reach_floor_bytes: 32 * MIB,
+                    poll_interval: Duration::from_secs(3600),
+                    ..NearLevel::default()
+                }),
+                ..EbpfOptions::default()
+            })
+        })
+        .expect("the eBPF source");
+    let (_keep, level) = tokio::sync::watch::channel(Level::usage(THRESHOLD));
+    source
+        .watch_usage(UsageWatch {
+            cgroup: memcg.cgroup.clone(),
+            dir: memcg.path.clone(),
+            level,
+        })
+        .expect("the usage threshold armed");
+    let switch = source.charge_switch().expect("a charge switch");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
+    let task = rt.spawn(source.run(tx));
+    let wait_attached = |want: bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while switch.attached() != Some(want) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        switch.attached()
+    };
+    assert_eq!(
+        wait_attached(false),
+        Some(false),
+        "calm, yet the programs stay on"
+    );
+    // Time for the registration to land (tens of milliseconds); nothing polls after it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(switch.attached(), Some(false), "calm, yet attached");
+
+    // 50 MiB/s to 50 MiB past the level: the tripwire (68 MiB) is crossed about 0.6 s
+    // before the level.
+    memcg
+        .spawn(Command::new(memhog_bin()).args(["150", "50", "600"]))
+        .expect("memhog");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut crossings = Vec::new();
+    while crossings.is_empty() && Instant::now() < deadline {
+        match rx.try_recv() {
+            Ok(e) => {
+                if let Kind::ThresholdCrossed {
+                    usage_bytes: Some(u),
+                    ..
+                } = e.kind
+                {
+                    crossings.push(u);
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(
+        switch.attached(),
+        Some(true),
+        "usage passed the tripwire, yet the programs are off: no eventfd woke the source"
+    );
+    assert_eq!(crossings.len(), 1, "the kernel event for the crossing");
+    assert!(
+        (THRESHOLD..THRESHOLD + 8 * MIB).contains(&crossings[0]),
+        "usage at the crossing {} should be just past {THRESHOLD}",
+        crossings[0]
+    );
+    memcg.kill_all();
+    task.abort();
+}

@@ -19,18 +19,24 @@
 //! - **How it wakes.** On cgroup v1 an eventfd on `memory.usage_in_bytes` at the tripwire
 //!   (the kernel signals crossings both ways); where there is none (v2) usage is read every
 //!   [`NearLevel::poll_interval`]. While armed, usage is also read at that interval, to
-//!   detach once it falls [`DISARM_HYSTERESIS_BYTES`] below the tripwire. The v1 tripwire is
-//!   placed only while calm: registering one waits for an RCU grace period in the kernel
-//!   (`synchronize_rcu`, 10-30 ms under load), on the drain's thread, and must not delay the
-//!   kernel's threshold record on the way to a crossing (a first version re-placed it on every
-//!   look while armed and delayed eBPF-woken kills by 11-36 ms at 1 GiB/s).
+//!   detach once it falls [`DISARM_HYSTERESIS_BYTES`] below the tripwire. Registering a v1
+//!   tripwire waits for an RCU grace period in the kernel (`synchronize_rcu`, 10-30 ms under
+//!   load), so it runs on a blocking thread, never on the runtime the drain and the reactor
+//!   loop share; the old registration stays until the new one is in place, and the look that
+//!   follows its landing reads usage again (a crossing of the new tripwire during the wait is
+//!   not signalled). It is placed only while calm: on the way to a crossing the drain must
+//!   hand the kernel's threshold record on at once (a first version re-placed it on every look
+//!   while armed, on the drain's thread, and delayed eBPF-woken kills by 11-36 ms at
+//!   1 GiB/s).
 //!
 //! The programs do not follow the page cache while they are off, so a working-set slot is
 //! written again (its `inactive_file` read anew) just before they attach.
 
+use std::future::Future as _;
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::Path;
-use std::task::Poll;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
@@ -89,6 +95,8 @@ pub(crate) struct Tripwire {
     /// The file the eventfd is registered on; kept open for as long as the registration.
     _watched: Option<OwnedFd>,
     registered: Option<u64>,
+    /// A registration under way on a blocking thread, and its level.
+    placing: Option<Placing>,
     last: Option<(u64, Instant)>,
     /// Growth rate, bytes/s: the last sample's, or the earlier one decaying (half a second
     /// half-life), whichever is more.
@@ -110,10 +118,12 @@ impl Tripwire {
         self.rate
     }
 
-    /// Registers (or moves) the v1 eventfd at `tripwire` on `dir`; a no-op within a step of
-    /// where it is, or where there is no v1 usage file (then the poll covers it).
+    /// Starts registering (or moving) the v1 eventfd at `tripwire` on `dir`, on a blocking
+    /// thread; a no-op within a step of where it is, while another registration is under way
+    /// (the look after it lands moves it again if need be), or where there is no v1 usage
+    /// file (then the poll covers it). [`wake`] returns when it lands.
     pub(crate) fn place(&mut self, dir: &Path, tripwire: u64) {
-        if !dir.join("memory.usage_in_bytes").exists() {
+        if self.placing.is_some() || !dir.join("memory.usage_in_bytes").exists() {
             return;
         }
         if self
@@ -122,36 +132,77 @@ impl Tripwire {
         {
             return;
         }
-        match crate::sense::memcg::register_v1(dir, "memory.usage_in_bytes", Some(tripwire))
+        let at = dir.to_path_buf();
+        let task = tokio::task::spawn_blocking(move || {
+            crate::sense::memcg::register_v1(&at, "memory.usage_in_bytes", Some(tripwire))
+        });
+        self.placing = Some(Placing {
+            tripwire,
+            dir: dir.display().to_string(),
+            task,
+        });
+    }
+
+    /// Takes the registration under way once it has landed (its eventfd replaces the old
+    /// one; on failure usage is polled): `Ready` then, `Pending` while none has.
+    fn poll_placed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(placing) = &mut self.placing else {
+            return Poll::Pending;
+        };
+        let Poll::Ready(joined) = Pin::new(&mut placing.task).poll(cx) else {
+            return Poll::Pending;
+        };
+        let (tripwire, dir) = (placing.tripwire, std::mem::take(&mut placing.dir));
+        self.placing = None;
+        let landed = joined
+            .map_err(|e| format!("the registering thread failed: {e}"))
+            .and_then(|r| r)
             .and_then(|(efd, watched)| {
                 crate::sense::register_fd(efd, tokio::io::Interest::READABLE)
                     .map(|efd| (efd, watched))
                     .map_err(|e| format!("cannot register eventfd: {e}"))
-            }) {
+            });
+        match landed {
             Ok((efd, watched)) => {
                 self.eventfd = Some(efd);
                 self._watched = Some(watched);
                 self.registered = Some(tripwire);
             }
             Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "eBPF: tripwire not placed; usage is polled");
+                tracing::warn!(%dir, error = %e, "eBPF: tripwire not placed; usage is polled");
                 self.eventfd = None;
+                self._watched = None;
                 self.registered = None;
             }
         }
+        Poll::Ready(())
     }
 
-    /// Whether this tripwire needs the poll (no eventfd).
+    /// Whether this tripwire needs the poll: no eventfd, or one being moved (the old one
+    /// stays registered at the old level meanwhile, and a crossing of the new level during
+    /// the registration is not signalled).
     pub(crate) fn polled(&self) -> bool {
-        self.eventfd.is_none()
+        self.eventfd.is_none() || self.placing.is_some()
     }
 }
 
-/// Waits for a tripwire's eventfd, or for `tick` when `poll` is set; never returns when
-/// there is nothing to wait for.
-pub(crate) async fn wake(wires: &[Tripwire], tick: &mut tokio::time::Interval, poll: bool) {
+/// A v1 tripwire registration under way.
+#[derive(Debug)]
+struct Placing {
+    tripwire: u64,
+    /// For the warning when it fails.
+    dir: String,
+    task: tokio::task::JoinHandle<Result<(OwnedFd, OwnedFd), String>>,
+}
+
+/// Waits for a tripwire's eventfd, a tripwire's registration to land, or `tick` when `poll`
+/// is set; never returns when there is nothing to wait for.
+pub(crate) async fn wake(wires: &mut [Tripwire], tick: &mut tokio::time::Interval, poll: bool) {
     std::future::poll_fn(|cx| {
-        for w in wires {
+        for w in wires.iter_mut() {
+            if w.poll_placed(cx).is_ready() {
+                return Poll::Ready(());
+            }
             let Some(fd) = &w.eventfd else { continue };
             if let Poll::Ready(Ok(mut guard)) = fd.poll_read_ready(cx) {
                 let mut buf = [0u8; 8];

@@ -388,16 +388,12 @@ impl UsageThresholds {
             };
             let rate = wire.sample(usage, now);
             let tripwire = level.saturating_sub(near::reach(rate, &near.opts));
-            let mut is_near = near::is_near(usage, tripwire, near.on);
-            // Registering a v1 threshold waits for an RCU grace period in the kernel (10-30 ms
-            // measured under load): only while calm, never on the way to a crossing, where
-            // the drain must hand the kernel's event on at once (the poll covers it then).
+            let is_near = near::is_near(usage, tripwire, near.on);
+            // Placed only while calm (see `near`), on a blocking thread. The kernel signals only
+            // crossings after a registration lands, so the look its landing wakes reads usage
+            // again; until then usage is polled (`Tripwire::polled`), as with no eventfd.
             if !near.on && !is_near {
                 wire.place(&placed.dir, tripwire);
-                // The kernel signals only crossings after the registration: usage that passed
-                // the tripwire while it was being registered would leave the programs off
-                // until usage fell back and rose again. Read it once more.
-                is_near = read_usage(&placed.dir).is_some_and(|u| u >= tripwire);
             }
             any |= is_near;
         }
@@ -425,7 +421,7 @@ impl UsageThresholds {
 /// Waits for a tripwire or the poll (never returns without arming near a level).
 async fn wake_near(near: Option<&mut Near>, poll: bool) {
     match near {
-        Some(n) => near::wake(&n.wires, &mut n.tick, poll).await,
+        Some(n) => near::wake(&mut n.wires, &mut n.tick, poll).await,
         None => std::future::pending().await,
     }
 }
