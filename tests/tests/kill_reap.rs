@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reactor::act::cgroups::{CgroupManager, CgroupPath};
-use reactor::reactor::pods::kill_cgroup;
+use reactor::reactor::pods::{kill_cgroup, kill_cgroup_now};
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
 use reactor_tests::freezer::Freezer;
 use reactor_tests::{is_root, memhog_bin, require, ChildGuard};
@@ -33,8 +33,9 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
     (a.parse::<u32>().unwrap_or(0), b.parse::<u32>().unwrap_or(0)) >= (major, minor)
 }
 
-#[test]
-fn a_killed_victims_memory_is_reaped_before_it_exits() {
+/// A memhog of about 160 MiB in a memory cgroup of its own (under a test root named `name`),
+/// frozen in a v1 freezer cgroup; `None` (with the reason printed) where the test cannot run.
+fn frozen_victim(name: &str) -> Option<Frozen> {
     if !require(is_root(), "root (cgroups, signals to a frozen process)")
         || !require(
             Freezer::available() && Path::new(MOUNT_ROOT).join("memory/cgroup.procs").exists(),
@@ -42,9 +43,9 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
         )
         || !require(kernel_at_least(5, 15), "Linux 5.15+ (process_mrelease)")
     {
-        return;
+        return None;
     }
-    let root = TestCgroupRoot::v1("reap").expect("test cgroup root");
+    let root = TestCgroupRoot::v1(name).expect("test cgroup root");
     let freezer = Freezer::new(&root.name).expect("creating the freezer cgroup");
     let memcg = Path::new(MOUNT_ROOT).join("memory").join(&root.name);
     std::fs::write(memcg.join("memory.limit_in_bytes"), (512 * MI).to_string()).unwrap();
@@ -83,6 +84,39 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
     );
     let before = usage(&memcg);
 
+    Some(Frozen {
+        _root: root,
+        freezer,
+        memcg,
+        cgroups,
+        victim,
+        before,
+    })
+}
+
+struct Frozen {
+    _root: TestCgroupRoot,
+    freezer: Freezer,
+    memcg: std::path::PathBuf,
+    cgroups: CgroupManager,
+    victim: ChildGuard,
+    before: u64,
+}
+
+#[test]
+fn a_killed_victims_memory_is_reaped_before_it_exits() {
+    // `_root` first: bindings drop in reverse, and the root goes after what is in it.
+    let Some(Frozen {
+        _root,
+        freezer,
+        memcg,
+        cgroups,
+        mut victim,
+        before,
+    }) = frozen_victim("reap")
+    else {
+        return;
+    };
     let out = kill_cgroup(&cgroups, &CgroupPath::root());
     assert_eq!(out.killed, 1, "one process signalled: {out:?}");
     assert_eq!(out.reaped, 1, "process_mrelease reaped it: {out:?}");
@@ -97,6 +131,62 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
         "memcg usage {before} → {after} bytes: the memory was not reaped"
     );
 
+    freezer.set("THAWED").expect("writing freezer.state");
+    let status = victim.wait_exit("the killed victim", Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+}
+
+/// The eviction's kill on a runtime (the reactor loop's) hands the reap to a blocking thread
+/// and returns: the loop goes on looking while the pages are freed. Here the runtime's one
+/// blocking thread is held until the kill has returned, so the reap cannot have started by
+/// then; once it is let go the memory comes back, the victim still frozen.
+#[test]
+fn on_a_runtime_the_kill_returns_and_a_blocking_thread_reaps() {
+    let Some(Frozen {
+        _root,
+        freezer,
+        memcg,
+        cgroups,
+        mut victim,
+        before,
+    }) = frozen_victim("reap-aside")
+    else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .expect("runtime");
+    let (hold, held) = std::sync::mpsc::channel::<()>();
+    let (started, is_started) = std::sync::mpsc::channel::<()>();
+    let _blocker = rt.spawn_blocking(move || {
+        let _ = started.send(());
+        let _ = held.recv();
+    });
+    is_started.recv().expect("the blocking thread started");
+    let out = rt.block_on(async { kill_cgroup_now(&cgroups, &CgroupPath::root(), Vec::new()) });
+    assert_eq!(out.killed, 1, "one process signalled: {out:?}");
+    assert_eq!(out.reaped, 1, "handed to the reaper: {out:?}");
+    let during = usage(&memcg);
+    assert!(
+        during + 16 * MI > before,
+        "memcg usage {before} → {during} bytes while the only blocking thread was held: the \
+         kill reaped in the caller's thread"
+    );
+    drop(hold);
+    let t = Instant::now();
+    while usage(&memcg) >= 16 * MI && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = usage(&memcg);
+    assert!(
+        victim.0.try_wait().expect("try_wait").is_none(),
+        "the frozen victim exited"
+    );
+    assert!(
+        after < 16 * MI,
+        "memcg usage {before} → {after} bytes: the reaper thread did not free the memory"
+    );
     freezer.set("THAWED").expect("writing freezer.state");
     let status = victim.wait_exit("the killed victim", Duration::from_secs(10));
     assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");

@@ -29,7 +29,8 @@ use rustix::process::{kill_process, pidfd_open, pidfd_send_signal, Pid, PidfdFla
 pub struct Killed {
     /// Processes sent SIGKILL.
     pub killed: usize,
-    /// Of those, processes whose memory `process_mrelease` reaped before returning.
+    /// Of those, processes whose memory `process_mrelease` reaped before returning, or, from
+    /// [`Signalled::reap_aside`] on a runtime, handed to the reaper thread.
     pub reaped: usize,
 }
 
@@ -128,6 +129,36 @@ impl Signalled {
     /// How many processes were sent SIGKILL.
     pub fn killed(&self) -> usize {
         self.killed
+    }
+
+    /// Reaps every signalled process's memory on a blocking thread of the current tokio
+    /// runtime (on the reactor loop's, one on the loop's priority), or in this thread where
+    /// there is no runtime; `reaped` is then the processes handed to the reaper.
+    ///
+    /// Freeing a few hundred MiB takes `process_mrelease` about as long as the victim's own
+    /// exit path (10-20 ms here), and the loop must not look away for that long: another pod
+    /// can cross a threshold meanwhile, and the victim's release is itself something the
+    /// loop watches (`reactor::inflight`).
+    pub fn reap_aside(self) -> Killed {
+        let handed = if MRELEASE_MISSING.load(Ordering::Relaxed) {
+            0
+        } else {
+            self.dying.len()
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) if handed > 0 => {
+                let killed = self.killed;
+                rt.spawn_blocking(move || {
+                    let k = self.reap();
+                    tracing::debug!(killed = k.killed, reaped = k.reaped, "victims reaped");
+                });
+                Killed {
+                    killed,
+                    reaped: handed,
+                }
+            }
+            _ => self.reap(),
+        }
     }
 
     /// Reaps every signalled process's memory with `process_mrelease`, in this thread (it

@@ -96,8 +96,8 @@ pub struct Evicted {
     pub killed_at_ns: Option<u64>,
     /// How many processes were sent SIGKILL by the eviction itself.
     pub killed: usize,
-    /// Of those, how many had their memory reaped by `process_mrelease` right after the
-    /// SIGKILL (0 where the kernel lacks it, before 5.15).
+    /// Of those, how many were handed to `process_mrelease` right after the SIGKILL, on a
+    /// reaper thread (0 where the kernel lacks it, before 5.15).
     pub reaped: usize,
 }
 
@@ -347,7 +347,8 @@ where
 /// of the pod's cgroups, a cgroupfs walk that contends with every pod cgroup being created
 /// or removed. The walk follows at once and signals whatever else runs there (forks); with
 /// nothing known, the kill time is the walk's signal. Either way it is taken before the
-/// reap (which frees the memory here).
+/// reap, which frees the memory on a blocking thread while the caller goes on
+/// ([`crate::act::kill::Signalled::reap_aside`]).
 pub fn kill_cgroup_now(
     cgroups: &CgroupManager,
     cgroup: &CgroupPath,
@@ -358,7 +359,7 @@ pub fn kill_cgroup_now(
     let pids = cgroups.memory_procs_recursive(cgroup).unwrap_or_default();
     signalled.kill_rest(&pids);
     let killed_at_ns = Some(first.unwrap_or_else(monotonic_ns));
-    let k = signalled.reap();
+    let k = signalled.reap_aside();
     Evicted {
         killed_at_ns,
         killed: k.killed,
