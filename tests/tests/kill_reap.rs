@@ -48,10 +48,11 @@ fn frozen_victim(name: &str) -> Option<Frozen> {
     let root = TestCgroupRoot::v1(name).expect("test cgroup root");
     let freezer = Freezer::new(&root.name).expect("creating the freezer cgroup");
     let memcg = Path::new(MOUNT_ROOT).join("memory").join(&root.name);
-    std::fs::write(memcg.join("memory.limit_in_bytes"), (512 * MI).to_string()).unwrap();
+    std::fs::write(memcg.join("memory.limit_in_bytes"), (512 * MI).to_string())
+        .expect("setting the test memcg's limit");
     let cgroups = CgroupManager::v1(
         Path::new(MOUNT_ROOT),
-        &CgroupPath::parse(&root.name).unwrap(),
+        &CgroupPath::parse(&root.name).expect("the test root as a cgroup path"),
     )
     .expect("cgroup manager over the test root");
 
@@ -67,7 +68,7 @@ fn frozen_victim(name: &str) -> Option<Frozen> {
             Ok(())
         });
     }
-    let mut victim = ChildGuard(cmd.spawn().expect("starting memhog"));
+    let victim = ChildGuard(cmd.spawn().expect("starting memhog"));
     let t = Instant::now();
     while usage(&memcg) < 150 * MI {
         assert!(
