@@ -362,10 +362,12 @@ const STILL_FALLING_BYTES: u64 = 1 << 20;
 /// victim's memory as no longer coming back and evict a second pod for it while its pages
 /// were still being freed (seen in the v2 guest, 80 MiB still charged 100 ms after the
 /// cgroup emptied). An empty cgroup's usage otherwise only moves by reclaim of the page cache
-/// it leaves behind, slowly.
+/// it leaves behind, slowly. Usage already under the falling step cannot fall by it any more,
+/// so it counts as back at once rather than at the next look, a millisecond later.
 fn memory_back(before: Option<u64>, now: Option<u64>) -> bool {
     match (before, now) {
         (_, None) => true,
+        (_, Some(n)) if n < STILL_FALLING_BYTES => true,
         (None, Some(_)) => false,
         (Some(b), Some(n)) => b.saturating_sub(n) < STILL_FALLING_BYTES,
     }
@@ -381,6 +383,14 @@ mod memory_back_tests {
         assert!(
             !memory_back(None, Some(10 << 20)),
             "first look: not known yet"
+        );
+        assert!(
+            memory_back(None, Some(300 << 10)),
+            "first look, under the falling step: cannot fall by it any more"
+        );
+        assert!(
+            memory_back(Some(200 << 20), Some(300 << 10)),
+            "fell to under the falling step"
         );
         assert!(
             !memory_back(Some(200 << 20), Some(120 << 20)),
