@@ -178,6 +178,15 @@ impl Tripwire {
         Poll::Ready(())
     }
 
+    /// `computed`, or the registered tripwire where that is lower: the level whose crossing
+    /// the kernel signals.
+    pub(crate) fn lowest(&self, computed: u64) -> u64 {
+        match (&self.eventfd, self.registered) {
+            (Some(_), Some(r)) => r.min(computed),
+            _ => computed,
+        }
+    }
+
     /// Whether this tripwire needs the poll: no eventfd, or one being moved (the old one
     /// stays registered at the old level meanwhile, and a crossing of the new level during
     /// the registration is not signalled).
@@ -241,6 +250,37 @@ mod tests {
         assert!(is_near(100 << 20, trip, false));
         assert!(is_near(97 << 20, trip, true), "on, within the hysteresis");
         assert!(!is_near(95 << 20, trip, true));
+    }
+
+    #[test]
+    fn the_lowest_tripwire_is_the_registered_one_only_with_an_eventfd() {
+        let mut w = Tripwire {
+            registered: Some(100),
+            ..Tripwire::default()
+        };
+        assert_eq!(
+            w.lowest(101),
+            101,
+            "no eventfd: nothing signals at the registered level"
+        );
+        let (a, _b) = std::os::unix::net::UnixStream::pair()
+            .expect("a socket pair stands in for the eventfd");
+        a.set_nonblocking(true).expect("non-blocking");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .expect("runtime");
+        let _entered = rt.enter();
+        w.eventfd = Some(
+            crate::sense::register_fd(OwnedFd::from(a), tokio::io::Interest::READABLE)
+                .expect("registered with the runtime"),
+        );
+        assert_eq!(
+            w.lowest(101),
+            100,
+            "the kernel signals at the registered level"
+        );
+        assert_eq!(w.lowest(90), 90, "the computed one is lower");
     }
 
     #[test]

@@ -388,7 +388,11 @@ impl UsageThresholds {
             };
             let rate = wire.sample(usage, now);
             let tripwire = level.saturating_sub(near::reach(rate, &near.opts));
-            let is_near = near::is_near(usage, tripwire, near.on);
+            // Near once usage reaches either the tripwire computed now or the one the kernel
+            // watches (it moves only by a step): its eventfd wakes this look at that one, and
+            // a look that then compared a computed tripwire even a byte above would leave the
+            // programs off with no further signal to come.
+            let is_near = near::is_near(usage, wire.lowest(tripwire), near.on);
             // Placed only while calm (see `near`), on a blocking thread. The kernel signals only
             // crossings after a registration lands, so the look its landing wakes reads usage
             // again; until then usage is polled (`Tripwire::polled`), as with no eventfd.
