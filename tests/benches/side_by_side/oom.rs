@@ -145,6 +145,9 @@ struct Rep {
     evicted: Option<String>,
     right: bool,
     reaction_ns: Option<u64>,
+    /// The reaction's second part: the pass's observation, from its start, → the SIGKILL
+    /// (the decision's `decide_to_kill_ns`); the first part, event → observed, is the rest.
+    observe_to_kill_ns: Option<u64>,
     crossing_to_released_ns: Option<u64>,
     /// The two halves of it: crossing → the agent's SIGKILL, and SIGKILL → the victim's
     /// cgroup empty (its memory reaped by `process_mrelease` in between, where the kernel
@@ -446,6 +449,7 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
             }
         }
         rep.reaction_ns = d.reaction_lag_ns;
+        rep.observe_to_kill_ns = d.decide_to_kill_ns;
         if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
             rep.event_after_crossing_ns = Some(e.at_ns.wrapping_sub(c) as i64);
             if let Kind::ThresholdCrossed {
@@ -782,6 +786,7 @@ fn summarise(
                 "fraction": x.clock.fraction,
                 "kill_after_crossing_ns": x.kill_after_crossing_ns,
                 "reaction_ns": x.reaction_ns,
+                "observe_to_kill_ns": x.observe_to_kill_ns,
                 "event_after_crossing_ns": x.event_after_crossing_ns,
                 "event_usage_past_level_bytes":
                     x.event_usage.map(|u| u.wrapping_sub(x.clock.level) as i64),
