@@ -496,16 +496,74 @@ fn oom_kills(text: Option<String>) -> u64 {
         .unwrap_or(0)
 }
 
-/// A v1 threshold registration running on a blocking thread: the level and what
-/// [`register_v1`] gave.
-type Moving = tokio::task::JoinHandle<(u64, Result<(OwnedFd, OwnedFd), String>)>;
+/// A v1 usage threshold being registered on a blocking thread. Each registration waits for
+/// an RCU grace period in the kernel (10-30 ms under load), and the sources share the reactor
+/// loop's one runtime thread: made there, it held the loop for that long. Awaited, it gives
+/// the new eventfd (registered with the runtime) and the usage file it watches.
+pub(crate) struct V1Registration {
+    bytes: u64,
+    dir: PathBuf,
+    task: tokio::task::JoinHandle<Result<(OwnedFd, OwnedFd), String>>,
+}
 
-/// Waits for the registration in flight; never returns when there is none.
-async fn registered(
-    moving: &mut Option<Moving>,
-) -> Option<Result<(u64, Result<(OwnedFd, OwnedFd), String>), tokio::task::JoinError>> {
+impl V1Registration {
+    /// Starts registering a threshold at `bytes` on `dir`'s `memory.usage_in_bytes`.
+    pub(crate) fn start(dir: &Path, bytes: u64) -> V1Registration {
+        let at = dir.to_path_buf();
+        V1Registration {
+            bytes,
+            dir: dir.to_path_buf(),
+            task: tokio::task::spawn_blocking(move || {
+                register_v1(&at, "memory.usage_in_bytes", Some(bytes))
+            }),
+        }
+    }
+
+    /// The level being registered.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The cgroup directory it is registered on.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl std::future::Future for V1Registration {
+    type Output = Result<(AsyncFd<OwnedFd>, OwnedFd), String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.task).poll(cx).map(|joined| {
+            let (efd, watched) = joined
+                .map_err(|e| format!("the registering thread failed: {e}"))
+                .and_then(|r| r)?;
+            let efd = super::register_fd(efd, tokio::io::Interest::READABLE)
+                .map_err(|e| format!("cannot register eventfd: {e}"))?;
+            Ok((efd, watched))
+        })
+    }
+}
+
+impl std::fmt::Debug for V1Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("V1Registration")
+            .field("bytes", &self.bytes)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Waits for the registration in flight and gives its level with what it gave; never
+/// returns when there is none.
+async fn landed(
+    moving: &mut Option<V1Registration>,
+) -> (u64, Result<(AsyncFd<OwnedFd>, OwnedFd), String>) {
     match moving {
-        Some(handle) => Some(handle.await),
+        Some(r) => (r.bytes(), r.await),
         None => std::future::pending().await,
     }
 }
@@ -532,12 +590,10 @@ impl EventfdWatch {
 
     /// Takes the threshold registered at `bytes` (with its new eventfd) in place of the old
     /// one, whose eventfd is dropped (the kernel removes an event whose eventfd is closed).
-    fn rearmed(&mut self, bytes: u64, efd: OwnedFd, watched: OwnedFd) -> Result<(), String> {
-        self.eventfd = super::register_fd(efd, tokio::io::Interest::READABLE)
-            .map_err(|e| format!("cannot register eventfd: {e}"))?;
+    fn rearmed(&mut self, bytes: u64, efd: AsyncFd<OwnedFd>, watched: OwnedFd) {
+        self.eventfd = efd;
         self.watched = watched;
         self.what = V1Notification::Threshold(bytes);
-        Ok(())
     }
 
     /// Waits for the threshold to move; never returns for a watch that cannot move.
@@ -573,11 +629,10 @@ impl EventfdWatch {
     pub(crate) async fn run(mut self, tx: mpsc::Sender<PressureEvent>) {
         let mut kills_seen = oom_kills(pread_text(&self.watched));
         let mut moves = self.moves.take();
-        // A registration waits for an RCU grace period in the kernel (10-30 ms under load):
-        // on a blocking thread, never on the runtime the reactor loop shares, and with the old
+        // A registration runs on a blocking thread ([`V1Registration`]), with the old
         // threshold still armed (and read here) until the new one is in place. Moves that
         // come meanwhile wait in the watch channel; the latest is taken after.
-        let mut moving: Option<Moving> = None;
+        let mut moving: Option<V1Registration> = None;
         loop {
             let mut guard = tokio::select! {
                 ready = self.eventfd.readable() => match ready {
@@ -594,21 +649,14 @@ impl EventfdWatch {
                     if !v1_moves(registered, bytes) {
                         continue;
                     }
-                    let dir = self.dir.clone();
-                    moving = Some(tokio::task::spawn_blocking(move || {
-                        (bytes, register_v1(&dir, "memory.usage_in_bytes", Some(bytes)))
-                    }));
+                    moving = Some(V1Registration::start(&self.dir, bytes));
                     continue;
                 }
-                Some(done) = registered(&mut moving) => {
+                (bytes, done) = landed(&mut moving) => {
                     moving = None;
-                    let moved = match done {
-                        Ok((bytes, Ok((efd, watched)))) => self.rearmed(bytes, efd, watched),
-                        Ok((_, Err(e))) => Err(e),
-                        Err(e) => Err(format!("registration thread failed: {e}")),
-                    };
-                    if let Err(e) = moved {
-                        tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg threshold not moved; the old one stays");
+                    match done {
+                        Ok((efd, watched)) => self.rearmed(bytes, efd, watched),
+                        Err(e) => tracing::warn!(cgroup = %self.cgroup, error = %e, "memcg threshold not moved; the old one stays"),
                     }
                     continue;
                 }

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
+use crate::sense::memcg::V1Registration;
+
 /// Arming the charge programs only while a watched cgroup is near its level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NearLevel {
@@ -95,8 +97,8 @@ pub(crate) struct Tripwire {
     /// The file the eventfd is registered on; kept open for as long as the registration.
     _watched: Option<OwnedFd>,
     registered: Option<u64>,
-    /// A registration under way on a blocking thread, and its level.
-    placing: Option<Placing>,
+    /// A registration under way on a blocking thread.
+    placing: Option<V1Registration>,
     last: Option<(u64, Instant)>,
     /// Growth rate, bytes/s: the last sample's, or the earlier one decaying (half a second
     /// half-life), whichever is more.
@@ -132,15 +134,7 @@ impl Tripwire {
         {
             return;
         }
-        let at = dir.to_path_buf();
-        let task = tokio::task::spawn_blocking(move || {
-            crate::sense::memcg::register_v1(&at, "memory.usage_in_bytes", Some(tripwire))
-        });
-        self.placing = Some(Placing {
-            tripwire,
-            dir: dir.display().to_string(),
-            task,
-        });
+        self.placing = Some(V1Registration::start(dir, tripwire));
     }
 
     /// Takes the registration under way once it has landed (its eventfd replaces the old
@@ -149,19 +143,12 @@ impl Tripwire {
         let Some(placing) = &mut self.placing else {
             return Poll::Pending;
         };
-        let Poll::Ready(joined) = Pin::new(&mut placing.task).poll(cx) else {
+        let Poll::Ready(landed) = Pin::new(&mut *placing).poll(cx) else {
             return Poll::Pending;
         };
-        let (tripwire, dir) = (placing.tripwire, std::mem::take(&mut placing.dir));
+        let tripwire = placing.bytes();
+        let dir = placing.dir().display().to_string();
         self.placing = None;
-        let landed = joined
-            .map_err(|e| format!("the registering thread failed: {e}"))
-            .and_then(|r| r)
-            .and_then(|(efd, watched)| {
-                crate::sense::register_fd(efd, tokio::io::Interest::READABLE)
-                    .map(|efd| (efd, watched))
-                    .map_err(|e| format!("cannot register eventfd: {e}"))
-            });
         match landed {
             Ok((efd, watched)) => {
                 self.eventfd = Some(efd);
@@ -193,15 +180,6 @@ impl Tripwire {
     pub(crate) fn polled(&self) -> bool {
         self.eventfd.is_none() || self.placing.is_some()
     }
-}
-
-/// A v1 tripwire registration under way.
-#[derive(Debug)]
-struct Placing {
-    tripwire: u64,
-    /// For the warning when it fails.
-    dir: String,
-    task: tokio::task::JoinHandle<Result<(OwnedFd, OwnedFd), String>>,
 }
 
 /// Waits for a tripwire's eventfd, a tripwire's registration to land, or `tick` when `poll`
