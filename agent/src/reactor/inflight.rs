@@ -313,12 +313,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     fn emit_released(&mut self, r: Released) {
         let d = Decision {
             seq: 0,
-            wake: Wake {
-                event: None,
-                timer: true,
-                detection_lag_ns: None,
-                coalesced: 0,
-            },
+            wake: Wake::timer(None),
             observed_at_ns: monotonic_ns(),
             signals: Vec::new(),
             met: Vec::new(),

@@ -288,13 +288,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         // event or a tick, and each memcg threshold is moved to where the working set meets
         // its level (the page cache counted) before the first crossing can come. Until then
         // a threshold stands at its base and would fire a page cache early.
-        let start = Wake {
-            event: None,
-            timer: true,
-            detection_lag_ns: None,
-            coalesced: 0,
-        };
-        self.evaluate(start, &mut sense).await;
+        self.evaluate(Wake::timer(None), &mut sense).await;
         loop {
             if *shutdown.borrow() {
                 return sense;
@@ -362,12 +356,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// nothing among them concerns this node.
     fn take_events(&mut self, received: Vec<Received>) -> Option<Wake> {
         if received.is_empty() {
-            return Some(Wake {
-                event: self.episode.clone(),
-                timer: true,
-                detection_lag_ns: None,
-                coalesced: 0,
-            });
+            return Some(Wake::timer(self.episode.clone()));
         }
         let mut wake: Option<(PressureEvent, u64)> = None;
         let mut coalesced = 0;
@@ -616,12 +605,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.drain(sense, &mut received).await;
             wake = match self.take_events(received) {
                 Some(w) if !w.timer => w,
-                _ => Wake {
-                    event: self.episode.clone(),
-                    timer: true,
-                    detection_lag_ns: None,
-                    coalesced: 0,
-                },
+                _ => Wake::timer(self.episode.clone()),
             };
         }
     }

@@ -26,6 +26,19 @@ pub struct Wake {
     pub coalesced: usize,
 }
 
+impl Wake {
+    /// A wake-up by the loop's own timer (or its start), carrying `event`, the latest kernel
+    /// event before it, if any.
+    pub fn timer(event: Option<PressureEvent>) -> Wake {
+        Wake {
+            event,
+            timer: true,
+            detection_lag_ns: None,
+            coalesced: 0,
+        }
+    }
+}
+
 /// One signal's value as the pass saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -315,16 +315,19 @@ impl StatsReader {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.names
             .iter()
-            .filter_map(|&name| {
-                let info = programs.ebpf.program(name)?.info().ok()?;
-                Some(ProgramStats {
-                    program: name,
-                    runs: info.run_count(),
-                    run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
-                })
-            })
+            .filter_map(|&name| program_stats(&programs.ebpf, name))
             .collect()
     }
+}
+
+/// The kernel's run count and run time of `name` in `ebpf`, when it is loaded.
+pub(crate) fn program_stats(ebpf: &aya::Ebpf, name: &'static str) -> Option<ProgramStats> {
+    let info = ebpf.program(name)?.info().ok()?;
+    Some(ProgramStats {
+        program: name,
+        runs: info.run_count(),
+        run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+    })
 }
 
 /// Turns the kernel's per-program statistics on (`BPF_ENABLE_STATS`) for as long as the

@@ -13,7 +13,7 @@ use aya::programs::RawTracePoint;
 use aya::{Ebpf, EbpfLoader};
 
 use super::load::OBJECT;
-use super::ProgramStats;
+use super::{program_stats, ProgramStats};
 
 /// The program and its tracepoint (`agent-ebpf`'s `lruvec_floor`).
 const PROGRAM: &str = "lruvec_floor";
@@ -49,13 +49,6 @@ impl DispatchFloor {
 
     /// The program's runs and run time so far (counted while `BPF_ENABLE_STATS` is on).
     pub fn stats(&self) -> Vec<ProgramStats> {
-        let Some(info) = self.ebpf.program(PROGRAM).and_then(|p| p.info().ok()) else {
-            return Vec::new();
-        };
-        vec![ProgramStats {
-            program: PROGRAM,
-            runs: info.run_count(),
-            run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
-        }]
+        program_stats(&self.ebpf, PROGRAM).into_iter().collect()
     }
 }
