@@ -539,6 +539,94 @@ fn a_working_set_level_follows_the_page_cache_in_the_kernel() {
     );
 }
 
+/// An eBPF source that arms its charge programs near a level (`near`), watching `memcg` at
+/// [`THRESHOLD`], drained on a runtime with one worker (as the agent's loop runtime has).
+struct NearSource {
+    switch: reactor::sense::ebpf::charge_switch::ChargeSwitch,
+    rx: tokio::sync::mpsc::Receiver<reactor::sense::PressureEvent>,
+    task: tokio::task::JoinHandle<Result<(), reactor::sense::ebpf::EbpfError>>,
+    _level: tokio::sync::watch::Sender<reactor::sense::memcg::Level>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl NearSource {
+    fn start(memcg: &TestMemcg, near: reactor::sense::ebpf::near::NearLevel) -> NearSource {
+        use reactor::sense::ebpf::threshold::UsageWatch;
+        use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
+        use reactor::sense::memcg::Level;
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut source = rt
+            .block_on(async {
+                EbpfSource::attach(EbpfOptions {
+                    usage_thresholds: true,
+                    near_level: Some(near),
+                    ..EbpfOptions::default()
+                })
+            })
+            .expect("the eBPF source");
+        let (keep, level) = tokio::sync::watch::channel(Level::usage(THRESHOLD));
+        source
+            .watch_usage(UsageWatch {
+                cgroup: memcg.cgroup.clone(),
+                dir: memcg.path.clone(),
+                level,
+            })
+            .expect("the usage threshold armed");
+        let switch = source.charge_switch().expect("a charge switch");
+        let (tx, rx) = tokio::sync::mpsc::channel(1 << 14);
+        let task = rt.spawn(source.run(tx));
+        NearSource {
+            switch,
+            rx,
+            task,
+            _level: keep,
+            _rt: rt,
+        }
+    }
+
+    /// Whether the charge programs are attached, once they are as `want`ed or 20 s went by.
+    fn wait_attached(&self, want: bool) -> Option<bool> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.switch.attached() != Some(want) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.switch.attached()
+    }
+
+    /// The usage of the first threshold crossing reported within `within` (empty: none).
+    fn first_crossing(&mut self, within: Duration) -> Vec<u64> {
+        use reactor::sense::Kind;
+        let deadline = Instant::now() + within;
+        let mut crossings = Vec::new();
+        while crossings.is_empty() && Instant::now() < deadline {
+            match self.rx.try_recv() {
+                Ok(e) => {
+                    if let Kind::ThresholdCrossed {
+                        usage_bytes: Some(u),
+                        ..
+                    } = e.kind
+                    {
+                        crossings.push(u);
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        crossings
+    }
+}
+
+impl Drop for NearSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Arming near a level (issue 26): with nothing near its level the charge programs are off
 /// their tracepoint; a hog ramping from calm to past the level as fast as it can passes the
 /// tripwire first, the programs attach, and the crossing is caught by the kernel event at
@@ -546,52 +634,20 @@ fn a_working_set_level_follows_the_page_cache_in_the_kernel() {
 #[test]
 fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
     use reactor::sense::ebpf::near::NearLevel;
-    use reactor::sense::ebpf::threshold::UsageWatch;
-    use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
-    use reactor::sense::memcg::Level;
-    use reactor::sense::Kind;
 
     if !can_run() {
         return;
     }
     let mut memcg = TestMemcg::new("ebpf-near", LIMIT).expect("test memcg");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut source = rt
-        .block_on(async {
-            EbpfSource::attach(EbpfOptions {
-                usage_thresholds: true,
-                near_level: Some(NearLevel {
-                    reach_floor_bytes: 32 * MIB,
-                    ..NearLevel::default()
-                }),
-                ..EbpfOptions::default()
-            })
-        })
-        .expect("the eBPF source");
-    let (_keep, level) = tokio::sync::watch::channel(Level::usage(THRESHOLD));
-    source
-        .watch_usage(UsageWatch {
-            cgroup: memcg.cgroup.clone(),
-            dir: memcg.path.clone(),
-            level,
-        })
-        .expect("the usage threshold armed");
-    let switch = source.charge_switch().expect("a charge switch");
-    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
-    let task = rt.spawn(source.run(tx));
-    let wait_attached = |want: bool| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while switch.attached() != Some(want) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        switch.attached()
-    };
+    let mut source = NearSource::start(
+        &memcg,
+        NearLevel {
+            reach_floor_bytes: 32 * MIB,
+            ..NearLevel::default()
+        },
+    );
     assert_eq!(
-        wait_attached(false),
+        source.wait_attached(false),
         Some(false),
         "calm (usage 0, level 100 MiB), yet the charge programs stay on"
     );
@@ -600,23 +656,12 @@ fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
     memcg
         .spawn(Command::new(memhog_bin()).args(["150", "0", "600"]))
         .expect("memhog");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut crossings = Vec::new();
-    while crossings.is_empty() && Instant::now() < deadline {
-        match rx.try_recv() {
-            Ok(e) => {
-                if let Kind::ThresholdCrossed {
-                    usage_bytes: Some(u),
-                    ..
-                } = e.kind
-                {
-                    crossings.push(u);
-                }
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
-    assert_eq!(switch.attached(), Some(true), "near the level, yet off");
+    let crossings = source.first_crossing(Duration::from_secs(60));
+    assert_eq!(
+        source.switch.attached(),
+        Some(true),
+        "near the level, yet off"
+    );
     assert_eq!(crossings.len(), 1, "the kernel event for the crossing");
     assert!(
         (THRESHOLD..THRESHOLD + 8 * MIB).contains(&crossings[0]),
@@ -625,11 +670,10 @@ fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
     );
     memcg.kill_all();
     assert_eq!(
-        wait_attached(false),
+        source.wait_attached(false),
         Some(false),
         "usage fell back to 0, yet the charge programs stay on"
     );
-    task.abort();
 }
 
 /// On cgroup v1 the tripwire is an eventfd on `memory.usage_in_bytes`, registered on a
@@ -639,10 +683,6 @@ fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
 #[test]
 fn a_v1_tripwire_registered_off_the_runtime_attaches_the_programs_without_the_poll() {
     use reactor::sense::ebpf::near::NearLevel;
-    use reactor::sense::ebpf::threshold::UsageWatch;
-    use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
-    use reactor::sense::memcg::Level;
-    use reactor::sense::Kind;
 
     if !can_run() {
         return;
@@ -654,75 +694,31 @@ fn a_v1_tripwire_registered_off_the_runtime_attaches_the_programs_without_the_po
     ) {
         return;
     }
-    // One worker, as the agent's loop runtime has.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut source = rt
-        .block_on(async {
-            EbpfSource::attach(EbpfOptions {
-                usage_thresholds: true,
-                near_level: Some(NearLevel {
-                    reach_floor_bytes: 32 * MIB,
-                    poll_interval: Duration::from_secs(3600),
-                    ..NearLevel::default()
-                }),
-                ..EbpfOptions::default()
-            })
-        })
-        .expect("the eBPF source");
-    let (_keep, level) = tokio::sync::watch::channel(Level::usage(THRESHOLD));
-    source
-        .watch_usage(UsageWatch {
-            cgroup: memcg.cgroup.clone(),
-            dir: memcg.path.clone(),
-            level,
-        })
-        .expect("the usage threshold armed");
-    let switch = source.charge_switch().expect("a charge switch");
-    let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
-    let task = rt.spawn(source.run(tx));
-    let wait_attached = |want: bool| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while switch.attached() != Some(want) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        switch.attached()
-    };
+    let mut source = NearSource::start(
+        &memcg,
+        NearLevel {
+            reach_floor_bytes: 32 * MIB,
+            poll_interval: Duration::from_secs(3600),
+            ..NearLevel::default()
+        },
+    );
     assert_eq!(
-        wait_attached(false),
+        source.wait_attached(false),
         Some(false),
         "calm, yet the programs stay on"
     );
     // Time for the registration to land (tens of milliseconds); nothing polls after it.
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(switch.attached(), Some(false), "calm, yet attached");
+    assert_eq!(source.switch.attached(), Some(false), "calm, yet attached");
 
     // 50 MiB/s to 50 MiB past the level: the tripwire (68 MiB) is crossed about 0.6 s
     // before the level.
     memcg
         .spawn(Command::new(memhog_bin()).args(["150", "50", "600"]))
         .expect("memhog");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut crossings = Vec::new();
-    while crossings.is_empty() && Instant::now() < deadline {
-        match rx.try_recv() {
-            Ok(e) => {
-                if let Kind::ThresholdCrossed {
-                    usage_bytes: Some(u),
-                    ..
-                } = e.kind
-                {
-                    crossings.push(u);
-                }
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    let crossings = source.first_crossing(Duration::from_secs(20));
     assert_eq!(
-        switch.attached(),
+        source.switch.attached(),
         Some(true),
         "usage passed the tripwire, yet the programs are off: no eventfd woke the source"
     );
@@ -733,5 +729,4 @@ fn a_v1_tripwire_registered_off_the_runtime_attaches_the_programs_without_the_po
         crossings[0]
     );
     memcg.kill_all();
-    task.abort();
 }

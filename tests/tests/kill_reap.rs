@@ -86,55 +86,56 @@ fn frozen_victim(name: &str) -> Option<Frozen> {
     let before = usage(&memcg);
 
     Some(Frozen {
-        _root: root,
         freezer,
         memcg,
         cgroups,
         victim,
         before,
+        _root: root,
     })
 }
 
+/// Fields drop in their order here: the root last, after what is in it.
 struct Frozen {
-    _root: TestCgroupRoot,
     freezer: Freezer,
     memcg: std::path::PathBuf,
     cgroups: CgroupManager,
     victim: ChildGuard,
     before: u64,
+    _root: TestCgroupRoot,
+}
+
+impl Frozen {
+    /// Asserts the killed victim has not exited while frozen, then thaws it and asserts it
+    /// ends by SIGKILL.
+    fn thaw_and_see_it_killed(mut self) {
+        assert!(
+            self.victim.0.try_wait().expect("try_wait").is_none(),
+            "the frozen victim exited"
+        );
+        self.freezer.set("THAWED").expect("writing freezer.state");
+        let status = self
+            .victim
+            .wait_exit("the killed victim", Duration::from_secs(10));
+        assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+    }
 }
 
 #[test]
 fn a_killed_victims_memory_is_reaped_before_it_exits() {
-    // `_root` first: bindings drop in reverse, and the root goes after what is in it.
-    let Some(Frozen {
-        _root,
-        freezer,
-        memcg,
-        cgroups,
-        mut victim,
-        before,
-    }) = frozen_victim("reap")
-    else {
+    let Some(f) = frozen_victim("reap") else {
         return;
     };
-    let out = kill_cgroup(&cgroups, &CgroupPath::root());
+    let out = kill_cgroup(&f.cgroups, &CgroupPath::root());
     assert_eq!(out.killed, 1, "one process signalled: {out:?}");
     assert_eq!(out.reaped, 1, "process_mrelease reaped it: {out:?}");
-    let after = usage(&memcg);
-    // Still there (frozen, its exit path not run), but its memory is back.
-    assert!(
-        victim.0.try_wait().expect("try_wait").is_none(),
-        "the frozen victim exited"
-    );
+    let (before, after) = (f.before, usage(&f.memcg));
+    // Still there (frozen, its exit path not run; checked below), but its memory is back.
     assert!(
         after < 16 * MI && after + 130 * MI < before,
         "memcg usage {before} → {after} bytes: the memory was not reaped"
     );
-
-    freezer.set("THAWED").expect("writing freezer.state");
-    let status = victim.wait_exit("the killed victim", Duration::from_secs(10));
-    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+    f.thaw_and_see_it_killed();
 }
 
 /// The eviction's kill on a runtime (the reactor loop's) hands the reap to a blocking thread
@@ -143,15 +144,7 @@ fn a_killed_victims_memory_is_reaped_before_it_exits() {
 /// then; once it is let go the memory comes back, the victim still frozen.
 #[test]
 fn on_a_runtime_the_kill_returns_and_a_blocking_thread_reaps() {
-    let Some(Frozen {
-        _root,
-        freezer,
-        memcg,
-        cgroups,
-        mut victim,
-        before,
-    }) = frozen_victim("reap-aside")
-    else {
+    let Some(f) = frozen_victim("reap-aside") else {
         return;
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -165,10 +158,10 @@ fn on_a_runtime_the_kill_returns_and_a_blocking_thread_reaps() {
         let _ = held.recv();
     });
     is_started.recv().expect("the blocking thread started");
-    let out = rt.block_on(async { kill_cgroup_now(&cgroups, &CgroupPath::root(), Vec::new()) });
+    let out = rt.block_on(async { kill_cgroup_now(&f.cgroups, &CgroupPath::root(), Vec::new()) });
     assert_eq!(out.killed, 1, "one process signalled: {out:?}");
     assert_eq!(out.reaped, 1, "handed to the reaper: {out:?}");
-    let during = usage(&memcg);
+    let (before, during) = (f.before, usage(&f.memcg));
     assert!(
         during + 16 * MI > before,
         "memcg usage {before} → {during} bytes while the only blocking thread was held: the \
@@ -176,19 +169,13 @@ fn on_a_runtime_the_kill_returns_and_a_blocking_thread_reaps() {
     );
     drop(hold);
     let t = Instant::now();
-    while usage(&memcg) >= 16 * MI && t.elapsed() < Duration::from_secs(10) {
+    while usage(&f.memcg) >= 16 * MI && t.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let after = usage(&memcg);
-    assert!(
-        victim.0.try_wait().expect("try_wait").is_none(),
-        "the frozen victim exited"
-    );
+    let after = usage(&f.memcg);
     assert!(
         after < 16 * MI,
         "memcg usage {before} → {after} bytes: the reaper thread did not free the memory"
     );
-    freezer.set("THAWED").expect("writing freezer.state");
-    let status = victim.wait_exit("the killed victim", Duration::from_secs(10));
-    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+    f.thaw_and_see_it_killed();
 }
