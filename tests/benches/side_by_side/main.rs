@@ -32,7 +32,8 @@
 //! cargo bench -p reactor-tests --bench side_by_side -- [--quick] [--json PATH]
 //!     [--markdown PATH]
 //!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
-//!     [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--memory-reclaim]
+//!     [--oom-rates 350,150] [--oom-reps 20] [--oom-modes full,ebpf,memcg,psi,poll1,poll10]
+//!     [--no-mrelease] [--memory-reclaim]
 //!     [--close-watch-always]
 //!     [--concurrent-reps 10]
 //!     [--soak-minutes 10]
@@ -76,6 +77,8 @@ pub struct Opts {
     pub oom_rates: Option<Vec<u64>>,
     /// Repetitions per mode and rate of the OOM part.
     pub oom_reps: Option<usize>,
+    /// The OOM part's modes to run, by short name ([`oom::MODE_KEYS`]); all when `None`.
+    pub oom_modes: Option<Vec<String>>,
     /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
     pub no_mrelease: bool,
     /// The OOM part's loops run with `memoryReclaim.enabled` (on v1 the agent turns it off
@@ -109,7 +112,8 @@ const ONLY_ASKED: [&str; 1] = ["soak"];
 
 const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
-    [--oom-rates 350,150] [--oom-reps 20] [--no-mrelease] [--memory-reclaim]
+    [--oom-rates 350,150] [--oom-reps 20] [--oom-modes full,ebpf,memcg,psi,poll1,poll10]
+    [--no-mrelease] [--memory-reclaim]
     [--close-watch-always]
     [--concurrent-reps 10]
     [--soak-minutes 10]
@@ -123,6 +127,7 @@ fn parse_args() -> Result<Opts> {
         only: None,
         oom_rates: None,
         oom_reps: None,
+        oom_modes: None,
         no_mrelease: false,
         memory_reclaim: false,
         close_watch_always: false,
@@ -172,6 +177,17 @@ fn parse_args() -> Result<Opts> {
                     Ok(n) if n > 0 => opts.oom_reps = Some(n),
                     _ => bail!("--oom-reps: {v:?} is not a positive whole number"),
                 }
+            }
+            "--oom-modes" => {
+                let v = list(args.next(), "--oom-modes")?;
+                let modes: Vec<String> = v.split(',').map(str::to_string).collect();
+                if let Some(bad) = modes.iter().find(|m| !oom::MODE_KEYS.contains(&m.as_str())) {
+                    bail!(
+                        "--oom-modes: unknown mode {bad:?} (modes: {})",
+                        oom::MODE_KEYS.join(",")
+                    );
+                }
+                opts.oom_modes = Some(modes);
             }
             "--concurrent-reps" => {
                 let v = list(args.next(), "--concurrent-reps")?;

@@ -81,6 +81,9 @@ pub(crate) struct Mode {
 
 const TEN: Duration = Duration::from_secs(10);
 
+/// The modes' short names for `--oom-modes`, in [`MODES`]' order.
+pub(crate) const MODE_KEYS: [&str; 6] = ["full", "ebpf", "memcg", "psi", "poll1", "poll10"];
+
 pub(crate) const MODES: [Mode; 6] = [
     Mode {
         name: "full agent",
@@ -605,6 +608,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
                 .collect();
             for rep in 0..reps {
                 for mi in round_order(MODES.len(), rep) {
+                    let asked = opts.oom_modes.as_ref();
+                    if asked.is_some_and(|m| !m.iter().any(|k| k == MODE_KEYS[mi])) {
+                        continue;
+                    }
                     let mode = &MODES[mi];
                     start_mode_with(&mut node, mode, |s| {
                         if opts.memory_reclaim {
@@ -635,14 +642,14 @@ pub fn run(opts: &Opts) -> Result<Part> {
                 let r = crate::oom_ref::repetition(&mut node, &uid, rate).await?;
                 references.entry(rate).or_default().push(r);
             }
-            for row in &rate_rows {
+            for row in rate_rows.iter().filter(|r| !r.reps.is_empty()) {
                 eprintln!(
                     "bench: oom {rate} MiB/s {}: {} of {reps} evicted before any OOM kill",
                     row.mode,
                     row.reps.iter().filter(|r| r.right && !r.oom_first).count()
                 );
             }
-            rows.extend(rate_rows);
+            rows.extend(rate_rows.into_iter().filter(|r| !r.reps.is_empty()));
         }
         for p in node.pods.pods().iter() {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
