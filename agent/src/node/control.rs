@@ -26,8 +26,12 @@ impl PodControl for PodManager {
         Some(rx)
     }
 
-    fn kill_now(&self, uid: &str, status: &EvictionStatus) -> Option<Evicted> {
-        PodManager::kill_now(self, uid, &status.reason, &status.message)
+    fn kill_now(&self, uid: &str) -> Option<Evicted> {
+        PodManager::kill_now(self, uid)
+    }
+
+    fn note_kill(&self, uid: &str, status: &EvictionStatus) {
+        PodManager::note_kill(self, uid, &status.reason, &status.message);
     }
 
     async fn evict(

@@ -281,7 +281,11 @@ impl PodManager {
         message: &str,
     ) -> Result<EvictedPod, NodeError> {
         let killed = if grace.is_zero() {
-            self.kill_now(uid, reason, message)
+            let killed = self.kill_now(uid);
+            if killed.is_some() {
+                self.note_kill(uid, reason, message);
+            }
+            killed
         } else {
             None
         };
@@ -317,10 +321,9 @@ impl PodManager {
     /// across I/O (the fence's, the pods watch's), so the kill costs the caller
     /// microseconds whatever the owner task or the runtime is doing.
     ///
-    /// The kill is noted in the kill journal right after the signal ([`KillJournal`]), so
-    /// an agent killed before the owner task's write-ahead record still ends the pod evicted
-    /// after its restart instead of starting it again.
-    pub fn kill_now(&self, uid: &str, reason: &str, message: &str) -> Option<Evicted> {
+    /// The caller notes the kill in the kill journal right after it
+    /// ([`PodManager::note_kill`]), once the eviction's message is composed.
+    pub fn kill_now(&self, uid: &str) -> Option<Evicted> {
         let cgroup = self
             .active
             .borrow()
@@ -332,9 +335,16 @@ impl PodManager {
         self.killing.insert(uid);
         self.runtime.fence(uid);
         let known = self.runtime.known_processes(uid);
-        let killed = kill_cgroup_now(&self.cgroups, &cgroup, known);
+        Some(kill_cgroup_now(&self.cgroups, &cgroup, known))
+    }
+
+    /// Notes the kill [`PodManager::kill_now`] made in the kill journal ([`KillJournal`]),
+    /// with the eviction's `reason` and `message`, so an agent killed before the owner task's
+    /// write-ahead record still ends the pod evicted after its restart instead of starting
+    /// it again. The loop calls it right after the kill, once the message is composed from
+    /// the victim's figures (tens of microseconds it no longer spends before the SIGKILL).
+    pub fn note_kill(&self, uid: &str, reason: &str, message: &str) {
         self.journal.note(uid, reason, message);
-        Some(killed)
     }
 
     /// Replaces the set of static pods with the manifests read from `staticPodPath`

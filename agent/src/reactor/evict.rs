@@ -122,8 +122,25 @@ impl<P: PodControl + 'static> Reactor<P> {
             pod.termination_grace_period,
         )
         .max(0);
+        let uid = info.uid.clone();
+        let expected_bytes = memory_reads
+            .as_ref()
+            .and_then(|(_, usage, _)| usage[victim])
+            .unwrap_or(0);
+        // With grace 0 the kill is made here, on the loop's task, as soon as the victim is
+        // known, and the charge programs are held off while the victim is torn down (see
+        // `inflight`); the rest of the stop (the runtime's, the status, the cgroup) runs on a
+        // task of its own.
+        let killed = if grace == 0 {
+            self.hold_charges(true);
+            self.pods.kill_now(&uid)
+        } else {
+            None
+        };
         // The victim's own figures for its message (per container, for memory): one pod's
-        // reads, where reading them for every pod would have delayed the kill.
+        // reads, after the kill, where reading them for every pod, or before it, would have
+        // delayed the SIGKILL. A killed pod's cgroup still holds its statistics until the
+        // runtime removes it.
         let problems = self.observer.observe_pods_for(
             &[pod_cgroup(&root, pod)],
             PodReads::message(resource),
@@ -132,7 +149,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         for p in problems {
             tracing::debug!(error = %p, "the victim's statistics left out of its message");
         }
-        // For memory the pod's own working set is the one the search read.
+        // For memory the pod's own working set is the one the search read (before the kill).
         if let (Some((_, _, asked)), Some(stats)) = (&memory_reads, self.victim.pods.first_mut()) {
             stats.memory = asked[victim].flatten().map(|ws| MemoryStats {
                 working_set_bytes: Some(ws),
@@ -147,20 +164,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             text.as_ref().map(|(q, a)| (q.as_str(), a.as_str())),
         );
         let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
-        let uid = info.uid.clone();
-        let expected_bytes = memory_reads
-            .as_ref()
-            .and_then(|(_, usage, _)| usage[victim])
-            .unwrap_or(0);
-        // With grace 0 the kill is made here, on the loop's task, and the charge programs
-        // are held off while the victim is torn down (see `inflight`); the rest of the stop
-        // (the runtime's, the status, the cgroup) runs on a task of its own.
-        let killed = if grace == 0 {
-            self.hold_charges(true);
-            self.pods.kill_now(&uid, &status)
-        } else {
-            None
-        };
+        if killed.is_some() {
+            self.pods.note_kill(&uid, &status);
+        }
         let started_ns = monotonic_ns();
         self.launch(
             uid.clone(),

@@ -59,7 +59,10 @@ use tokio::sync::{broadcast, watch};
 
 use crate::act::cgroups::CgroupManager;
 use crate::decide::inflight::uncovered;
-use crate::decide::pressure::{pass, pick_reclaim, reclaim_of, thresholds_met, EvictionState};
+use crate::decide::pressure::{
+    pass, pick_reclaim, reclaim_of, thresholds_met, EvictionState, Observations, PassResult,
+    Reclaim,
+};
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
@@ -164,8 +167,8 @@ enum CloseWatch {
 }
 
 /// How far above a threshold's working-set level a kernel slot may sit and still count as
-/// watching it: the charge program checks every 16 pages per CPU, and a slot's level is
-/// rounded up to a page.
+/// watching it: the charge program checks every page within 8 MiB of an armed level (every 16
+/// pages per CPU farther away), and a slot's level is rounded up to a page.
 const KERNEL_WATCH_SLACK_BYTES: u64 = 64 << 10;
 
 /// What woke the loop.
@@ -462,15 +465,6 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.state = next;
             self.track(signals.monotonic_ns);
             self.close = self.close_watch(&signals);
-            self.record_metrics(&observations, &result.conditions);
-            self.pressure.send_replace(Some(status::snapshot(
-                &self.settings.thresholds,
-                &self.state,
-                &observations,
-                &result.conditions,
-                &mut self.transitions,
-                &signals,
-            )));
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
             if self.state.first_observed_at.is_empty() && self.close == CloseWatch::Far {
@@ -490,7 +484,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .iter()
                 .filter_map(|&i| self.settings.thresholds.get(i).map(ToString::to_string))
                 .collect();
-            let mut decision = Decision {
+            let decision = Decision {
                 seq: 0,
                 wake: wake.clone(),
                 observed_at_ns: signals.monotonic_ns,
@@ -505,92 +499,33 @@ impl<P: PodControl + 'static> Reactor<P> {
                 unprevented_ooms: self.unprevented_ooms,
                 memory_reclaim: None,
             };
-            // With evictions in flight, only the thresholds their victims do not stand for
-            // call for another (`decide::inflight`); with none, the pass's choice.
-            let reclaim = if self.in_flight.is_empty() {
-                result.reclaim
-            } else {
-                let victims = self.victims(signals.monotonic_ns);
-                let open = uncovered(
-                    &self.settings.thresholds,
-                    &result.met,
+            // The act first; the metrics and the status snapshot of this pass after it, off
+            // the path from the kernel's event to the SIGKILL, and before its decision is
+            // emitted (a reader of the decision finds the status that goes with it).
+            let (decided, acted) = self
+                .act(
+                    &result,
                     &observations,
-                    &victims,
-                );
-                pick_reclaim(&self.settings.thresholds, &open)
-                    .and_then(|i| reclaim_of(&self.settings.thresholds, i, &observations))
-            };
-            // A pass whose thresholds the victims in flight stand for is recorded once, not
-            // on every re-read while they go.
-            let covered = result.reclaim.is_some() && reclaim.is_none();
-            let said = std::mem::replace(&mut self.covered_said, covered);
-            let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
-            let Some(reclaim) = reclaim else {
-                let repeat = covered && said;
-                if (!decision.met.is_empty() && !repeat) || conditions_changed {
-                    self.emit(decision);
-                }
-                return;
-            };
-            // memoryReclaim (issue 24, opt-in, v2): page cache first, bounded; see
-            // `memory_reclaim`. Resolved: nothing to evict. Otherwise the record rides on the
-            // eviction decision below.
-            if let Some(m) = self.reclaim_memory_first(&reclaim, &signals) {
-                let resolved = m.outcome == "resolved";
-                decision.memory_reclaim = Some(m);
-                if resolved {
-                    let mut d = decision.clone();
-                    d.action = Action::Reclaimed {
-                        freed_bytes: d.memory_reclaim.as_ref().map_or(0, |m| m.freed_bytes),
-                        resolved: true,
-                        error: None,
-                    };
-                    self.emit(d);
-                    return;
-                }
-            }
-            let layout = signals.fs_layout().unwrap_or_default();
-            let steps = reclaim::reclaim_steps(reclaim.signal, layout);
-            if steps.any() {
-                if let Some(reclaimer) = self.reclaimer.clone() {
-                    let outcome = reclaimer.reclaim_steps(steps).await;
-                    let again = self.observer.observe().observations();
-                    // As the kubelet: every threshold, grace periods ignored and minimum
-                    // reclaim enforced, must be clear for the reclaim to stand in for an
-                    // eviction.
-                    let resolved = thresholds_met(
-                        &self.settings.thresholds,
-                        0..self.settings.thresholds.len(),
-                        &again,
-                        true,
-                    )
-                    .is_empty();
-                    let mut d = decision.clone();
-                    d.action = match outcome {
-                        Ok(r) => Action::Reclaimed {
-                            freed_bytes: r.freed_bytes,
-                            resolved,
-                            error: None,
-                        },
-                        Err(e) => Action::Reclaimed {
-                            freed_bytes: 0,
-                            resolved,
-                            error: Some(e),
-                        },
-                    };
-                    self.emit(d);
-                    if resolved {
-                        return;
-                    }
-                }
-            }
-            let evicted = self
-                .evict_one(&reclaim, &result.met, &signals, layout, &mut decision)
+                    &signals,
+                    decision,
+                    conditions_changed,
+                )
                 .await;
-            self.emit(decision);
-            if !evicted {
-                return;
+            self.record_metrics(&observations, &result.conditions);
+            self.pressure.send_replace(Some(status::snapshot(
+                &self.settings.thresholds,
+                &self.state,
+                &observations,
+                &result.conditions,
+                &mut self.transitions,
+                &signals,
+            )));
+            if let Some(d) = decided {
+                self.emit(d);
             }
+            let Some(reclaim) = acted else {
+                return;
+            };
             if self.settings.serial_evictions {
                 self.wait_serially().await;
             }
@@ -608,6 +543,101 @@ impl<P: PodControl + 'static> Reactor<P> {
                 _ => Wake::timer(self.episode.clone()),
             };
         }
+    }
+
+    /// The pass's act: the reclaim or eviction its met thresholds call for. Returns the
+    /// pass's decision for the caller to emit, if it is to be recorded (a reclaim's own
+    /// decision before an eviction is emitted here), and the reclaim an eviction was made
+    /// for (the loop then looks again at once), `None` when nothing was evicted.
+    async fn act(
+        &mut self,
+        result: &PassResult,
+        observations: &Observations,
+        signals: &Signals,
+        mut decision: Decision,
+        conditions_changed: bool,
+    ) -> (Option<Decision>, Option<Reclaim>) {
+        // With evictions in flight, only the thresholds their victims do not stand for call
+        // for another (`decide::inflight`); with none, the pass's choice.
+        let reclaim = if self.in_flight.is_empty() {
+            result.reclaim
+        } else {
+            let victims = self.victims(signals.monotonic_ns);
+            let open = uncovered(
+                &self.settings.thresholds,
+                &result.met,
+                observations,
+                &victims,
+            );
+            pick_reclaim(&self.settings.thresholds, &open)
+                .and_then(|i| reclaim_of(&self.settings.thresholds, i, observations))
+        };
+        // A pass whose thresholds the victims in flight stand for is recorded once, not on
+        // every re-read while they go.
+        let covered = result.reclaim.is_some() && reclaim.is_none();
+        let said = std::mem::replace(&mut self.covered_said, covered);
+        let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
+        let Some(reclaim) = reclaim else {
+            let repeat = covered && said;
+            let record = (!decision.met.is_empty() && !repeat) || conditions_changed;
+            return (record.then_some(decision), None);
+        };
+        // memoryReclaim (issue 24, opt-in, v2): page cache first, bounded; see
+        // `memory_reclaim`. Resolved: nothing to evict. Otherwise the record rides on the
+        // eviction decision below.
+        if let Some(m) = self.reclaim_memory_first(&reclaim, signals) {
+            let resolved = m.outcome == "resolved";
+            decision.memory_reclaim = Some(m);
+            if resolved {
+                decision.action = Action::Reclaimed {
+                    freed_bytes: decision
+                        .memory_reclaim
+                        .as_ref()
+                        .map_or(0, |m| m.freed_bytes),
+                    resolved: true,
+                    error: None,
+                };
+                return (Some(decision), None);
+            }
+        }
+        let layout = signals.fs_layout().unwrap_or_default();
+        let steps = reclaim::reclaim_steps(reclaim.signal, layout);
+        if steps.any() {
+            if let Some(reclaimer) = self.reclaimer.clone() {
+                let outcome = reclaimer.reclaim_steps(steps).await;
+                let again = self.observer.observe().observations();
+                // As the kubelet: every threshold, grace periods ignored and minimum reclaim
+                // enforced, must be clear for the reclaim to stand in for an eviction.
+                let resolved = thresholds_met(
+                    &self.settings.thresholds,
+                    0..self.settings.thresholds.len(),
+                    &again,
+                    true,
+                )
+                .is_empty();
+                let mut d = decision.clone();
+                d.action = match outcome {
+                    Ok(r) => Action::Reclaimed {
+                        freed_bytes: r.freed_bytes,
+                        resolved,
+                        error: None,
+                    },
+                    Err(e) => Action::Reclaimed {
+                        freed_bytes: 0,
+                        resolved,
+                        error: Some(e),
+                    },
+                };
+                if resolved {
+                    return (Some(d), None);
+                }
+                self.emit(d);
+            }
+        }
+        let evicted = self
+            .evict_one(&reclaim, &result.met, signals, layout, &mut decision)
+            .await;
+        (Some(decision), evicted.then_some(reclaim))
     }
 
     /// Whether a threshold on `signal` must wait: for one housekeeping interval after a disk

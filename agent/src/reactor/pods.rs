@@ -122,11 +122,20 @@ pub trait PodControl: Send + Sync {
     /// running pod `uid` is killed now (after the runtime is told not to restart them), and
     /// what was killed, with the kill time, is returned; `None` when the pod is not running
     /// here. The loop calls it before [`PodControl::evict`] (with the result), so the kill and
-    /// its record are made on the loop's own task and the rest of the stop runs off it.
+    /// its record are made on the loop's own task and the rest of the stop runs off it. It
+    /// needs no status: the eviction's message is composed from the victim's own figures
+    /// after the kill, off the reaction's path, and told with [`PodControl::note_kill`].
     /// Default: `None` (the stop kills).
-    fn kill_now(&self, uid: &str, status: &EvictionStatus) -> Option<Evicted> {
-        let _ = (uid, status);
+    fn kill_now(&self, uid: &str) -> Option<Evicted> {
+        let _ = uid;
         None
+    }
+
+    /// The status of the eviction [`PodControl::kill_now`] just made, told as soon as it is
+    /// composed (before [`PodControl::evict`]), for what must outlive the agent itself: the
+    /// node's kill journal. Default: nothing.
+    fn note_kill(&self, uid: &str, status: &EvictionStatus) {
+        let _ = (uid, status);
     }
 
     /// Stops the pod `uid` — SIGKILL at once when `grace` is zero, SIGTERM then SIGKILL after
@@ -209,7 +218,7 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
         lock(&self.pods).values().cloned().collect()
     }
 
-    fn kill_now(&self, uid: &str, _status: &EvictionStatus) -> Option<Evicted> {
+    fn kill_now(&self, uid: &str) -> Option<Evicted> {
         let cgroup = lock(&self.pods).get(uid).map(|p| p.cgroup.clone())?;
         self.runtime.fence(uid);
         let known = self.runtime.known_processes(uid);
