@@ -33,6 +33,35 @@ pub const MAX_THRESHOLDS: usize = 8;
 /// How many NUMA nodes' counters a root-cgroup threshold sums ([`ThresholdTable::node_stats`]).
 pub const MAX_NODES: usize = 8;
 
+/// Pages a CPU charges between two threshold checks while no armed slot is near its level:
+/// the charge programs' cost on a calm charge path is a per-CPU count, not a check.
+pub const CHARGE_BATCH_PAGES: u32 = 16;
+
+/// The near zone ([`ThresholdOffsets::near_pages`]) per CPU that may charge: what a CPU can
+/// move the page counter by between two batched checks (its 16 pages and a 64-page stock),
+/// twice.
+pub const CHARGE_NEAR_PAGES_PER_CPU: u64 = 2 * (CHARGE_BATCH_PAGES as u64 + 64);
+
+/// The near zone's floor, pages (2 MiB).
+pub const CHARGE_NEAR_PAGES_MIN: u64 = 512;
+
+/// How close to its level (pages of counted usage) an armed slot is near, for `cpus` CPUs:
+/// while any slot is, every CPU checks on every page it charges. A batched check can fall
+/// after the last page of an allocation burst (the page counter moves in per-CPU stocks of
+/// 64 pages, so the stock that crosses the level is often charged a few pages before the
+/// burst ends), and the crossing would then wait for the next burst. The zone covers what
+/// every CPU can charge between two batched checks, twice, so each has switched to checking
+/// every page before any charge can reach the level; it is no wider, because every page
+/// charged on the node in it pays the check.
+pub const fn charge_near_pages(cpus: u64) -> u64 {
+    let zone = CHARGE_NEAR_PAGES_PER_CPU.saturating_mul(cpus);
+    if zone < CHARGE_NEAR_PAGES_MIN {
+        CHARGE_NEAR_PAGES_MIN
+    } else {
+        zone
+    }
+}
+
 /// `vm_event_item` numbers the memcg-event program can watch: bits of [`ItemMask`].
 pub const MAX_ITEMS: usize = 256;
 
@@ -235,8 +264,10 @@ pub struct ThresholdSlot {
     /// 1: `threshold_pages` and `rearm_pages` are working-set levels (usage minus
     /// `inactive_pages`); 0: usage levels.
     pub follow: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// Set by the programs at each check of the slot: 1 while it is armed and its counted
+    /// usage is within [`ThresholdOffsets::near_pages`] of its level (every CPU then checks
+    /// on every charged page); user space writes 0.
+    pub near: u32,
 }
 
 /// Every usage threshold, in one array-map value so a charge costs one map lookup.
@@ -293,6 +324,9 @@ pub struct ThresholdOffsets {
     pub nr_nodes: u64,
     /// `enum node_stat_item::NR_INACTIVE_FILE`: the page cache the working set leaves out.
     pub nr_inactive_file: u64,
+    /// The near zone, pages below an armed level ([`charge_near_pages`] of the possible
+    /// CPUs): not an offset, but set with them.
+    pub near_pages: u64,
     /// 1 when every offset above was found.
     pub valid: u64,
 }
@@ -317,6 +351,7 @@ impl ThresholdOffsets {
             nr_file_pages: 0,
             nr_nodes: 0,
             nr_inactive_file: 0,
+            near_pages: 0,
             valid: 0,
         }
     }
@@ -520,5 +555,5 @@ const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<ThresholdSlot>() == 72);
 const _: () =
     assert!(core::mem::size_of::<ThresholdTable>() == 72 * MAX_THRESHOLDS + 8 * MAX_NODES + 8);
-const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 136);
+const _: () = assert!(core::mem::size_of::<ThresholdOffsets>() == 144);
 const _: () = assert!(core::mem::size_of::<ItemMask>() == 32);

@@ -539,6 +539,89 @@ fn a_working_set_level_follows_the_page_cache_in_the_kernel() {
     );
 }
 
+/// Near its level every page charged is checked (`CHARGE_NEAR_PAGES`), so the crossing is
+/// reported on the page whose charge moved the page counter past the level, not at a later
+/// batched check. A hog touches pages one at a time, about 1 ms apart, and notes the time
+/// after each page and the cgroup's usage then; the kernel's record must carry a time
+/// between the last page below the level and the first one past it. With a check every 16
+/// pages per CPU it came on a later page most times (up to 15 pages, about 15 ms, late): in
+/// bench part 2 that was a whole hog chunk, 2.9 ms at 350 MiB/s.
+#[test]
+fn near_its_level_the_crossing_is_caught_on_the_page_that_made_it() {
+    if !can_run() {
+        return;
+    }
+    let mut memcg = TestMemcg::new("ebpf-near-page", LIMIT).expect("test memcg");
+    let watched = memcg.cgroup.clone();
+    let (mut agent, rx) = watch(&watched);
+    let trace_path =
+        std::env::temp_dir().join(format!("reactor-test-{}-page-trace", std::process::id()));
+    let out = std::fs::File::create(&trace_path).expect("trace file");
+    // 90 MiB at once, then page by page at 4 MiB/s up to 110 MiB: the level (100 MiB) is
+    // crossed in the paced part, 8 MiB (2 s) after the near zone begins.
+    memcg
+        .spawn(
+            Command::new(memhog_bin())
+                .args(["110", "4", "600"])
+                .env(
+                    "MEMHOG_PAGE_TRACE",
+                    memcg.path.join("memory.usage_in_bytes"),
+                )
+                .env("MEMHOG_PAGE_TRACE_FROM", "90")
+                .stdout(out),
+        )
+        .expect("memhog");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let trace = loop {
+        let text = std::fs::read_to_string(&trace_path).unwrap_or_default();
+        if text.contains("allocated") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "memhog did not finish in 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_file(&trace_path);
+    let events = collect(&rx, Duration::from_secs(2), |_| false, Duration::ZERO);
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
+        rustix::process::Signal::TERM,
+    );
+    agent.wait_exit("reactor watch", Duration::from_secs(20));
+    memcg.kill_all();
+
+    let pages: Vec<(u64, u64)> = trace
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("page ")?.split(' ');
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect();
+    let k = pages
+        .iter()
+        .position(|&(_, usage)| usage >= THRESHOLD)
+        .expect("the traced pages reach the level");
+    assert!(k > 0, "the level was passed before the paced pages began");
+    let crossings: Vec<&serde_json::Value> =
+        events.iter().filter(|v| is_crossing(v, &watched)).collect();
+    assert_eq!(crossings.len(), 1, "one crossing: {events:#?}");
+    let at = crossings[0]["at_ns"].as_u64().expect("at_ns");
+    let (before, after) = (pages[k - 1], pages[k]);
+    let late_pages = pages
+        .iter()
+        .filter(|&&(t, _)| t < at)
+        .count()
+        .saturating_sub(k);
+    assert!(
+        before.0 < at && at <= after.0,
+        "the kernel's record at {at} ns should fall on the page that crossed, between {} ns \
+         (usage {}) and {} ns (usage {}); it came {late_pages} pages later",
+        before.0,
+        before.1,
+        after.0,
+        after.1
+    );
+}
+
 /// An eBPF source that arms its charge programs near a level (`near`), watching `memcg` at
 /// [`THRESHOLD`], drained on a runtime with one worker (as the agent's loop runtime has).
 struct NearSource {

@@ -167,8 +167,8 @@ enum CloseWatch {
 }
 
 /// How far above a threshold's working-set level a kernel slot may sit and still count as
-/// watching it: the charge program checks every page within 8 MiB of an armed level (every 16
-/// pages per CPU farther away), and a slot's level is rounded up to a page.
+/// watching it: the charge program checks every page near an armed level (every 16 pages per
+/// CPU farther away), and a slot's level is rounded up to a page.
 const KERNEL_WATCH_SLACK_BYTES: u64 = 64 << 10;
 
 /// What woke the loop.

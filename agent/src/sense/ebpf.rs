@@ -224,6 +224,10 @@ pub struct EbpfOptions {
     /// Attach `count_memcg_events` only from a reclaim stall until this long after the last
     /// one ([`charge_switch`]); `None` keeps it on throughout.
     pub memcg_events_on_reclaim: Option<Duration>,
+    /// How close below an armed level (pages of counted usage) the charge programs check on
+    /// every page charged; `None`: [`agent_ebpf::charge_near_pages`] of the possible CPUs,
+    /// what the agent runs with. Bench part 7 widens it to hold a workload in the zone.
+    pub near_zone_pages: Option<u64>,
 }
 
 impl Default for EbpfOptions {
@@ -236,6 +240,7 @@ impl Default for EbpfOptions {
             usage_thresholds: false,
             near_level: None,
             memcg_events_on_reclaim: None,
+            near_zone_pages: None,
         }
     }
 }

@@ -22,6 +22,14 @@
 //! Each entry is stored into the shared mapping as it is made (no buffering), so whatever
 //! the hog had done when it was SIGKILLed is there to read.
 //!
+//! With `MEMHOG_PAGE_TRACE=<usage file>` and `MEMHOG_PAGE_TRACE_FROM=<MiB>` the chunks from
+//! that MiB on are touched one page at a time, paced page by page at the rate (the chunks
+//! before them at once), and after
+//! each page the CLOCK_MONOTONIC time and the usage in the file are noted (in memory
+//! allocated up front); when the allocation is done they are printed, one `page <ns>
+//! <usage>` line each. That is a clock for the page whose charge crossed a level, for a test
+//! that a kernel check runs on that very page.
+//!
 //! With `MEMHOG_BLOCK_TERM=1` it blocks SIGTERM: a pod that ignores a graceful stop and
 //! dies only by SIGKILL. Blocked rather than ignored so the SIGTERM stays pending, where
 //! `/proc/<pid>/status` (`ShdPnd`) shows the concurrent bench when the stop began.
@@ -179,11 +187,17 @@ fn main() {
         p.before(0, now);
         p.after(0, now);
     }
+    let mut trace = PageTrace::from_env(total_mib);
     let start = Instant::now();
     let shared = std::env::var_os("MEMHOG_SHARED").is_some_and(|v| v == "1");
     let mut chunks: Vec<Chunk> = Vec::new();
     for i in 0..total_mib {
         let mut chunk = Chunk::new(shared);
+        if let Some(t) = trace.as_mut().filter(|t| i >= t.from_mib) {
+            t.touch(&mut chunk, i, rate);
+            chunks.push(chunk);
+            continue;
+        }
         let entry = i as usize + 1;
         if let Some(p) = &progress {
             p.before(entry, monotonic_ns());
@@ -199,16 +213,83 @@ fn main() {
             p.after(entry, monotonic_ns());
         }
         chunks.push(chunk);
-        if rate > 0 {
+        if rate > 0 && trace.is_none() {
             let due = Duration::from_secs_f64((i + 1) as f64 / rate as f64);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
             }
         }
     }
+    if let Some(t) = &trace {
+        t.print();
+    }
     println!("allocated {total_mib} MiB");
     std::thread::sleep(Duration::from_secs(hold));
     drop(chunks);
+}
+
+/// The page-by-page trace of `MEMHOG_PAGE_TRACE` (see the module doc).
+struct PageTrace {
+    from_mib: u64,
+    usage: File,
+    buf: [u8; 32],
+    /// (time after the page's touch, usage then), one per traced page.
+    pages: Vec<(u64, u64)>,
+    /// When the first traced page was due.
+    start: Option<Instant>,
+}
+
+impl PageTrace {
+    fn from_env(total_mib: u64) -> Option<PageTrace> {
+        let path = std::env::var_os("MEMHOG_PAGE_TRACE")?;
+        let from_mib = std::env::var("MEMHOG_PAGE_TRACE_FROM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let usage = File::open(&path)
+            .unwrap_or_else(|e| fail(format!("{}: {e}", PathBuf::from(&path).display())));
+        let pages = total_mib.saturating_sub(from_mib) as usize * 256;
+        Some(PageTrace {
+            from_mib,
+            usage,
+            buf: [0; 32],
+            pages: Vec::with_capacity(pages),
+            start: None,
+        })
+    }
+
+    /// Touches chunk `i` page by page, each page due at the rate (MiB/s; 0: at once).
+    fn touch(&mut self, chunk: &mut Chunk, i: u64, rate: u64) {
+        let start = *self.start.get_or_insert_with(Instant::now);
+        for (n, page) in chunk.bytes().chunks_mut(4096).enumerate() {
+            if rate > 0 {
+                let index = (i - self.from_mib) * 256 + n as u64;
+                let due = index as f64 / (rate * 256) as f64;
+                if let Some(wait) = Duration::from_secs_f64(due).checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            // SAFETY: a valid, aligned, exclusively borrowed byte of the chunk.
+            unsafe { std::ptr::write_volatile(&mut page[0], 1) };
+            let at = monotonic_ns();
+            let k = self.usage.read_at(&mut self.buf, 0).unwrap_or(0);
+            let usage = std::str::from_utf8(&self.buf[..k])
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0);
+            if self.pages.len() < self.pages.capacity() {
+                self.pages.push((at, usage));
+            }
+        }
+    }
+
+    fn print(&self) {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        for (at, usage) in &self.pages {
+            let _ = writeln!(out, "page {at} {usage}");
+        }
+    }
 }
 
 /// One MiB of memory: from the heap, or a shared anonymous mapping (`MEMHOG_SHARED`).

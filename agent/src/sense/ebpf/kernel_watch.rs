@@ -5,7 +5,8 @@
 //! threshold, because a notification placed on usage can come late: the v1 eventfd is checked
 //! every 128 charged pages per CPU and its level goes stale as the page cache moves. An
 //! armed eBPF slot that follows the page cache has neither problem: the charge program checks
-//! the working set every 16 pages per CPU and writes its record at the crossing. While such a
+//! the working set on every page charged near the level and writes its record at the
+//! crossing. While such a
 //! slot watches a threshold, the loop's 1 ms re-reads only race the kernel's record (a read
 //! that lands between the crossing and the record takes the kill, a fraction of a
 //! millisecond sooner at best) and cost the node a thousand cgroupfs reads a second just when

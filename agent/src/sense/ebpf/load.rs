@@ -151,6 +151,9 @@ impl EbpfSource {
         let facts = kernel_facts(&opts.memcg_items);
         let min_interval_ns = u64::try_from(opts.min_interval.as_nanos()).unwrap_or(u64::MAX);
         let mut facts = facts;
+        if let (Ok(t), Some(pages)) = (facts.thresholds.as_mut(), opts.near_zone_pages) {
+            t.near_pages = pages;
+        }
         let mut mask = ItemMask::zeroed();
         facts.items.retain(|&item, name| {
             let fits = mask.insert(item);

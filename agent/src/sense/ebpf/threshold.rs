@@ -86,8 +86,30 @@ pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, String> {
             .ok()
             .and_then(|t| node_count(&t))
             .unwrap_or(0),
+        near_pages: agent_ebpf::charge_near_pages(possible_cpus()),
         valid: 1,
     })
+}
+
+/// The CPUs the kernel may ever bring online (each may charge pages between two checks);
+/// 64 when the list cannot be read, a wide zone rather than a late crossing.
+fn possible_cpus() -> u64 {
+    std::fs::read_to_string(CPUS_POSSIBLE)
+        .ok()
+        .and_then(|t| id_count(&t))
+        .unwrap_or(64)
+}
+
+const CPUS_POSSIBLE: &str = "/sys/devices/system/cpu/possible";
+
+/// How many ids a kernel id list (`0-3,8-11`) spans: the highest id + 1.
+fn id_count(list: &str) -> Option<u64> {
+    let mut highest: Option<u64> = None;
+    for part in list.trim().split(',') {
+        let last = part.rsplit('-').next()?.trim().parse::<u64>().ok()?;
+        highest = highest.max(Some(last));
+    }
+    Some(highest? + 1)
 }
 
 /// The NUMA nodes the kernel has online.
@@ -96,12 +118,7 @@ const NODES_ONLINE: &str = "/sys/devices/system/node/online";
 /// Highest node id + 1 from a kernel CPU/node list (`0`, `0-1`, `0,2-3`); `None` when it does
 /// not parse or names more than [`MAX_NODES`] nodes (root-cgroup thresholds are then off).
 pub fn node_count(list: &str) -> Option<u64> {
-    let mut highest: Option<u64> = None;
-    for part in list.trim().split(',') {
-        let last = part.rsplit('-').next()?.trim().parse::<u64>().ok()?;
-        highest = highest.max(Some(last));
-    }
-    let n = highest? + 1;
+    let n = id_count(list)?;
     (n <= MAX_NODES as u64).then_some(n)
 }
 
@@ -462,7 +479,7 @@ pub fn slot_for(
         memcg_ptr: 0,
         inactive_pages: 0,
         follow: 0,
-        _pad: 0,
+        near: 0,
     }
 }
 
@@ -514,6 +531,18 @@ fn read_usage(dir: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_near_zone_covers_every_cpu_s_charges_between_two_checks() {
+        assert_eq!(id_count("0-1\n"), Some(2));
+        assert_eq!(id_count("0-3,8-11"), Some(12));
+        assert_eq!(id_count("nonsense"), None);
+        // 2 MiB at least; 160 pages (640 KiB) per CPU beyond that.
+        assert_eq!(agent_ebpf::charge_near_pages(2), 512);
+        assert_eq!(agent_ebpf::charge_near_pages(4), 640);
+        assert_eq!(agent_ebpf::charge_near_pages(64), 64 * 160);
+        assert_eq!(agent_ebpf::charge_near_pages(u64::MAX), u64::MAX);
+    }
 
     #[test]
     fn node_lists_give_the_node_count() {
