@@ -202,8 +202,9 @@ impl Node {
             None => reactor,
         };
         let (tx, rx) = watch::channel(false);
+        // Subscribed before the loop runs: its first pass, at start, may already evict.
+        let decisions = reactor.handle().subscribe();
         let (handle, task) = spawn(reactor, sense, rx);
-        let decisions = handle.subscribe();
         self.loop_ = Some(Loop {
             handle,
             decisions,

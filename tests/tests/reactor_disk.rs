@@ -310,12 +310,13 @@ impl DiskNode {
             Some(reclaimer),
         );
         let (tx, rx) = watch::channel(false);
+        // Subscribed before the loop runs: its first pass, at start, may already act.
+        let decisions = reactor.handle().subscribe();
         let (handle, task) = spawn(reactor, sense, rx);
         let abort = task.abort_handle();
         let done = tokio::spawn(async move {
             let _ = task.await;
         });
-        let decisions = handle.subscribe();
         self.lp = Some(Loop {
             handle,
             decisions,
