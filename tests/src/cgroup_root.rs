@@ -96,11 +96,19 @@ impl TestCgroupRoot {
 
 impl Drop for TestCgroupRoot {
     fn drop(&mut self) {
-        // runc, on this hybrid layout, makes each container's cgroup path in the unified
-        // hierarchy too: a v1 root's namesake there, and everything below it, goes as well.
-        let mirror = Path::new(UNIFIED_ROOT).join(&self.name);
-        if mirror.is_dir() && !self.dirs.contains(&mirror) {
-            self.dirs.push(mirror);
+        // runc, on this hybrid layout, makes each container's cgroup path in every hierarchy
+        // mounted here (the unified one, blkio, devices, freezer, the systemd name
+        // hierarchy), not only in the agent's: a root's namesakes there, and everything
+        // below them, go as well.
+        for mount in std::fs::read_dir(MOUNT_ROOT)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let mirror = mount.path().join(&self.name);
+            if mirror.is_dir() && !self.dirs.contains(&mirror) {
+                self.dirs.push(mirror);
+            }
         }
         // Only this test's processes can be in its own root: kill those left by pid.
         let mut dirs: Vec<PathBuf> = self.leftovers();
