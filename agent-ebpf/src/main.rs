@@ -25,9 +25,10 @@
 //! several LRU and slab updates around it), and then only counts pages per CPU until
 //! `CHARGE_BATCH_PAGES` have gone by; only then does it look the table up and read usage
 //! (three probe reads per watched slot; the ancestor's pointers are learned once, after
-//! checking its kernfs id). Within the near zone of an armed level (`charge_near_pages`: 640
-//! KiB per possible CPU, at least 2 MiB) every CPU checks on every page it charges instead: the page counter moves in per-CPU stocks of 64 pages,
-//! the stock that crosses the level is charged ahead of the pages that use it, and a
+//! checking its kernfs id). Within the near zone of an armed level (`charge_near_pages`:
+//! 640 KiB per possible CPU, at least 2 MiB) every CPU checks on every page it charges
+//! instead: the page counter moves in per-CPU stocks of 64 pages, the stock that crosses
+//! the level is charged ahead of the pages that use it, and a
 //! batched check could fall after the last page of an allocation burst, leaving the
 //! crossing unseen until the next burst (a chunk of the bench's hog, 2.9 ms at 350 MiB/s).
 //! One record per upward crossing; a fired slot re-arms only when usage falls below its

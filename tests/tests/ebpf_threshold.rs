@@ -106,6 +106,15 @@ fn collect(
     }
 }
 
+/// Stops `reactor watch` as a user would (SIGTERM) and waits for it to exit.
+fn stop_watch(agent: &mut ChildGuard) {
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
+        rustix::process::Signal::TERM,
+    );
+    agent.wait_exit("reactor watch", Duration::from_secs(20));
+}
+
 fn is_crossing(v: &serde_json::Value, cgroup: &str) -> bool {
     v["source"] == "ebpf" && v["cgroup"] == cgroup && v["kind"]["type"] == "threshold-crossed"
 }
@@ -143,11 +152,7 @@ fn one_crossing(watched: &str, run_in: &mut TestMemcg) {
         |_| false,
         Duration::ZERO,
     ));
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
-        rustix::process::Signal::TERM,
-    );
-    agent.wait_exit("reactor watch", Duration::from_secs(20));
+    stop_watch(&mut agent);
 
     let ours: Vec<&serde_json::Value> = events
         .iter()
@@ -253,11 +258,7 @@ fn the_root_cgroup_threshold_follows_the_node_counters() {
         Duration::ZERO,
     );
     let now = root_usage();
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
-        rustix::process::Signal::TERM,
-    );
-    agent.wait_exit("reactor watch", Duration::from_secs(20));
+    stop_watch(&mut agent);
     let crossing = events
         .iter()
         .find(|v| is_crossing(v, "/"))
@@ -582,11 +583,7 @@ fn near_its_level_the_crossing_is_caught_on_the_page_that_made_it() {
     };
     let _ = std::fs::remove_file(&trace_path);
     let events = collect(&rx, Duration::from_secs(2), |_| false, Duration::ZERO);
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_raw(agent.0.id() as i32).expect("pid"),
-        rustix::process::Signal::TERM,
-    );
-    agent.wait_exit("reactor watch", Duration::from_secs(20));
+    stop_watch(&mut agent);
     memcg.kill_all();
 
     let pages: Vec<(u64, u64)> = trace

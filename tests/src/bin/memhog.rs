@@ -69,6 +69,15 @@ fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// The usage in the open counter file `file` (read from offset 0 each time); 0 if unreadable.
+fn read_usage(file: &File, buf: &mut [u8; 32]) -> u64 {
+    let n = file.read_at(buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The progress record being written (see the module doc).
 struct Progress {
     words: &'static [AtomicU64],
@@ -128,11 +137,7 @@ impl Progress {
     }
 
     fn usage(&mut self) -> u64 {
-        let n = self.usage.read_at(&mut self.buf, 0).unwrap_or(0);
-        std::str::from_utf8(&self.buf[..n])
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0)
+        read_usage(&self.usage, &mut self.buf)
     }
 
     fn word(&self, entry: usize, field: usize) -> &AtomicU64 {
@@ -272,11 +277,7 @@ impl PageTrace {
             // SAFETY: a valid, aligned, exclusively borrowed byte of the chunk.
             unsafe { std::ptr::write_volatile(&mut page[0], 1) };
             let at = monotonic_ns();
-            let k = self.usage.read_at(&mut self.buf, 0).unwrap_or(0);
-            let usage = std::str::from_utf8(&self.buf[..k])
-                .ok()
-                .and_then(|t| t.trim().parse().ok())
-                .unwrap_or(0);
+            let usage = read_usage(&self.usage, &mut self.buf);
             if self.pages.len() < self.pages.capacity() {
                 self.pages.push((at, usage));
             }
