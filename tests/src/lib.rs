@@ -63,6 +63,18 @@ pub fn reactor_bin() -> PathBuf {
     target.join(profile).join("reactor")
 }
 
+/// The usage an eviction message gives for container `name` ("Container app was using
+/// 207384Ki, ..."), in bytes; `None` when the message names no such figure.
+pub fn message_container_usage(message: &str, name: &str) -> Option<i128> {
+    let after = message
+        .split(&format!("Container {name} was using "))
+        .nth(1)?;
+    let text = after.split(',').next()?;
+    reactor::decide::quantity::Quantity::parse(text)
+        .ok()
+        .map(|q| q.value())
+}
+
 /// The `memhog` helper binary built beside the tests.
 pub fn memhog_bin() -> PathBuf {
     reactor_bin().with_file_name("memhog")

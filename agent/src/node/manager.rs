@@ -341,8 +341,8 @@ impl PodManager {
     /// Notes the kill [`PodManager::kill_now`] made in the kill journal ([`KillJournal`]),
     /// with the eviction's `reason` and `message`, so an agent killed before the owner task's
     /// write-ahead record still ends the pod evicted after its restart instead of starting
-    /// it again. The loop calls it right after the kill, once the message is composed from
-    /// the victim's figures (tens of microseconds it no longer spends before the SIGKILL).
+    /// it again. The loop calls it right after the kill, once the message is composed (the
+    /// victim's figures are read before the SIGKILL; composing the text is not).
     pub fn note_kill(&self, uid: &str, reason: &str, message: &str) {
         self.journal.note(uid, reason, message);
     }

@@ -123,8 +123,9 @@ pub trait PodControl: Send + Sync {
     /// what was killed, with the kill time, is returned; `None` when the pod is not running
     /// here. The loop calls it before [`PodControl::evict`] (with the result), so the kill and
     /// its record are made on the loop's own task and the rest of the stop runs off it. It
-    /// needs no status: the eviction's message is composed from the victim's own figures
-    /// after the kill, off the reaction's path, and told with [`PodControl::note_kill`].
+    /// needs no status: the eviction's message is composed after the kill, off the
+    /// reaction's path (from the victim's figures read just before it), and told with
+    /// [`PodControl::note_kill`].
     /// Default: `None` (the stop kills).
     fn kill_now(&self, uid: &str) -> Option<Evicted> {
         let _ = uid;

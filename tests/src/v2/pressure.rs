@@ -104,6 +104,10 @@ fn eviction_before_oom(name: &str, sense: &str, keeper: &str, woken_by: &[&str])
         agent.log()
     );
     assert_eq!(hog["reason"], "Evicted", "{hog}");
+    // The hog's figure as it was evicted (over 100 MiB on this node), not its remains.
+    let message = hog["message"].as_str().unwrap_or_default();
+    let usage = crate::message_container_usage(message, "app").unwrap_or(0);
+    assert!(usage >= 64 << 20, "{message}");
     let reader = agent.pod("default/reader").unwrap_or(Value::Null);
     assert_eq!(
         reader["phase"], "Running",
