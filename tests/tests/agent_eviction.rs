@@ -507,3 +507,111 @@ fn memory_reclaim_on_v1_warns_once_and_eviction_is_unchanged() {
         );
     }
 }
+
+/// The agent held off the CPU (SIGSTOP) while a workload crosses the eviction level, then let
+/// go: the kernel's record of the crossing and the loop's timer are both due when its thread
+/// comes back, and the pass they start is the record's (`source: ebpf`, with the kernel's
+/// timestamp), not the timer's. A pod held close to the level keeps the loop's close watch
+/// (every 100 ms) running and the charge programs attached; the crossing is made by a
+/// process the test puts in kubepods itself, since the stopped agent cannot start a pod.
+#[test]
+fn a_crossing_recorded_while_the_agent_was_held_off_wakes_its_own_pass() {
+    if !ready()
+        || !require(
+            Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "kernel BTF at /sys/kernel/btf/vmlinux (eBPF)",
+        )
+    {
+        return;
+    }
+    let agent = TestAgent::start(
+        "agent-held-off",
+        "log: {level: info, format: json}\n\
+         node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 128Mi}\n\
+         housekeepingInterval: 1s\n\
+         sense: {ebpf: true, psi: false, memcgThreshold: false, poll: false}\n",
+    );
+    // 360 MiB of the 512: 152 MiB available, within the close watch's margin of the 128 MiB
+    // level and the charge programs' reach of it.
+    agent.apply_ok(&pod("base", json!({}), &["360", "0"]));
+    agent.wait("the pod close to the level", || {
+        agent
+            .pod("default/base")
+            .and_then(|p| p["memoryWorkingSetBytes"].as_u64())
+            .is_some_and(|ws| ws >= 355 << 20)
+    });
+    // A housekeeping pass (1 s) puts the loop on close watch.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        agent
+            .pod("default/base")
+            .is_some_and(|p| p["phase"] == "Running"),
+        "nothing evicted before the crossing: {}",
+        agent.log()
+    );
+
+    let spike_dir = agent.cgroup_dir("memory", "kubepods/held-off-spike");
+    std::fs::create_dir(&spike_dir).expect("the spike's cgroup");
+    let pid = rustix::process::Pid::from_raw(i32::try_from(agent.pid()).expect("pid"))
+        .expect("the agent's pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
+    let procs = spike_dir.join("cgroup.procs");
+    let mut cmd = Command::new(memhog_bin());
+    cmd.args(["48", "0", "3600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: only writes a file between fork and exec in a single-purpose child.
+        unsafe {
+            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
+        }
+    }
+    let spike = ChildGuard(cmd.spawn().expect("start the spike"));
+    let usage = spike_dir.join("memory.usage_in_bytes");
+    let started = Instant::now();
+    while std::fs::read_to_string(&usage)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .is_none_or(|u| u < 47 << 20)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the spike never reached 47 MiB"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Past the level, with the agent still stopped: its close watch is overdue too.
+    std::thread::sleep(Duration::from_millis(300));
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).expect("SIGCONT");
+
+    agent.wait("the pod to be evicted", || {
+        agent
+            .pod("default/base")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    let evicted =
+        |l: &&str| l.contains("eviction decision") && l.contains(r#"\"type\":\"evicted\""#);
+    agent.wait("the eviction decision in the log", || {
+        agent.log().lines().any(|l| evicted(&l))
+    });
+    drop(spike);
+    let _ = std::fs::remove_dir(&spike_dir);
+    let log = agent.log();
+    let decision = log.lines().find(evicted).unwrap_or_default();
+    let fields = serde_json::from_str::<Value>(decision)
+        .map(|v| v["fields"].clone())
+        .unwrap_or(Value::Null);
+    assert_eq!(
+        fields["source"],
+        "ebpf",
+        "the pass is the kernel record's, not the timer's: {decision}\nthen:\n{}",
+        log.lines()
+            .filter(|l| l.contains("pressure event") || l.contains("eviction decision"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_ne!(fields["detection_lag"], "-", "{decision}");
+}

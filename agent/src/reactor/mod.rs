@@ -171,6 +171,12 @@ enum CloseWatch {
 /// CPU farther away), and a slot's level is rounded up to a page.
 const KERNEL_WATCH_SLACK_BYTES: u64 = 64 << 10;
 
+/// The longest a pass the timer started waits for a kernel record already in the ring
+/// buffer ([`Reactor::kernel_record_with_timer`]): one turn of the runtime is enough (the
+/// drain task is ready), so this bound only matters if the drain task is stuck, and it is
+/// short beside the timer periods (1 ms close, 100 ms kernel-watched).
+const KERNEL_RECORD_WAIT: Duration = Duration::from_millis(2);
+
 /// What woke the loop.
 enum Woke {
     /// A sense event, or the re-check timer (`None`).
@@ -311,13 +317,12 @@ impl<P: PodControl + 'static> Reactor<P> {
                 () = tokio::time::sleep(sleep) => Woke::Sense(None),
                 Some(()) = next_change(&mut pods_changed) => Woke::Pods,
             };
-            let first = match woke {
-                Woke::Sense(first) => {
-                    if first.is_none() {
-                        self.count_close_reread();
-                    }
-                    first
+            let (first, timed) = match woke {
+                Woke::Sense(None) => {
+                    self.count_close_reread();
+                    (Self::kernel_record_with_timer(&mut sense).await, true)
                 }
+                Woke::Sense(first) => (first, false),
                 Woke::StopEnded(ended) => {
                     self.stop_ended(ended);
                     continue;
@@ -329,11 +334,28 @@ impl<P: PodControl + 'static> Reactor<P> {
             };
             let mut received: Vec<Received> = first.into_iter().collect();
             self.drain(&mut sense, &mut received).await;
-            let Some(wake) = self.take_events(received) else {
-                continue;
+            // The timer's pass runs even when the record it waited for is another node's.
+            let wake = match self.take_events(received) {
+                Some(wake) => wake,
+                None if timed => Wake::timer(self.episode.clone()),
+                None => continue,
             };
             self.evaluate(wake, &mut sense).await;
         }
+    }
+
+    /// A kernel record that was due with the timer: when the thread comes back from being
+    /// held off the CPU past the timer's period, the record may still be in the ring buffer,
+    /// its drain task not yet run ([`Sense::kernel_record_waiting`]). Waits for it at most
+    /// [`KERNEL_RECORD_WAIT`]: the pass is then the record's, with the kernel's timestamp.
+    async fn kernel_record_with_timer(sense: &mut Sense) -> Option<Received> {
+        if !sense.kernel_record_waiting() {
+            return None;
+        }
+        tokio::time::timeout(KERNEL_RECORD_WAIT, sense.next())
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Counts a pass the timer started while a memory signal was close to a threshold.

@@ -406,6 +406,14 @@ impl EbpfSource {
         self.kernel_watch.clone()
     }
 
+    /// A duplicate of the ring buffer's fd, to ask without reading it whether a record is
+    /// waiting (`POLLIN`): the reactor loop asks before a pass its timer started
+    /// ([`crate::sense::Sense::kernel_record_waiting`]). `None` if the fd cannot be duplicated.
+    pub fn ring_probe(&self) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd as _;
+        self.ring.as_fd().try_clone_to_owned().ok()
+    }
+
     /// The programs that did not attach, each with the reason.
     pub fn missing(&self) -> Vec<(&'static str, String)> {
         self.missing.clone()

@@ -393,6 +393,9 @@ pub struct Sense {
     thresholds: memcg::MemcgThresholds,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
     kernel_watch: ebpf::kernel_watch::KernelWatch,
+    /// Duplicates of the kernel sources' fds that say, without being read, that a record is
+    /// waiting (the eBPF ring buffer's).
+    probes: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Sense {
@@ -409,6 +412,7 @@ impl Sense {
             thresholds: memcg::ThresholdsBuilder::default(),
             charge_switch: None,
             kernel_watch: ebpf::kernel_watch::KernelWatch::default(),
+            probes: Vec::new(),
         };
         let hierarchy = match &opts.hierarchy {
             Some(h) => Ok(h.clone()),
@@ -456,6 +460,7 @@ impl Sense {
             thresholds,
             charge_switch,
             kernel_watch,
+            probes,
         } = attaching;
         // Only the tasks hold senders now: the channel closes when the last source stops.
         drop(tx);
@@ -488,7 +493,32 @@ impl Sense {
             thresholds: thresholds.build(),
             charge_switch,
             kernel_watch,
+            probes,
         })
+    }
+
+    /// Whether a kernel record is waiting in the eBPF ring buffer that its drain task has not
+    /// handed on yet: one `poll` with no wait. A pass the loop's timer starts asks first. When
+    /// the loop's thread was held off the CPU past the timer's period (a starved or stopped
+    /// thread), the record and the timer are both due as it comes back, and the drain task,
+    /// though ready, may run after the loop's (an interrupted `epoll_wait` even leaves it
+    /// unwoken until the runtime's next turn); the loop then waits for the record, briefly,
+    /// so the pass is the kernel's, with its timestamp, rather than the timer's.
+    pub fn kernel_record_waiting(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags};
+        let mut fds: Vec<PollFd<'_>> = self
+            .probes
+            .iter()
+            .map(|fd| PollFd::new(fd, PollFlags::IN))
+            .collect();
+        if fds.is_empty() {
+            return false;
+        }
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
     }
 
     /// The switch that takes the eBPF charge programs off their tracepoint while a victim
@@ -551,6 +581,7 @@ struct Attaching {
     thresholds: memcg::ThresholdsBuilder,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
     kernel_watch: ebpf::kernel_watch::KernelWatch,
+    probes: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Attaching {
@@ -605,6 +636,7 @@ impl Attaching {
                 }
                 self.charge_switch = source.charge_switch();
                 self.kernel_watch = source.kernel_watch();
+                self.probes.extend(source.ring_probe());
                 let tx = self.tx.clone();
                 let task = async move {
                     if let Err(e) = source.run(tx).await {
