@@ -117,7 +117,7 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                         Some(uid.as_str())
                     );
                     eprintln!(
-                        "rep {rep}: timer={} coalesced={} detection={:?} event={:?} observed-after-event={:?} reaction={:?} decide-to-kill={:?} release={:?}",
+                        "rep {rep}: timer={} coalesced={} detection={:?} event={:?} observed-after-event={:?} reaction={:?} decide-to-kill={:?} (cpu {:?}) release={:?}",
                         d.wake.timer,
                         d.wake.coalesced,
                         d.wake.detection_lag_ns,
@@ -125,11 +125,23 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                         d.wake.event.as_ref().map(|e| d.observed_at_ns.saturating_sub(e.at_ns)),
                         d.reaction_lag_ns,
                         d.decide_to_kill_ns,
+                        d.decide_to_kill_cpu_ns,
                         back.release_ns
                     );
                     if let Some(l) = d.reaction_lag_ns {
                         lags.push(l);
                     }
+                    // The loop thread's CPU time over its pass to the kill: some, and never
+                    // more than the wall time of the same span (one thread; the two clocks
+                    // are read a few calls apart at each end, hence the slack).
+                    let (wall, cpu) = (
+                        d.decide_to_kill_ns.expect("a kill's wall time"),
+                        d.decide_to_kill_cpu_ns.expect("a kill's CPU time"),
+                    );
+                    assert!(
+                        cpu > 0 && cpu <= wall + 20_000,
+                        "cpu {cpu} ns, wall {wall} ns"
+                    );
                     // "ebpf threshold-crossed", "memcg-threshold threshold-crossed", "timer", ...
                     sources.push(d.wake.event.as_ref().map_or("timer".to_string(), |e| {
                         let kind = e.kind.to_string();

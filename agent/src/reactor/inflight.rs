@@ -328,6 +328,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             },
             reaction_lag_ns: None,
             decide_to_kill_ns: None,
+            decide_to_kill_cpu_ns: None,
             release_ns: r.release_ns,
             unprevented_ooms: self.unprevented_ooms,
             memory_reclaim: None,

@@ -124,6 +124,9 @@ pub struct Reactor<P> {
     pressure: watch::Sender<Option<NodePressure>>,
     transitions: status::Transitions,
     seq: u64,
+    /// The loop thread's CPU time as this pass began to observe (for the decision's
+    /// `decide_to_kill_cpu_ns`).
+    pass_cpu_ns: u64,
     unprevented_ooms: u64,
     oom_counts: BTreeMap<(String, String), u64>,
     /// The first kernel event of the current pressure episode (since the last evaluation
@@ -240,6 +243,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             pressure: watch::channel(None).0,
             transitions: status::Transitions::default(),
             seq: 0,
+            pass_cpu_ns: 0,
             unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
             episode: None,
@@ -468,6 +472,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// One evaluation, and the ones an eviction leads to at once.
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
+            self.pass_cpu_ns = crate::sense::thread_cpu_ns();
             let signals = self.observer.observe();
             self.move_thresholds(&signals);
             if let Some(layout) = signals.fs_layout() {
@@ -517,6 +522,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 action: Action::None,
                 reaction_lag_ns: None,
                 decide_to_kill_ns: None,
+                decide_to_kill_cpu_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
                 memory_reclaim: None,
@@ -845,6 +851,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
                 reaction_lag_ns: None,
                 decide_to_kill_ns: None,
+                decide_to_kill_cpu_ns: None,
                 release_ns: None,
                 unprevented_ooms: self.unprevented_ooms,
                 memory_reclaim: None,

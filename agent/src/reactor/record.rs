@@ -216,6 +216,12 @@ pub struct Decision {
     /// From the signals being read (`observed_at_ns`) to the victim's SIGKILL: the agent's own
     /// share of the reaction, for every eviction however it was woken.
     pub decide_to_kill_ns: Option<u64>,
+    /// The loop thread's CPU time over the same span (`CLOCK_THREAD_CPUTIME_ID`): close to
+    /// `decide_to_kill_ns` when the thread ran throughout, well below it when it waited (off
+    /// the CPU, or blocked). Whether the hypervisor's steal counts as running depends on the
+    /// kernel's steal accounting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decide_to_kill_cpu_ns: Option<u64>,
     /// From SIGKILL to the victim's pod cgroup being empty (on the eviction's
     /// [`Action::Released`] record).
     pub release_ns: Option<u64>,
@@ -277,6 +283,7 @@ impl Decision {
             reaction_lag = %go(self.reaction_lag_ns),
             reaction_lag_ns = self.reaction_lag_ns,
             decide_to_kill_ns = self.decide_to_kill_ns,
+            decide_to_kill_cpu_ns = self.decide_to_kill_cpu_ns,
             release = %go(self.release_ns),
             release_ns = self.release_ns,
             unprevented_ooms = self.unprevented_ooms,

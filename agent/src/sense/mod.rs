@@ -236,6 +236,15 @@ impl std::fmt::Display for Kind {
     }
 }
 
+/// The calling thread's CPU time so far (`CLOCK_THREAD_CPUTIME_ID`), in nanoseconds: beside
+/// a span of [`monotonic_ns`] it tells a thread that ran throughout from one that waited.
+pub fn thread_cpu_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock `bpf_ktime_get_ns()` reads, so eBPF
 /// timestamps and ours compare directly.
 pub fn monotonic_ns() -> u64 {

@@ -151,6 +151,9 @@ struct Rep {
     /// The reaction's second part: the pass's observation, from its start, → the SIGKILL
     /// (the decision's `decide_to_kill_ns`); the first part, event → observed, is the rest.
     observe_to_kill_ns: Option<u64>,
+    /// The loop thread's CPU time over the same span (`decide_to_kill_cpu_ns`): near it when
+    /// the thread ran throughout, well below it when it waited.
+    observe_to_kill_cpu_ns: Option<u64>,
     crossing_to_released_ns: Option<u64>,
     /// The two halves of it: crossing → the agent's SIGKILL, and SIGKILL → the victim's
     /// cgroup empty (its memory reaped by `process_mrelease` in between, where the kernel
@@ -453,6 +456,7 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
         }
         rep.reaction_ns = d.reaction_lag_ns;
         rep.observe_to_kill_ns = d.decide_to_kill_ns;
+        rep.observe_to_kill_cpu_ns = d.decide_to_kill_cpu_ns;
         if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
             rep.event_after_crossing_ns = Some(e.at_ns.wrapping_sub(c) as i64);
             if let Kind::ThresholdCrossed {
@@ -686,6 +690,41 @@ fn rows_full_agent_p99(rows: &[Row]) -> BTreeMap<u64, u64> {
         .collect()
 }
 
+/// The slowest crossing → SIGKILL of a row taken apart, for its note: where the time went
+/// (the kernel's event after the crossing, the event's wait for the loop's pass, the pass to
+/// the kill) and whether the loop's thread ran through its pass (its CPU time beside it).
+fn slowest_kill(reps: &[Rep]) -> String {
+    let Some((i, x)) = reps
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.crossing_to_kill_ns.is_some())
+        .max_by_key(|(_, x)| x.crossing_to_kill_ns)
+    else {
+        return String::new();
+    };
+    let ms = |ns: u64| format!("{:.2} ms", ns as f64 / 1e6);
+    let signed_ms = |ns: i64| format!("{:.2} ms", ns as f64 / 1e6);
+    let mut parts = Vec::new();
+    if let Some(e) = x.event_after_crossing_ns {
+        parts.push(format!("event {} after the crossing", signed_ms(e)));
+    }
+    if let (Some(r), Some(o)) = (x.reaction_ns, x.observe_to_kill_ns) {
+        parts.push(format!("event → pass {}", ms(r.saturating_sub(o))));
+    }
+    if let Some(o) = x.observe_to_kill_ns {
+        let cpu = x.observe_to_kill_cpu_ns.map_or(String::new(), |c| {
+            format!(" (loop thread on CPU {})", ms(c))
+        });
+        parts.push(format!("pass → SIGKILL {}{cpu}", ms(o)));
+    }
+    format!(
+        "; the slowest, repetition {i}: {} = {}, woken by {}",
+        ms(x.crossing_to_kill_ns.unwrap_or(0)),
+        parts.join(" + "),
+        x.woken_by.as_deref().unwrap_or("-")
+    )
+}
+
 fn summarise(
     rows: &[Row],
     reps: usize,
@@ -740,12 +779,13 @@ fn summarise(
         if r.mode == "full agent" && to_kill.n > 0 {
             halves_notes.push(format!(
                 "{} MiB/s full agent: crossing → SIGKILL p50 {} p99 {}, SIGKILL → cgroup empty \
-                 p50 {} p99 {}",
+                 p50 {} p99 {}{}",
                 r.rate,
                 to_kill.p50_text(),
                 to_kill.p99_text(),
                 to_released.p50_text(),
-                to_released.p99_text()
+                to_released.p99_text(),
+                slowest_kill(&r.reps)
             ));
         }
         let mut woken: BTreeMap<&str, usize> = BTreeMap::new();
@@ -794,6 +834,7 @@ fn summarise(
                 "kill_after_crossing_ns": x.kill_after_crossing_ns,
                 "reaction_ns": x.reaction_ns,
                 "observe_to_kill_ns": x.observe_to_kill_ns,
+                "observe_to_kill_cpu_ns": x.observe_to_kill_cpu_ns,
                 "event_after_crossing_ns": x.event_after_crossing_ns,
                 "event_usage_past_level_bytes":
                     x.event_usage.map(|u| u.wrapping_sub(x.clock.level) as i64),
