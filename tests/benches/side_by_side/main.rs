@@ -241,6 +241,30 @@ fn machine() -> (String, Value) {
     (line, value)
 }
 
+/// The machine's CPU time so far, summed over its CPUs, from the first line of `/proc/stat`:
+/// (stolen by the hypervisor, all ticks), in clock ticks (`USER_HZ`, 100 per second here).
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest and guest_nice are in user).
+    let steal = *v.get(7)?;
+    Some((steal, v.iter().take(8).sum()))
+}
+
+/// What the hypervisor took from the machine during a part: its steal time as a share of
+/// the CPU time that passed (both CPUs), for the report's note and JSON.
+fn steal_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<(f64, f64)> {
+    let ((s0, t0), (s1, t1)) = (before?, after?);
+    let total = t1.checked_sub(t0).filter(|t| *t > 0)?;
+    let steal = s1.saturating_sub(s0);
+    // USER_HZ is 100 on Linux.
+    Some((steal as f64 / 100.0, steal as f64 / total as f64))
+}
+
 fn preflight() -> Result<()> {
     if !reactor_tests::is_root() {
         bail!("the benchmark needs root (cgroups, eBPF, PSI triggers)");
@@ -292,8 +316,10 @@ fn main() -> Result<()> {
     let mut parts: Vec<Part> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let mut timings = serde_json::Map::new();
+    let mut stolen = serde_json::Map::new();
     for key in PARTS.into_iter().filter(|p| wanted(p)) {
         let t = Instant::now();
+        let ticks = cpu_ticks();
         eprintln!("bench: part {key} ...");
         let result = match key {
             "lag" => lag::run(&opts),
@@ -310,8 +336,21 @@ fn main() -> Result<()> {
         };
         let secs = t.elapsed().as_secs_f64();
         timings.insert(key.to_string(), json!(secs));
+        let steal = steal_share(ticks, cpu_ticks());
+        if let Some((s, share)) = steal {
+            stolen.insert(key.to_string(), json!({"seconds": s, "share": share}));
+        }
         match result {
-            Ok(part) => {
+            Ok(mut part) => {
+                // A slow figure is first a question about the machine: say what the
+                // hypervisor took while it was measured.
+                if let (Some((s, share)), Some(t)) = (steal, part.tables.last_mut()) {
+                    t.note(format!(
+                        "machine during this part: {s:.1} s of CPU time stolen by the \
+                         hypervisor ({:.2} % of both CPUs' time, /proc/stat steal)",
+                        share * 100.0
+                    ));
+                }
                 for table in &part.tables {
                     println!("\n{}", table.text());
                 }
@@ -355,6 +394,7 @@ fn main() -> Result<()> {
     doc.insert("quick".into(), json!(opts.quick));
     doc.insert("machine".into(), machine_json);
     doc.insert("seconds".into(), json!({"total": total, "parts": timings}));
+    doc.insert("steal".into(), Value::Object(stolen));
     doc.insert("failures".into(), json!(failures));
     for p in &parts {
         doc.insert(p.key.to_string(), p.json.clone());
