@@ -335,6 +335,32 @@ pub(crate) fn program_stats(ebpf: &aya::Ebpf, name: &'static str) -> Option<Prog
     })
 }
 
+/// The runs and run time, summed, of every program of the agent's object loaded on this
+/// machine now, by any process: a measure from outside the agent (bench part 7b reads it
+/// around each program it times). Matched by the kernel's copy of the name, which keeps 15
+/// bytes. Counted only while statistics are on ([`enable_stats`]); a program whose
+/// information cannot be read (gone since it was listed) is left out.
+pub fn loaded_program_totals() -> ProgramStats {
+    let ours: Vec<&[u8]> = TRACEPOINTS
+        .iter()
+        .map(|t| &t.program.as_bytes()[..t.program.len().min(15)])
+        .collect();
+    let mut total = ProgramStats {
+        program: "every agent program",
+        ..ProgramStats::default()
+    };
+    for info in aya::programs::loaded_programs() {
+        let Ok(info) = info else { continue };
+        if ours.contains(&info.name()) {
+            total.runs = total.runs.saturating_add(info.run_count());
+            total.run_ns = total
+                .run_ns
+                .saturating_add(u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX));
+        }
+    }
+    total
+}
+
 /// Turns the kernel's per-program statistics on (`BPF_ENABLE_STATS`) for as long as the
 /// returned descriptor is open: the same switch as `kernel.bpf_stats_enabled`, counted, so
 /// closing it restores whatever the sysctl said. Costs two clock reads per program run while

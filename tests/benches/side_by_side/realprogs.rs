@@ -1,8 +1,11 @@
 //! Part 7b: what the agent costs real programs on a calm node. Three programs, each run to
 //! its end with the release `reactor run` on (every source, started as the footprint part
 //! starts it, on the API-load part's modelled 512 MiB node with no pods, so its watched
-//! cgroups are far from their levels) and with no agent running, in alternating rounds
-//! (even rounds off then on, odd rounds on then off) so the machine's drift hits both alike:
+//! cgroups are far from their levels), with no agent running, and with the agent running
+//! every source but eBPF, in rounds where each side takes each place in turn so the
+//! machine's drift hits them alike. The third side tells the kernel programs' cost from an
+//! agent process's: on this VM programs have run faster with an agent running than with
+//! none, in CPU time too (the CPUs' idle behaviour, not something the agent does for them).
 //!
 //! - a compressor: `xz -6 -T1` of generated text, compressible but not trivially (words
 //!   from a 512-word vocabulary and numbers, picked by a fixed pseudo-random sequence);
@@ -38,6 +41,15 @@ const RUN_LIMIT: u64 = 1 << 30;
 const XZ_INPUT_MI: u64 = 4;
 /// The C file's functions (9 lines each).
 const C_FUNCTIONS: usize = 300;
+/// The sides of a round, by index: no agent, the agent with every source, the agent without
+/// eBPF.
+const SIDES: [&str; 3] = ["off", "on", "no-ebpf"];
+const OFF: usize = 0;
+const NO_EBPF: usize = 2;
+/// The agent's sources but eBPF: what an agent process costs a program (and how the machine
+/// runs with one) without the kernel programs, the part of the cost issue 26 is about.
+const SENSE_NO_EBPF: &str =
+    "sense:\n  ebpf: false\n  psi: true\n  memcgThreshold: true\n  poll: true\n";
 const PYTHON: &str = "d = {i: i for i in range(2_000_000)}\n\
                       b = [bytearray(b'\\x01') * 4096 for _ in range(100_000)]\n";
 
@@ -127,13 +139,41 @@ fn executable(tool: &str) -> Option<PathBuf> {
     })
 }
 
-/// One run of `p` in a fresh child cgroup of `root`: its wall time, seconds.
-fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<f64> {
+/// User + system CPU time of the children this process has waited for, seconds.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// What one run came to.
+struct Run {
+    /// Wall time, s.
+    secs: f64,
+    /// User + system time, s.
+    cpu: f64,
+    /// Runs of the agent's eBPF programs during it (anyone's, on the whole machine) and
+    /// their time, ns: 0 unless an agent's programs are on a tracepoint the run enters.
+    ebpf: (u64, u64),
+}
+
+/// One run of `p` in a fresh child cgroup of `root`: its wall time and its CPU time (user +
+/// system, its own children's included: gcc's cc1), seconds. The CPU time holds what the
+/// agent's kernel programs cost the program (they run in its context, as system time)
+/// without the waits that other work on the machine adds to the wall time.
+fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<Run> {
     let mut cg = root
         .child(tag)
         .with_context(|| format!("the cgroup for {}", p.name))?;
     std::fs::write(cg.path.join("memory.limit_in_bytes"), RUN_LIMIT.to_string())
         .with_context(|| format!("limiting the cgroup for {}", p.name))?;
+    let cpu0 = children_cpu();
+    let ebpf0 = reactor::sense::ebpf::loaded_program_totals();
     let (status, took) = cg
         .run(
             Command::new(&p.exe)
@@ -143,11 +183,21 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<f64> {
                 .stderr(Stdio::null()),
         )
         .with_context(|| format!("running {}", p.tool))?;
+    let cpu = children_cpu() - cpu0;
+    let ebpf1 = reactor::sense::ebpf::loaded_program_totals();
+    let ebpf = (
+        ebpf1.runs.saturating_sub(ebpf0.runs),
+        ebpf1.run_ns.saturating_sub(ebpf0.run_ns),
+    );
     drop(cg);
     if !status.success() {
         bail!("{} ({}) exited {status}", p.name, p.tool);
     }
-    Ok(took.as_secs_f64())
+    Ok(Run {
+        secs: took.as_secs_f64(),
+        cpu,
+        ebpf,
+    })
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -206,19 +256,25 @@ pub fn run(opts: &Opts) -> Result<Part> {
     // Read the input once so every run finds it in the page cache.
     std::fs::read(&input).context("reading the compressor's input")?;
     let root = TestMemcg::new("bench-realprogs", 4 << 30).context("the part's test memcg")?;
-    // times[program][0 = off, 1 = on]
-    let mut times: Vec<[Vec<f64>; 2]> = programs.iter().map(|_| [vec![], vec![]]).collect();
+    // times[program][side], and the same for CPU time
+    let mut times: Vec<[Vec<f64>; 3]> = programs.iter().map(|_| Default::default()).collect();
+    let mut cpus: Vec<[Vec<f64>; 3]> = programs.iter().map(|_| Default::default()).collect();
+    // Runs and ns of the agent's programs, summed over the rounds.
+    let mut ebpf: Vec<[(u64, u64); 3]> = programs.iter().map(|_| Default::default()).collect();
+    // Counted on every side alike; counting costs only where a program runs.
+    let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
     for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for on in order {
-            let agent = on.then(|| {
+        // Each side takes each place in the round in turn.
+        for k in 0..3 {
+            let side = (round + k) % 3;
+            let agent = (side != OFF).then(|| {
                 TestAgent::start_sensing(
-                    &format!("bench-realprogs-agent-{round}"),
-                    crate::footprint::SENSE_ALL,
+                    &format!("bench-realprogs-agent-{round}-{side}"),
+                    if side == NO_EBPF {
+                        SENSE_NO_EBPF
+                    } else {
+                        crate::footprint::SENSE_ALL
+                    },
                     crate::api_load::NODE,
                 )
             });
@@ -229,9 +285,12 @@ pub fn run(opts: &Opts) -> Result<Part> {
                 if !present[i] {
                     continue;
                 }
-                let tag = format!("r{round}-{}-{i}", if on { "on" } else { "off" });
-                let secs = run_one(&root, p, &tag)?;
-                times[i][usize::from(on)].push(secs);
+                let tag = format!("r{round}-{}-{i}", SIDES[side]);
+                let run = run_one(&root, p, &tag)?;
+                times[i][side].push(run.secs);
+                cpus[i][side].push(run.cpu);
+                ebpf[i][side].0 += run.ebpf.0;
+                ebpf[i][side].1 += run.ebpf.1;
             }
             drop(agent);
         }
@@ -247,6 +306,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "off median",
             "on median",
             "on / off",
+            "paired on / off",
+            "CPU on / off",
+            "no-eBPF median",
+            "on / no-eBPF paired",
+            "eBPF runs (on)",
             "off min–max",
             "on min–max",
         ],
@@ -254,12 +318,24 @@ pub fn run(opts: &Opts) -> Result<Part> {
     .text_columns(2);
     let mut rows = Vec::new();
     let mut samples = 0;
-    for ((p, ok), [off, on]) in programs.iter().zip(&present).zip(&times) {
+    for ((((p, ok), [off, on, no_ebpf]), [cpu_off, cpu_on, cpu_no_ebpf]), ran) in programs
+        .iter()
+        .zip(&present)
+        .zip(&times)
+        .zip(&cpus)
+        .zip(&ebpf)
+    {
+        let (ebpf_runs, ebpf_ns) = ran[1];
         let command = format!("{} {}", p.tool, p.args.first().map_or("", String::as_str));
         if !ok {
             t.row(vec![
                 p.name.to_string(),
                 format!("{} NOT INSTALLED: not measured", p.tool),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".into(),
@@ -278,12 +354,23 @@ pub fn run(opts: &Opts) -> Result<Part> {
         };
         let (off_lo, off_hi) = spread(off.as_slice());
         let (on_lo, on_hi) = spread(on.as_slice());
+        // Each round's on / off, taken back to back: drift slower than a round cancels.
+        let paired: Vec<f64> = on.iter().zip(off).map(|(a, b)| a / b).collect();
+        let m_paired = median(&paired);
+        let m_cpu = median(cpu_on) / median(cpu_off);
+        let eb_paired: Vec<f64> = on.iter().zip(no_ebpf).map(|(a, b)| a / b).collect();
+        let m_eb_paired = median(&eb_paired);
         t.row(vec![
             p.name.to_string(),
             command,
             format!("{m_off:.3} s"),
             format!("{m_on:.3} s"),
             format!("{:.3}", m_on / m_off),
+            format!("{m_paired:.3}"),
+            format!("{m_cpu:.3}"),
+            format!("{:.3} s", median(no_ebpf)),
+            format!("{m_eb_paired:.3}"),
+            format!("{ebpf_runs} ({:.1} µs)", ebpf_ns as f64 / 1e3),
             format!("{off_lo:.3}–{off_hi:.3} s"),
             format!("{on_lo:.3}–{on_hi:.3} s"),
         ]);
@@ -293,22 +380,38 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "off_seconds": off, "on_seconds": on,
             "off_median_s": m_off, "on_median_s": m_on, "ratio_on_off": m_on / m_off,
             "off_min_s": off_lo, "off_max_s": off_hi, "on_min_s": on_lo, "on_max_s": on_hi,
+            "paired_ratios": paired, "paired_ratio_median": m_paired,
+            "off_cpu_seconds": cpu_off, "on_cpu_seconds": cpu_on, "cpu_ratio_on_off": m_cpu,
+            "no_ebpf_seconds": no_ebpf, "no_ebpf_cpu_seconds": cpu_no_ebpf,
+            "no_ebpf_median_s": median(no_ebpf),
+            "paired_ratios_on_no_ebpf": eb_paired, "paired_ratio_on_no_ebpf_median": m_eb_paired,
+            "on_ebpf_runs": ebpf_runs, "on_ebpf_run_ns": ebpf_ns,
+            "off_ebpf_runs": ran[0].0, "no_ebpf_side_ebpf_runs": ran[2].0,
         }));
     }
     t.note(format!(
-        "{rounds} alternating rounds (even rounds off then on, odd rounds on then off), one run \
-         of each program per round and side; wall time from spawn to exit, each run in its \
+        "{rounds} rounds, each side taking each place in a round in turn, one run of each \
+         program per round and side; wall time from spawn to exit, each run in its \
          own 1 GiB-limited memory cgroup of the part's test cgroup"
     ));
     t.note(format!(
         "on: the release `reactor run`, every source on (eBPF, PSI, memcg notification, tick), \
          realtimePriority 10, a modelled 512 MiB node with no pods, so its watched cgroups are \
-         far from their levels (calm); off: no agent running; both sides wait 2 s before \
-         their runs; compressor: xz -6 -T1 of {XZ_INPUT_MI} MiB of generated text; C compile: \
+         far from their levels (calm); off: no agent running; no-eBPF: the same agent with \
+         sense.ebpf false; every side waits 2 s before its runs; compressor: xz -6 -T1 of {XZ_INPUT_MI} MiB of generated text; C compile: \
          gcc -O2 -c of {} lines; interpreter: python3 (run by its own path, sys.executable), a \
          2 M-entry dict plus 100 k page-sized bytearrays",
         C_FUNCTIONS * 9
     ));
+    t.note(
+        "on / off: the medians' ratio; paired: the median of each round's on / off (the two \
+         runs a round makes back to back); CPU: the medians of user + system time (getrusage \
+         of the waited-for run, its children included), where the agent's kernel programs, \
+         run in the program's own context, show and other load on the machine does not; \
+         on / no-eBPF: the median of each round's on / no-eBPF, the kernel programs' own share; \
+         eBPF runs: how often any of the agent's programs ran during the on runs, all rounds \
+         together, and their time (kernel statistics, on for every side)",
+    );
     t.note("target (issue 26, reported, never judged): each program's on / off within 1.02");
     Ok(Part {
         key: "realprogs",
