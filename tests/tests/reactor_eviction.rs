@@ -56,6 +56,7 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
     let mut ok = 0;
     let mut lags = Vec::new();
     let mut sources = Vec::new();
+    let mut with_cpu = 0;
     for rep in 0..reps {
         let uid = format!("be{rep}");
         // 600 MiB at 350 MiB/s: the 512 MiB node runs out in about a second.
@@ -131,17 +132,21 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                     if let Some(l) = d.reaction_lag_ns {
                         lags.push(l);
                     }
-                    // The loop thread's CPU time over its pass to the kill: some, and never
-                    // more than the wall time of the same span (one thread; the two clocks
-                    // are read a few calls apart at each end, hence the slack).
-                    let (wall, cpu) = (
-                        d.decide_to_kill_ns.expect("a kill's wall time"),
-                        d.decide_to_kill_cpu_ns.expect("a kill's CPU time"),
-                    );
-                    assert!(
-                        cpu > 0 && cpu <= wall + 20_000,
-                        "cpu {cpu} ns, wall {wall} ns"
-                    );
+                    // The loop thread's CPU time over its pass to the kill: some, and not
+                    // more than the wall time of the same span but for the slack: the two
+                    // clocks are read a few calls apart at each end, and the CPU clock runs
+                    // on each CPU's scheduler clock, which on this VM has read 26 µs over
+                    // the wall time once the thread moved between CPUs. Here the loop shares
+                    // a two-worker runtime and can move between them at an await; the
+                    // figure is then left out (the agent's loop has one worker).
+                    let wall = d.decide_to_kill_ns.expect("a kill's wall time");
+                    if let Some(cpu) = d.decide_to_kill_cpu_ns {
+                        assert!(
+                            cpu > 0 && cpu <= wall + 100_000,
+                            "cpu {cpu} ns, wall {wall} ns"
+                        );
+                        with_cpu += 1;
+                    }
                     // "ebpf threshold-crossed", "memcg-threshold threshold-crossed", "timer", ...
                     sources.push(d.wake.event.as_ref().map_or("timer".to_string(), |e| {
                         let kind = e.kind.to_string();
@@ -176,6 +181,10 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
         );
         assert!(node.is_running("b").await, "the Burstable pod is untouched");
     }
+    assert!(
+        with_cpu > 0 || ok == 0,
+        "no kill of {ok} had the loop thread's CPU time"
+    );
     (ok, lags, sources)
 }
 

@@ -12,6 +12,8 @@
 
 use std::time::Duration;
 
+use crate::sense::ThreadCpu;
+
 use super::inflight::InFlight;
 use super::pods::{pod_cgroup_path, ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
@@ -201,7 +203,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
         }
         let killed_at = killed.and_then(|k| k.killed_at_ns);
-        self.time_kill(killed_at, killed.and_then(|k| k.killed_cpu_ns), decision);
+        self.time_kill(killed_at, killed.and_then(|k| k.killed_cpu), decision);
         if let Some(m) = &self.metrics {
             m.record_eviction(reclaim.signal, info.qos);
         }
@@ -261,7 +263,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             f.message.clone(),
         );
         tracing::info!(%pod, %uid, killed = killed.killed, "eviction escalated: a hard threshold is met during the pod's grace period");
-        self.time_kill(killed.killed_at_ns, killed.killed_cpu_ns, decision);
+        self.time_kill(killed.killed_at_ns, killed.killed_cpu, decision);
         decision.action = Action::Evicted {
             uid,
             pod,
@@ -279,10 +281,15 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// Puts the kill's times on the decision: from the signals read and from the waking
     /// kernel event (also on the metrics), and the loop thread's CPU time from the pass's
-    /// start to `kill_cpu_ns` (its CPU clock at the kill, when the loop's thread made it).
-    fn time_kill(&self, killed_at: Option<u64>, kill_cpu_ns: Option<u64>, decision: &mut Decision) {
+    /// start to `kill_cpu` (its CPU clock at the kill), when both were read on the same thread.
+    fn time_kill(
+        &self,
+        killed_at: Option<u64>,
+        kill_cpu: Option<ThreadCpu>,
+        decision: &mut Decision,
+    ) {
         decision.decide_to_kill_ns = killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
-        decision.decide_to_kill_cpu_ns = kill_cpu_ns.map(|c| c.saturating_sub(self.pass_cpu_ns));
+        decision.decide_to_kill_cpu_ns = kill_cpu.and_then(|c| c.since(self.pass_cpu?));
         let waking = decision
             .wake
             .event

@@ -126,7 +126,7 @@ pub struct Reactor<P> {
     seq: u64,
     /// The loop thread's CPU time as this pass began to observe (for the decision's
     /// `decide_to_kill_cpu_ns`).
-    pass_cpu_ns: u64,
+    pass_cpu: Option<crate::sense::ThreadCpu>,
     unprevented_ooms: u64,
     oom_counts: BTreeMap<(String, String), u64>,
     /// The first kernel event of the current pressure episode (since the last evaluation
@@ -243,7 +243,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             pressure: watch::channel(None).0,
             transitions: status::Transitions::default(),
             seq: 0,
-            pass_cpu_ns: 0,
+            pass_cpu: None,
             unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
             episode: None,
@@ -472,7 +472,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// One evaluation, and the ones an eviction leads to at once.
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
-            self.pass_cpu_ns = crate::sense::thread_cpu_ns();
+            self.pass_cpu = Some(crate::sense::ThreadCpu::now());
             let signals = self.observer.observe();
             self.move_thresholds(&signals);
             if let Some(layout) = signals.fs_layout() {

@@ -97,7 +97,8 @@ pub struct Evicted {
     /// The killing thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`) at `killed_at_ns`, when the
     /// kill was made on the caller's thread ([`kill_cgroup_now`]: the loop's, for the
     /// decision's `decide_to_kill_cpu_ns`).
-    pub killed_cpu_ns: Option<u64>,
+    #[serde(skip)]
+    pub killed_cpu: Option<crate::sense::ThreadCpu>,
     /// How many processes were sent SIGKILL by the eviction itself.
     pub killed: usize,
     /// Of those, how many were handed to `process_mrelease` right after the SIGKILL, on a
@@ -369,15 +370,15 @@ pub fn kill_cgroup_now(
     known: Vec<KnownProcess>,
 ) -> Evicted {
     let mut signalled = crate::act::kill::kill_known(known);
-    let stamp = || (monotonic_ns(), crate::sense::thread_cpu_ns());
+    let stamp = || (monotonic_ns(), crate::sense::ThreadCpu::now());
     let first = (signalled.killed() > 0).then(stamp);
     let pids = cgroups.memory_procs_recursive(cgroup).unwrap_or_default();
     signalled.kill_rest(&pids);
-    let (killed_at_ns, killed_cpu_ns) = first.unwrap_or_else(stamp);
+    let (killed_at_ns, killed_cpu) = first.unwrap_or_else(stamp);
     let k = signalled.reap_aside();
     Evicted {
         killed_at_ns: Some(killed_at_ns),
-        killed_cpu_ns: Some(killed_cpu_ns),
+        killed_cpu: Some(killed_cpu),
         killed: k.killed,
         reaped: k.reaped,
     }

@@ -217,9 +217,11 @@ pub struct Decision {
     /// share of the reaction, for every eviction however it was woken.
     pub decide_to_kill_ns: Option<u64>,
     /// The loop thread's CPU time over the same span (`CLOCK_THREAD_CPUTIME_ID`): close to
-    /// `decide_to_kill_ns` when the thread ran throughout, well below it when it waited (off
-    /// the CPU, or blocked). Whether the hypervisor's steal counts as running depends on the
-    /// kernel's steal accounting.
+    /// `decide_to_kill_ns` when the thread ran throughout (a few tens of µs over it at most,
+    /// when the thread moved between CPUs whose scheduler clocks differ), well below it when
+    /// it waited (off the CPU, or blocked). Whether the hypervisor's steal counts as running
+    /// depends on the kernel's steal accounting. `None` when the pass's start and the kill
+    /// were read on different threads.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decide_to_kill_cpu_ns: Option<u64>,
     /// From SIGKILL to the victim's pod cgroup being empty (on the eviction's

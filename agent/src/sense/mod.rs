@@ -236,13 +236,33 @@ impl std::fmt::Display for Kind {
     }
 }
 
-/// The calling thread's CPU time so far (`CLOCK_THREAD_CPUTIME_ID`), in nanoseconds: beside
-/// a span of [`monotonic_ns`] it tells a thread that ran throughout from one that waited.
-pub fn thread_cpu_ns() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+/// A thread's CPU clock reading (`CLOCK_THREAD_CPUTIME_ID`) and the thread it was read on:
+/// beside a span of [`monotonic_ns`] it tells a thread that ran throughout from one that
+/// waited. Readings on two threads do not compare (an async task can move between a
+/// runtime's workers at an `.await`), so [`ThreadCpu::since`] says nothing then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadCpu {
+    thread: std::thread::ThreadId,
+    ns: u64,
+}
+
+impl ThreadCpu {
+    /// The calling thread's CPU time so far.
+    pub fn now() -> ThreadCpu {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        ThreadCpu {
+            thread: std::thread::current().id(),
+            ns: (ts.tv_sec as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(ts.tv_nsec as u64),
+        }
+    }
+
+    /// CPU time from `earlier` to this reading, ns; `None` when they were read on
+    /// different threads.
+    pub fn since(&self, earlier: ThreadCpu) -> Option<u64> {
+        (self.thread == earlier.thread).then(|| self.ns.saturating_sub(earlier.ns))
+    }
 }
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock `bpf_ktime_get_ns()` reads, so eBPF
