@@ -75,6 +75,22 @@ pub fn message_container_usage(message: &str, name: &str) -> Option<i128> {
         .map(|q| q.value())
 }
 
+/// Starts `cmd` inside the cgroup whose directory is `dir` (v1 or v2): the child writes its
+/// pid to `cgroup.procs` between fork and exec, so nothing it allocates is charged elsewhere.
+pub fn spawn_in_cgroup(
+    dir: &std::path::Path,
+    cmd: &mut std::process::Command,
+) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let procs = dir.join("cgroup.procs");
+    // SAFETY: the closure only writes a file with std calls that are safe between fork and
+    // exec for this single-purpose child (no locks are held by the test at spawn).
+    unsafe {
+        cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
+    }
+    cmd.spawn()
+}
+
 /// The `memhog` helper binary built beside the tests.
 pub fn memhog_bin() -> PathBuf {
     reactor_bin().with_file_name("memhog")
@@ -131,14 +147,7 @@ impl TestMemcg {
 
     /// Starts a command inside this cgroup (it joins before it execs).
     pub fn spawn(&mut self, cmd: &mut std::process::Command) -> std::io::Result<u32> {
-        use std::os::unix::process::CommandExt;
-        let procs = self.path.join("cgroup.procs");
-        // SAFETY: the closure only writes a file with std calls that are safe between fork
-        // and exec for this single-purpose child (no locks are held by the test at spawn).
-        unsafe {
-            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
-        }
-        let child = cmd.spawn()?;
+        let child = spawn_in_cgroup(&self.path, cmd)?;
         let pid = child.id();
         self.children.push(child);
         Ok(pid)

@@ -11,7 +11,7 @@ use reactor::record::metrics::FAMILIES;
 use reactor_tests::agent::TestAgent;
 use reactor_tests::exposition::{has_family, sample};
 use reactor_tests::{
-    is_root, memhog_bin, message_container_usage, reactor_bin, require, ChildGuard,
+    is_root, memhog_bin, message_container_usage, reactor_bin, require, spawn_in_cgroup, ChildGuard,
 };
 use serde_json::{json, Value};
 
@@ -556,20 +556,17 @@ fn a_crossing_recorded_while_the_agent_was_held_off_wakes_its_own_pass() {
     let pid = rustix::process::Pid::from_raw(i32::try_from(agent.pid()).expect("pid"))
         .expect("the agent's pid");
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
-    let procs = spike_dir.join("cgroup.procs");
-    let mut cmd = Command::new(memhog_bin());
-    cmd.args(["48", "0", "3600"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: only writes a file between fork and exec in a single-purpose child.
-        unsafe {
-            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
-        }
-    }
-    let spike = ChildGuard(cmd.spawn().expect("start the spike"));
+    let spike = ChildGuard(
+        spawn_in_cgroup(
+            &spike_dir,
+            Command::new(memhog_bin())
+                .args(["48", "0", "3600"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .expect("start the spike"),
+    );
     let usage = spike_dir.join("memory.usage_in_bytes");
     let started = Instant::now();
     while std::fs::read_to_string(&usage)

@@ -422,9 +422,9 @@ pub struct Sense {
     thresholds: memcg::MemcgThresholds,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
     kernel_watch: ebpf::kernel_watch::KernelWatch,
-    /// Duplicates of the kernel sources' fds that say, without being read, that a record is
-    /// waiting (the eBPF ring buffer's).
-    probes: Vec<std::os::fd::OwnedFd>,
+    /// A duplicate of the eBPF ring buffer's fd, which says without being read that a
+    /// record is waiting.
+    ring_probe: Option<std::os::fd::OwnedFd>,
 }
 
 impl Sense {
@@ -441,7 +441,7 @@ impl Sense {
             thresholds: memcg::ThresholdsBuilder::default(),
             charge_switch: None,
             kernel_watch: ebpf::kernel_watch::KernelWatch::default(),
-            probes: Vec::new(),
+            ring_probe: None,
         };
         let hierarchy = match &opts.hierarchy {
             Some(h) => Ok(h.clone()),
@@ -489,7 +489,7 @@ impl Sense {
             thresholds,
             charge_switch,
             kernel_watch,
-            probes,
+            ring_probe,
         } = attaching;
         // Only the tasks hold senders now: the channel closes when the last source stops.
         drop(tx);
@@ -522,7 +522,7 @@ impl Sense {
             thresholds: thresholds.build(),
             charge_switch,
             kernel_watch,
-            probes,
+            ring_probe,
         })
     }
 
@@ -535,14 +535,10 @@ impl Sense {
     /// so the pass is the kernel's, with its timestamp, rather than the timer's.
     pub fn kernel_record_waiting(&self) -> bool {
         use rustix::event::{PollFd, PollFlags};
-        let mut fds: Vec<PollFd<'_>> = self
-            .probes
-            .iter()
-            .map(|fd| PollFd::new(fd, PollFlags::IN))
-            .collect();
-        if fds.is_empty() {
+        let Some(ring) = &self.ring_probe else {
             return false;
-        }
+        };
+        let mut fds = [PollFd::new(ring, PollFlags::IN)];
         let zero = rustix::time::Timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -610,7 +606,7 @@ struct Attaching {
     thresholds: memcg::ThresholdsBuilder,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
     kernel_watch: ebpf::kernel_watch::KernelWatch,
-    probes: Vec<std::os::fd::OwnedFd>,
+    ring_probe: Option<std::os::fd::OwnedFd>,
 }
 
 impl Attaching {
@@ -665,7 +661,7 @@ impl Attaching {
                 }
                 self.charge_switch = source.charge_switch();
                 self.kernel_watch = source.kernel_watch();
-                self.probes.extend(source.ring_probe());
+                self.ring_probe = source.ring_probe();
                 let tx = self.tx.clone();
                 let task = async move {
                     if let Err(e) = source.run(tx).await {

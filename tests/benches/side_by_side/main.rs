@@ -242,7 +242,7 @@ fn machine() -> (String, Value) {
 }
 
 /// The machine's CPU time so far, summed over its CPUs, from the first line of `/proc/stat`:
-/// (stolen by the hypervisor, all ticks), in clock ticks (`USER_HZ`, 100 per second here).
+/// (stolen by the hypervisor, all ticks), in clock ticks (`USER_HZ`).
 fn cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
@@ -261,8 +261,9 @@ fn steal_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<
     let ((s0, t0), (s1, t1)) = (before?, after?);
     let total = t1.checked_sub(t0).filter(|t| *t > 0)?;
     let steal = s1.saturating_sub(s0);
-    // USER_HZ is 100 on Linux.
-    Some((steal as f64 / 100.0, steal as f64 / total as f64))
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((steal as f64 / hz, steal as f64 / total as f64))
 }
 
 fn preflight() -> Result<()> {

@@ -702,24 +702,23 @@ fn slowest_kill(reps: &[Rep]) -> String {
     else {
         return String::new();
     };
-    let ms = |ns: u64| format!("{:.2} ms", ns as f64 / 1e6);
-    let signed_ms = |ns: i64| format!("{:.2} ms", ns as f64 / 1e6);
+    let ms = |ns: f64| format!("{:.2} ms", ns / 1e6);
     let mut parts = Vec::new();
     if let Some(e) = x.event_after_crossing_ns {
-        parts.push(format!("event {} after the crossing", signed_ms(e)));
+        parts.push(format!("event {} after the crossing", ms(e as f64)));
     }
     if let (Some(r), Some(o)) = (x.reaction_ns, x.observe_to_kill_ns) {
-        parts.push(format!("event → pass {}", ms(r.saturating_sub(o))));
+        parts.push(format!("event → pass {}", ms(r.saturating_sub(o) as f64)));
     }
     if let Some(o) = x.observe_to_kill_ns {
         let cpu = x.observe_to_kill_cpu_ns.map_or(String::new(), |c| {
-            format!(" (loop thread on CPU {})", ms(c))
+            format!(" (loop thread on CPU {})", ms(c as f64))
         });
-        parts.push(format!("pass → SIGKILL {}{cpu}", ms(o)));
+        parts.push(format!("pass → SIGKILL {}{cpu}", ms(o as f64)));
     }
     format!(
         "; the slowest, repetition {i}: {} = {}, woken by {}",
-        ms(x.crossing_to_kill_ns.unwrap_or(0)),
+        ms(x.crossing_to_kill_ns.unwrap_or(0) as f64),
         parts.join(" + "),
         x.woken_by.as_deref().unwrap_or("-")
     )

@@ -80,21 +80,17 @@ pub fn observe_matches_kernel_files() -> String {
     let dir = root.dirs[0].clone();
     std::fs::write(dir.join("memory.max"), (256u64 << 20).to_string()).expect("memory.max");
     // A process holding 40 MiB inside the node cgroup, and some page cache charged to it.
-    let procs = dir.join("cgroup.procs");
-    let mut cmd = Command::new(memhog_bin());
-    cmd.args(["40", "0", "3600"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    {
-        use std::os::unix::process::CommandExt as _;
-        let procs = procs.clone();
-        // SAFETY: only writes a file between fork and exec in a single-purpose child.
-        unsafe {
-            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
-        }
-    }
-    let _hog = ChildGuard(cmd.spawn().expect("start memhog"));
+    let _hog = ChildGuard(
+        crate::spawn_in_cgroup(
+            &dir,
+            Command::new(memhog_bin())
+                .args(["40", "0", "3600"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .expect("start memhog"),
+    );
     super::wait_until(
         "memhog to hold 40 MiB",
         120,

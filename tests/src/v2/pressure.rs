@@ -181,20 +181,17 @@ pub fn ebpf_usage_threshold() -> String {
     });
     // Give the programs time to attach under emulation, then allocate inside the cgroup.
     std::thread::sleep(Duration::from_secs(20));
-    let procs = dir.join("cgroup.procs");
-    let mut cmd = Command::new(memhog_bin());
-    cmd.args(["150", "0", "3600"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: only writes a file between fork and exec in a single-purpose child.
-        unsafe {
-            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
-        }
-    }
-    let _hog = ChildGuard(cmd.spawn().expect("start memhog"));
+    let _hog = ChildGuard(
+        crate::spawn_in_cgroup(
+            &dir,
+            Command::new(memhog_bin())
+                .args(["150", "0", "3600"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .expect("start memhog"),
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut seen = Vec::new();
     while Instant::now() < deadline {
