@@ -497,27 +497,22 @@ impl<P: PodControl + 'static> Reactor<P> {
             if self.state.first_observed_at.is_empty() && self.close == CloseWatch::Far {
                 self.episode = None;
             }
-            let conditions: Vec<String> = result
+            // Only whether the conditions changed is asked before the act; their names, the
+            // met thresholds' text and the signals' figures (tens of microseconds of
+            // formatting) are written into the record after it, off the path to the SIGKILL.
+            let conditions_changed = !self
                 .conditions
+                .borrow()
                 .iter()
-                .map(|c| c.name().to_string())
-                .collect();
-            let conditions_changed = *self.conditions.borrow() != conditions;
-            if conditions_changed {
-                self.conditions.send_replace(conditions.clone());
-            }
-            let met: Vec<String> = result
-                .met
-                .iter()
-                .filter_map(|&i| self.settings.thresholds.get(i).map(ToString::to_string))
-                .collect();
+                .map(String::as_str)
+                .eq(result.conditions.iter().map(|c| c.name()));
             let decision = Decision {
                 seq: 0,
                 wake: wake.clone(),
                 observed_at_ns: signals.monotonic_ns,
-                signals: signal_values(&signals),
-                met,
-                conditions,
+                signals: Vec::new(),
+                met: Vec::new(),
+                conditions: Vec::new(),
                 ranking: Vec::new(),
                 action: Action::None,
                 reaction_lag_ns: None,
@@ -539,6 +534,10 @@ impl<P: PodControl + 'static> Reactor<P> {
                     conditions_changed,
                 )
                 .await;
+            let conditions = condition_names(&result);
+            if conditions_changed {
+                self.conditions.send_replace(conditions);
+            }
             self.record_metrics(&observations, &result.conditions);
             self.pressure.send_replace(Some(status::snapshot(
                 &self.settings.thresholds,
@@ -548,7 +547,8 @@ impl<P: PodControl + 'static> Reactor<P> {
                 &mut self.transitions,
                 &signals,
             )));
-            if let Some(d) = decided {
+            if let Some(mut d) = decided {
+                self.describe(&mut d, &result, &signals);
                 self.emit(d);
             }
             let Some(reclaim) = acted else {
@@ -607,7 +607,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
         let Some(reclaim) = reclaim else {
             let repeat = covered && said;
-            let record = (!decision.met.is_empty() && !repeat) || conditions_changed;
+            let record = (!result.met.is_empty() && !repeat) || conditions_changed;
             return (record.then_some(decision), None);
         };
         // memoryReclaim (issue 24, opt-in, v2): page cache first, bounded; see
@@ -659,6 +659,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 if resolved {
                     return (Some(d), None);
                 }
+                self.describe(&mut d, result, signals);
                 self.emit(d);
             }
         }
@@ -926,6 +927,18 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
     }
 
+    /// Writes a pass's figures into its record: the met thresholds, the conditions and
+    /// every signal's value. Called after the act, just before the record is emitted.
+    fn describe(&self, d: &mut Decision, result: &PassResult, signals: &Signals) {
+        d.met = result
+            .met
+            .iter()
+            .filter_map(|&i| self.settings.thresholds.get(i).map(ToString::to_string))
+            .collect();
+        d.conditions = condition_names(result);
+        d.signals = signal_values(signals);
+    }
+
     fn emit(&mut self, mut d: Decision) {
         self.seq += 1;
         d.seq = self.seq;
@@ -945,6 +958,14 @@ pub fn concerns_node(cgroup_root: &str, event: &PressureEvent) -> bool {
         Some(_) if root.is_empty() => true,
         Some(c) => c == root || c.starts_with(&format!("{root}/")),
     }
+}
+
+fn condition_names(result: &PassResult) -> Vec<String> {
+    result
+        .conditions
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect()
 }
 
 fn signal_values(signals: &Signals) -> Vec<SignalValue> {
