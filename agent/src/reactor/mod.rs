@@ -473,6 +473,14 @@ impl<P: PodControl + 'static> Reactor<P> {
     async fn evaluate(&mut self, mut wake: Wake, sense: &mut Sense) {
         loop {
             self.pass_cpu = Some(crate::sense::ThreadCpu::now());
+            // The victims in flight are read before the node is: a victim seen released
+            // after the node's figures were read would no longer stand for memory those
+            // figures still counted, and a second pod would be evicted for it (seen in the
+            // v2 guest: the hog's release read between the observation and the act, and the
+            // reader evicted for the hog's 160 MiB). Read first, a victim not yet released
+            // stands for what it still holds, which the figures read after it can only
+            // overstate.
+            self.track(monotonic_ns());
             let signals = self.observer.observe();
             self.move_thresholds(&signals);
             if let Some(layout) = signals.fs_layout() {
@@ -490,7 +498,6 @@ impl<P: PodControl + 'static> Reactor<P> {
                 transition,
             );
             self.state = next;
-            self.track(signals.monotonic_ns);
             self.close = self.close_watch(&signals);
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
