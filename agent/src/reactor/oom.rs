@@ -5,6 +5,13 @@
 //! the kernel; memcg notifications name the watched cgroup), and the pod cgroup layout
 //! `…/kubepods[/<qos>]/pod<uid>/<container>` says whose it was.
 
+use std::collections::BTreeSet;
+
+use super::pods::{ActivePod, PodControl};
+use super::record::{Action, Decision, Wake};
+use super::Reactor;
+use crate::sense::{monotonic_ns, Received};
+
 /// The pod uid and container name a cgroup path points into, if it is below a pod cgroup.
 /// `container` is `None` for the pod cgroup itself.
 pub fn pod_of_cgroup(cgroup: &str) -> Option<(&str, Option<&str>)> {
@@ -23,6 +30,123 @@ pub fn pod_of_cgroup(cgroup: &str) -> Option<(&str, Option<&str>)> {
         }
     };
     Some((uid, parts.next()))
+}
+
+impl<P: PodControl + 'static> Reactor<P> {
+    /// Reads each container's OOM kill counter as the starting point.
+    pub(super) fn baseline_oom_counts(&mut self) {
+        for p in self.pods.pods().iter() {
+            for c in &p.containers {
+                let key = (p.info.uid.clone(), c.name.clone());
+                if self.oom_counts.contains_key(&key) {
+                    continue;
+                }
+                let n = p
+                    .cgroup
+                    .join(&c.cgroup)
+                    .ok()
+                    .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
+                    .unwrap_or(0);
+                self.oom_counts.insert(key, n);
+            }
+        }
+    }
+
+    /// Records a kernel OOM kill: mapped to a pod and container by the event's cgroup, or,
+    /// when the event names only a parent cgroup (memcg notification), by the containers
+    /// whose kill counters moved. Counted as pressure the agent did not prevent.
+    pub(super) fn record_oom(&mut self, r: &Received, pid: Option<u32>, comm: Option<String>) {
+        let pods = self.pods.pods();
+        let mut hits: Vec<(Option<&ActivePod>, Option<String>)> = Vec::new();
+        let mapped = r.event.cgroup.as_deref().and_then(pod_of_cgroup);
+        if let Some((uid, container)) = mapped {
+            let pod = pods.iter().find(|p| p.info.uid == uid);
+            // The event names the container's cgroup; records name the container.
+            let named = |p: &ActivePod, dir: &str| {
+                p.containers
+                    .iter()
+                    .find(|c| c.cgroup == dir)
+                    .map_or_else(|| dir.to_string(), |c| c.name.clone())
+            };
+            if let (Some(p), Some(c)) = (pod, container) {
+                let key = (p.info.uid.clone(), named(p, c));
+                let now = p
+                    .cgroup
+                    .join(c)
+                    .ok()
+                    .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
+                    .unwrap_or(0);
+                let known = self.oom_counts.get(&key).copied().unwrap_or(0);
+                self.oom_counts.insert(key, now.max(known + 1));
+            }
+            let name = match (pod, container) {
+                (Some(p), Some(c)) => Some(named(p, c)),
+                (None, c) => c.map(str::to_string),
+                (Some(_), None) => None,
+            };
+            hits.push((pod, name));
+        } else {
+            let mut seen = BTreeSet::new();
+            for p in pods.iter() {
+                for c in &p.containers {
+                    let Some(now) = p
+                        .cgroup
+                        .join(&c.cgroup)
+                        .ok()
+                        .and_then(|cg| self.cgroups.oom_kills(&cg).ok())
+                    else {
+                        continue;
+                    };
+                    let key = (p.info.uid.clone(), c.name.clone());
+                    let known = self.oom_counts.get(&key).copied().unwrap_or(0);
+                    if now > known && seen.insert(key.clone()) {
+                        self.oom_counts.insert(key, now);
+                        hits.push((Some(p), Some(c.name.clone())));
+                    }
+                }
+            }
+        }
+        // An OOM in a cgroup no pod owns (or already counted through another source) is
+        // left to the log.
+        if hits.is_empty() {
+            tracing::debug!(cgroup = ?r.event.cgroup, "kernel OOM kill with no new pod container kill");
+            return;
+        }
+        for (pod, container) in hits {
+            self.unprevented_ooms += 1;
+            let restarting = pod.map(|p| p.restart_policy.restarts(137));
+            let d = Decision {
+                seq: 0,
+                wake: Wake {
+                    event: Some(r.event.clone()),
+                    timer: false,
+                    detection_lag_ns: Some(r.lag_ns),
+                    coalesced: 1,
+                },
+                observed_at_ns: monotonic_ns(),
+                signals: Vec::new(),
+                met: Vec::new(),
+                conditions: self.conditions.borrow().clone(),
+                ranking: Vec::new(),
+                action: Action::OomKilled {
+                    uid: pod.map(|p| p.info.uid.clone()),
+                    pod: pod.map(|p| p.info.name.clone()),
+                    container,
+                    pid,
+                    comm: comm.clone(),
+                    restarting,
+                    reason: "OOMKilled".to_string(),
+                },
+                reaction_lag_ns: None,
+                decide_to_kill_ns: None,
+                decide_to_kill_cpu_ns: None,
+                release_ns: None,
+                unprevented_ooms: self.unprevented_ooms,
+                memory_reclaim: None,
+            };
+            self.emit(d);
+        }
+    }
 }
 
 #[cfg(test)]
