@@ -3,17 +3,16 @@
 //! a cgroup's usage crossed a level, for the OOM bench.
 //!
 //! The clock is the hog's: the CLOCK_MONOTONIC times it took just before and just after
-//! touching each 1 MiB chunk, with the watched cgroup's usage after. A kernel notification as the
+//! touching each 256 KiB piece ([`layout::PIECE_BYTES`], one memcg charge batch), with the
+//! watched cgroup's usage after. A kernel notification as the
 //! reference (a v1 memcg threshold eventfd) is checked only every 128 charged pages per CPU
 //! and came after an eBPF-woken SIGKILL, so it cannot time modes that react faster than
-//! that. The hog's record places the crossing inside one chunk's touch burst, linearly by
-//! the usage the chunk added; its precision is that burst (a few hundred µs of page faults
-//! at most), and the error is the burst's departure from linear.
+//! that. The hog's record places the crossing inside one piece's touch burst, linearly by
+//! the usage the piece added; its precision is that burst (a quarter of a 1 MiB chunk's
+//! page faults), and the error is the burst's departure from linear.
 
 use std::io::Write;
 use std::path::Path;
-
-use crate::node::MI;
 
 pub mod layout;
 
@@ -22,16 +21,16 @@ pub mod layout;
 pub enum Slot {
     /// Its sequence word is set: every field is there.
     Complete {
-        /// Just before touching the chunk, CLOCK_MONOTONIC ns.
+        /// Just before touching the piece, CLOCK_MONOTONIC ns.
         before_ns: u64,
         /// Just after touching it.
         after_ns: u64,
         /// The watched cgroup's usage after, bytes.
         usage: u64,
     },
-    /// The hog stored the time it began the chunk and died before finishing it.
+    /// The hog stored the time it began the piece and died before finishing it.
     Started {
-        /// Just before touching the chunk.
+        /// Just before touching the piece.
         before_ns: u64,
     },
     /// Nothing stored.
@@ -39,7 +38,7 @@ pub enum Slot {
 }
 
 /// Reads a record's bytes into entries (entry 0: the hog before its first chunk; entry
-/// `i + 1`: chunk `i`). A trailing partial entry is ignored.
+/// `i + 1`: piece `i`). A trailing partial entry is ignored.
 pub fn parse(bytes: &[u8]) -> Vec<Slot> {
     bytes
         .chunks_exact(layout::WORDS * 8)
@@ -72,12 +71,12 @@ pub fn parse(bytes: &[u8]) -> Vec<Slot> {
 pub struct Crossing {
     /// The crossing, CLOCK_MONOTONIC ns.
     pub at_ns: u64,
-    /// The chunk it fell in (0-based; entry `chunk + 1`).
-    pub chunk: usize,
-    /// The hog died inside that chunk: the crossing is placed from the chunk's start time,
-    /// the earlier chunks' mean burst and an assumed 1 MiB for the chunk.
+    /// The piece it fell in (0-based; entry `piece + 1`).
+    pub piece: usize,
+    /// The hog died inside that piece: the crossing is placed from the piece's start time,
+    /// the earlier pieces' mean burst and an assumed whole piece of charge.
     pub incomplete: bool,
-    /// How far into the chunk's burst it was placed (0 at its start, 1 at its end).
+    /// How far into the piece's burst it was placed (0 at its start, 1 at its end).
     pub fraction: f64,
 }
 
@@ -86,12 +85,12 @@ pub struct Crossing {
 pub enum NoCrossing {
     /// Entry 0 is not complete: the hog never started its record.
     NoRecord,
-    /// The level was already met before the hog's first chunk.
+    /// The level was already met before the hog's first piece.
     PastAtStart,
     /// The record ends below the level (the hog died first, or another cgroup's charge
     /// met it).
     NotReached,
-    /// The hog died inside its first chunk, with no earlier burst to time it by.
+    /// The hog died inside its first piece, with no earlier burst to time it by.
     NoBurst,
 }
 
@@ -100,24 +99,30 @@ impl NoCrossing {
     pub fn why(self) -> &'static str {
         match self {
             NoCrossing::NoRecord => "no record: the hog never completed its start entry",
-            NoCrossing::PastAtStart => "the level was met before the hog's first chunk",
+            NoCrossing::PastAtStart => "the level was met before the hog's first piece",
             NoCrossing::NotReached => "the hog's record ends below the level",
-            NoCrossing::NoBurst => "the hog died inside its first chunk, no burst to time it",
+            NoCrossing::NoBurst => "the hog died inside its first piece, no burst to time it",
         }
     }
 }
 
-/// When `base` + the recorded usage first reached `level`: in the first chunk `i` whose usage
+/// When `base` + the recorded usage first reached `level`: in the first piece `i` whose usage
 /// after does, at `before_i + f·(after_i − before_i)` with `f = (level − (base +
 /// usage_{i−1})) / (usage_i − usage_{i−1})` clamped to [0, 1], the charge taken as linear in
-/// time across the chunk's touch burst. `base` is what the recorded usage leaves out of the
+/// time across the piece's touch burst. `base` is what the recorded usage leaves out of the
 /// cgroup the level is on: 0 when the record reads that cgroup itself, as the OOM bench's
 /// does (kubepods'), where adding a figure read before the hog started let charges handed
 /// back in between place the crossing a chunk early.
 ///
-/// If the hog died inside the chunk that would cross (its start time stored, no complete
-/// entry), the chunk is assumed to add 1 MiB and to take the earlier chunks' mean burst.
-pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCrossing> {
+/// If the hog died inside the piece that would cross (its start time stored, no complete
+/// entry), the piece is assumed to add `piece_bytes` ([`layout::PIECE_BYTES`] for `memhog`'s
+/// record) and to take the earlier pieces' mean burst.
+pub fn crossing(
+    slots: &[Slot],
+    base: u64,
+    level: u64,
+    piece_bytes: u64,
+) -> Result<Crossing, NoCrossing> {
     let Some(Slot::Complete { usage: start, .. }) = slots.first() else {
         return Err(NoCrossing::NoRecord);
     };
@@ -125,7 +130,7 @@ pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCro
     if base.saturating_add(prev) >= level {
         return Err(NoCrossing::PastAtStart);
     }
-    // The bursts seen so far: their total and count, for a chunk the hog died in.
+    // The bursts seen so far: their total and count, for a piece the hog died in.
     let (mut burst_sum, mut bursts) = (0u64, 0u64);
     let fraction = |prev: u64, added: u64| -> f64 {
         let needed = level - base - prev;
@@ -143,7 +148,7 @@ pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCro
                     let f = fraction(prev, usage - prev);
                     return Ok(Crossing {
                         at_ns: before_ns + (f * burst as f64).round() as u64,
-                        chunk: i - 1,
+                        piece: i - 1,
                         incomplete: false,
                         fraction: f,
                     });
@@ -153,17 +158,17 @@ pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCro
                 prev = usage;
             }
             Slot::Started { before_ns } => {
-                if base.saturating_add(prev).saturating_add(MI) < level {
+                if base.saturating_add(prev).saturating_add(piece_bytes) < level {
                     return Err(NoCrossing::NotReached);
                 }
                 if bursts == 0 {
                     return Err(NoCrossing::NoBurst);
                 }
-                let f = fraction(prev, MI);
+                let f = fraction(prev, piece_bytes);
                 let mean = burst_sum as f64 / bursts as f64;
                 return Ok(Crossing {
                     at_ns: before_ns + (f * mean).round() as u64,
-                    chunk: i - 1,
+                    piece: i - 1,
                     incomplete: true,
                     fraction: f,
                 });
@@ -174,7 +179,7 @@ pub fn crossing(slots: &[Slot], base: u64, level: u64) -> Result<Crossing, NoCro
     Err(NoCrossing::NotReached)
 }
 
-/// The mean touch burst (after − before) of the record's complete chunks, ns; `None`
+/// The mean touch burst (after − before) of the record's complete pieces, ns; `None`
 /// without any. The clock's resolution: a crossing is placed inside one such burst.
 pub fn mean_burst_ns(slots: &[Slot]) -> Option<u64> {
     let bursts: Vec<u64> = slots
@@ -202,7 +207,7 @@ pub struct RecordFile {
 }
 
 impl RecordFile {
-    /// A zeroed record for a hog of `total_mib` chunks (`total_mib + 1` entries).
+    /// A zeroed record for a hog of `total_mib` chunks (`total_mib` × 4 pieces + 1 entries).
     pub fn create(total_mib: u64) -> std::io::Result<RecordFile> {
         let shm = Path::new("/dev/shm");
         let dir = if shm.is_dir() {
@@ -213,7 +218,7 @@ impl RecordFile {
         let mut file = tempfile::Builder::new()
             .prefix("memhog-progress-")
             .tempfile_in(dir)?;
-        let len = (total_mib as usize + 1) * layout::WORDS * 8;
+        let len = (total_mib as usize * layout::PIECES_PER_MIB + 1) * layout::WORDS * 8;
         // Written, not just sized: a sparse file's pages would be allocated, and charged, at
         // the hog's first store into each.
         file.write_all(&vec![0u8; len.next_multiple_of(4096)])?;
@@ -235,11 +240,12 @@ impl RecordFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::MI;
 
     const MS: u64 = 1_000_000;
 
-    /// A hog started at 1 s with 10 MiB charged, then chunks every 3 ms, each touched in
-    /// 400 µs and adding 1 MiB.
+    /// A hog started at 1 s with 10 MiB charged, then pieces every 3 ms, each touched in
+    /// 400 µs and adding 1 MiB (the piece size these checks pass).
     fn record(chunks: usize) -> Vec<Slot> {
         let mut s = vec![Slot::Complete {
             before_ns: 1000 * MS,
@@ -262,12 +268,12 @@ mod tests {
         // base 100 MiB: the hog's usage must reach 20.25 MiB, a quarter into chunk 10
         // (20 → 21 MiB, started at 1030 ms).
         let level = 100 * MI + 20 * MI + MI / 4;
-        let c = crossing(&record(20), 100 * MI, level).expect("crossed");
+        let c = crossing(&record(20), 100 * MI, level, MI).expect("crossed");
         assert_eq!(
             c,
             Crossing {
                 at_ns: 1030 * MS + 100_000,
-                chunk: 10,
+                piece: 10,
                 incomplete: false,
                 fraction: 0.25
             }
@@ -277,12 +283,12 @@ mod tests {
     #[test]
     fn on_a_chunk_boundary() {
         // Exactly chunk 9's usage after (20 MiB): met at its end, not in chunk 10.
-        let c = crossing(&record(20), 100 * MI, 120 * MI).expect("crossed");
-        assert_eq!(c.chunk, 9);
+        let c = crossing(&record(20), 100 * MI, 120 * MI, MI).expect("crossed");
+        assert_eq!(c.piece, 9);
         assert_eq!(c.at_ns, 1027 * MS + 400_000);
         // One byte more: the very start of chunk 10 (f = 1/1 MiB, rounds to its start).
-        let c = crossing(&record(20), 100 * MI, 120 * MI + 1).expect("crossed");
-        assert_eq!(c.chunk, 10);
+        let c = crossing(&record(20), 100 * MI, 120 * MI + 1, MI).expect("crossed");
+        assert_eq!(c.piece, 10);
         assert_eq!(c.at_ns, 1030 * MS);
     }
 
@@ -295,21 +301,21 @@ mod tests {
         });
         s.push(Slot::Unwritten);
         let level = 100 * MI + 20 * MI + MI / 2;
-        let c = crossing(&s, 100 * MI, level).expect("crossed");
+        let c = crossing(&s, 100 * MI, level, MI).expect("crossed");
         assert_eq!(mean_burst_ns(&s), Some(400_000));
         // Half of 1 MiB, half the mean 400 µs burst.
         assert_eq!(
             c,
             Crossing {
                 at_ns: 1030 * MS + 200_000,
-                chunk: 10,
+                piece: 10,
                 incomplete: true,
                 fraction: 0.5
             }
         );
         // A level more than 1 MiB on is not reached by the unfinished chunk.
         assert_eq!(
-            crossing(&s, 100 * MI, 100 * MI + 22 * MI),
+            crossing(&s, 100 * MI, 100 * MI + 22 * MI, MI),
             Err(NoCrossing::NotReached)
         );
     }
@@ -319,26 +325,27 @@ mod tests {
         let mut s = record(10);
         s.push(Slot::Unwritten);
         assert_eq!(
-            crossing(&s, 100 * MI, 200 * MI),
+            crossing(&s, 100 * MI, 200 * MI, MI),
             Err(NoCrossing::NotReached)
         );
         assert_eq!(
-            crossing(&record(10), 100 * MI, 200 * MI),
+            crossing(&record(10), 100 * MI, 200 * MI, MI),
             Err(NoCrossing::NotReached)
         );
         assert_eq!(
-            crossing(&record(10), 100 * MI, 105 * MI),
+            crossing(&record(10), 100 * MI, 105 * MI, MI),
             Err(NoCrossing::PastAtStart)
         );
         assert_eq!(
-            crossing(&[Slot::Unwritten], 0, MI),
+            crossing(&[Slot::Unwritten], 0, MI, MI),
             Err(NoCrossing::NoRecord)
         );
         assert_eq!(
             crossing(
                 &[record(0)[0], Slot::Started { before_ns: 5 }],
                 0,
-                10 * MI + 1
+                10 * MI + 1,
+                MI
             ),
             Err(NoCrossing::NoBurst)
         );

@@ -433,7 +433,7 @@ async fn repetition(
         let after = r.wrapping_sub(c) as i64;
         rep.released_after_crossing_ns = Some(after);
         // A release far before the crossing means the records missed the first crossing
-        // (seen with two hogs: the first hog killed inside its crossing chunk, the other's
+        // (seen with two hogs: the first hog killed inside its crossing piece, the other's
         // record then placing the later, second crossing): no figure rather than a wrong one.
         if after >= -EARLY_NS {
             rep.crossing_to_released_ns = Some(r.saturating_sub(c));
@@ -652,7 +652,7 @@ fn summarise(rows: &[(Scenario, &'static str, Vec<Rep>)], reps: usize, realtime:
          evicted pod's cgroup empty after the hogs started; evicted: the loop's eviction \
          records by pod and grace (a record that comes only after the bench killed what was \
          left is counted too); {uncrossed} repetitions had no crossing placed (with two hogs, the first hog killed \
-         inside its crossing chunk leaves the records only the second crossing: a release \
+         inside its crossing piece leaves the records only the second crossing: a release \
          over 50 ms before the clock's crossing is not timed); {early} releases came before \
          the clock's crossing (those within 50 ms read 0); {left} ended at the \
          {} s bound with a hog still running (killed by the bench)",

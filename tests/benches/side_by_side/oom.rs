@@ -17,21 +17,21 @@
 //! The crossing is timed by the workload itself, so every mode is timed alike and by none of
 //! the kernel notifications under test: the hog keeps a progress record
 //! ([`reactor_tests::hog_record`]) of the CLOCK_MONOTONIC times just before and just after it
-//! touches each 1 MiB chunk and kubepods' usage after (the page counter every threshold
-//! under test watches, read by the hog itself). The threshold is met when kubepods' *working
+//! touches each 256 KiB piece of its 1 MiB chunks and kubepods' usage after (the page
+//! counter every threshold under test watches, read by the hog itself). The threshold is met when kubepods' *working
 //! set* (usage − inactive_file) passes 384 MiB, i.e. at usage
 //! [`working_set_level`]`(384 MiB, inactive_file)`, with inactive_file read just before the
-//! hog starts; the crossing is inside the first chunk after which kubepods' usage has
-//! reached that level, interpolated linearly over the chunk's touch burst by the usage it
-//! added (a chunk the hog was killed inside is taken as 1 MiB over the earlier chunks' mean
-//! burst). Its precision is one touch burst. (A first version added the hog's own usage to
-//! kubepods' usage U0 read before it started; charges handed back elsewhere in kubepods in
+//! hog starts; the crossing is inside the first piece after which kubepods' usage has
+//! reached that level, interpolated linearly over the piece's touch burst by the usage it
+//! added (a piece the hog was killed inside is taken as 256 KiB over the earlier pieces' mean
+//! burst). Its precision is one piece's touch burst. (A first version added the hog's own
+//! usage to kubepods' usage U0 read before it started; charges handed back elsewhere in kubepods in
 //! between, per-CPU charge batches and freed pages of earlier hogs, made it place the
 //! crossing a whole chunk early in most repetitions: the eBPF records, stamped at the charge
 //! that met the level, came about one chunk's pause, 2.3 ms at 350 MiB/s, after it.)
 //! Within the burst the page
-//! counter moves in charge batches of 64 pages rather than page by page, so the linear
-//! placement can be off by up to a quarter of a chunk's burst either way. Per repetition the
+//! counter moves in charge batches of 64 pages (one piece) rather than page by page, so the
+//! linear placement can be off by up to a piece's burst either way. Per repetition the
 //! JSON keeps the waking kernel event's own time and usage against the crossing
 //! (`event_after_crossing_ns`, `event_usage_past_level_bytes`): an eBPF record is stamped
 //! at the charge that met its level, so it checks the clock.
@@ -183,15 +183,15 @@ pub(crate) struct ClockRep {
     inactive_file: u64,
     /// kubepods' usage then (the Guaranteed and Burstable pods and the rest), U0.
     base: u64,
-    /// The chunk the crossing fell in, and whether the hog died inside it (placed from its
+    /// The piece the crossing fell in, and whether the hog died inside it (placed from its
     /// start time and the mean burst, not its own).
-    chunk: Option<usize>,
+    piece: Option<usize>,
     incomplete: bool,
-    /// How far into that chunk's burst.
+    /// How far into that piece's burst.
     fraction: Option<f64>,
     /// Why there is no crossing, if there is none.
     pub(crate) none: Option<&'static str>,
-    /// The mean of this hog's complete chunks' touch bursts: the clock's resolution.
+    /// The mean of this hog's complete pieces' touch bursts: the clock's resolution.
     mean_burst_ns: Option<u64>,
 }
 
@@ -226,7 +226,7 @@ pub(crate) async fn ensure_base_pods(node: &Node) {
 
 /// The bench's clock for one repetition's crossing, set just before its hog starts: the
 /// level the threshold is met at given kubepods' inactive file pages now, and kubepods'
-/// usage file the hog reads after each chunk. Read from the hog's progress record afterwards
+/// usage file the hog reads after each piece. Read from the hog's progress record afterwards
 /// ([`hog_record::crossing`]), it gives when the hog charged the crossing page, a clock no
 /// sensing mode under test has a part in.
 pub(crate) struct Clock {
@@ -235,7 +235,7 @@ pub(crate) struct Clock {
     inactive_file: u64,
     /// kubepods' usage just before the hog started, kept for the JSON.
     base: u64,
-    /// kubepods' usage file, which the hog reads after each chunk.
+    /// kubepods' usage file, which the hog reads after each piece.
     usage_file: std::path::PathBuf,
 }
 
@@ -320,9 +320,10 @@ impl Clock {
         };
         rep.mean_burst_ns = hog_record::mean_burst_ns(&slots);
         // The record holds kubepods' own usage: nothing to add to it.
-        match hog_record::crossing(&slots, 0, self.level) {
+        let piece = layout::PIECE_BYTES as u64;
+        match hog_record::crossing(&slots, 0, self.level, piece) {
             Ok(c) => {
-                rep.chunk = Some(c.chunk);
+                rep.piece = Some(c.piece);
                 rep.incomplete = c.incomplete;
                 rep.fraction = Some(c.fraction);
                 (Some(c.at_ns), rep)
@@ -825,8 +826,8 @@ fn summarise(
                 "level_bytes": x.clock.level,
                 "inactive_file_bytes": x.clock.inactive_file,
                 "kubepods_before_hog_bytes": x.clock.base,
-                "chunk": x.clock.chunk,
-                "killed_inside_chunk": x.clock.incomplete,
+                "piece": x.clock.piece,
+                "killed_inside_piece": x.clock.incomplete,
                 "no_crossing": x.clock.none,
                 "mean_burst_ns": x.clock.mean_burst_ns,
                 "fraction": x.clock.fraction,
@@ -876,12 +877,12 @@ fn summarise(
         "reaction: the decision's waking kernel event → SIGKILL (decisions the loop's own close \
          watch woke have no kernel event and are left out); crossing→released: the working-set \
          crossing, where the threshold is met, by the hog's own clock → the victim's pod cgroup \
-         empty. The hog records CLOCK_MONOTONIC before and after touching each 1 MiB chunk and \
+         empty. The hog records CLOCK_MONOTONIC before and after touching each 256 KiB piece and \
          kubepods' usage after; the crossing is where kubepods' usage reaches 384 MiB + \
          kubepods' inactive_file just before the hog started ({added} \
-         added over the repetitions), placed linearly inside the crossing chunk's touch burst \
+         added over the repetitions), placed linearly inside the crossing piece's touch burst \
          by the usage it added, so its precision is one burst (a hog's mean burst {bursts}). \
-         {killed_inside} crossings fell in a chunk the hog was killed inside (taken as 1 MiB \
+         {killed_inside} crossings fell in a piece the hog was killed inside (taken as 256 KiB \
          over the hog's mean burst); {uncrossed} repetitions had no crossing in the record and \
          have no figure; {early} SIGKILLs came before the clock's crossing and read 0"
     ));

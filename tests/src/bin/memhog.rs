@@ -10,13 +10,13 @@
 //! reaper or `process_mrelease` can take back from a process that is killed and cannot
 //! exit (frozen) — it comes back only when the process is gone.
 //!
-//! With `MEMHOG_PROGRESS=<path>` it also keeps a progress record there: per 1 MiB chunk, the
-//! CLOCK_MONOTONIC times just before and just after touching it and the usage in the file
+//! With `MEMHOG_PROGRESS=<path>` it also keeps a progress record there: per 256 KiB piece of
+//! each 1 MiB chunk, the CLOCK_MONOTONIC times just before and just after touching it and the usage in the file
 //! `MEMHOG_PROGRESS_USAGE` names (required with it: the OOM bench gives kubepods'), laid out
 //! as `hog_record/layout.rs` describes. That is the OOM bench's clock
 //! for when the workload charged the page that crossed a threshold, independent of every
-//! kernel notification under test. The file must already exist, sized for `total-MiB + 1`
-//! entries, with its pages written by whoever created it: the hog maps it shared and only
+//! kernel notification under test. The file must already exist, sized for
+//! `total-MiB × 4 + 1` entries, with its pages written by whoever created it: the hog maps it shared and only
 //! stores into pages that are already in the page cache and charged to the creator's
 //! cgroup, so the record adds no charge of its own to the cgroup the hog is measured in.
 //! Each entry is stored into the shared mapping as it is made (no buffering), so whatever
@@ -186,7 +186,7 @@ fn main() {
     let hold = arg(&args, 3, 3600);
     let mut progress = std::env::var(layout::ENV)
         .ok()
-        .map(|p| Progress::open(&p, total_mib as usize + 1));
+        .map(|p| Progress::open(&p, total_mib as usize * layout::PIECES_PER_MIB + 1));
     if let Some(p) = &mut progress {
         let now = monotonic_ns();
         p.before(0, now);
@@ -203,19 +203,22 @@ fn main() {
             chunks.push(chunk);
             continue;
         }
-        let entry = i as usize + 1;
-        if let Some(p) = &progress {
-            p.before(entry, monotonic_ns());
-        }
-        // Touch every page so the memory is really charged to the cgroup. Volatile stores:
-        // the compiler may not move them out from between the two clock reads (the chunk is
-        // not yet visible to anything else, so plain stores could be sunk or hoisted).
-        for page in chunk.bytes().chunks_mut(4096) {
-            // SAFETY: a valid, aligned, exclusively borrowed byte of the chunk.
-            unsafe { std::ptr::write_volatile(&mut page[0], 1) };
-        }
-        if let Some(p) = &mut progress {
-            p.after(entry, monotonic_ns());
+        // Touch every page so the memory is really charged to the cgroup, a piece at a time
+        // (one record entry each). Volatile stores: the compiler may not move them out from
+        // between the two clock reads (the chunk is not yet visible to anything else, so
+        // plain stores could be sunk or hoisted).
+        for (j, piece) in chunk.bytes().chunks_mut(layout::PIECE_BYTES).enumerate() {
+            let entry = i as usize * layout::PIECES_PER_MIB + j + 1;
+            if let Some(p) = &progress {
+                p.before(entry, monotonic_ns());
+            }
+            for page in piece.chunks_mut(4096) {
+                // SAFETY: a valid, aligned, exclusively borrowed byte of the chunk.
+                unsafe { std::ptr::write_volatile(&mut page[0], 1) };
+            }
+            if let Some(p) = &mut progress {
+                p.after(entry, monotonic_ns());
+            }
         }
         chunks.push(chunk);
         if rate > 0 && trace.is_none() {
