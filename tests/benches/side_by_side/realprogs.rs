@@ -161,19 +161,40 @@ struct Run {
     /// Runs of the agent's eBPF programs during it (anyone's, on the whole machine) and
     /// their time, ns: 0 unless an agent's programs are on a tracepoint the run enters.
     ebpf: (u64, u64),
+    /// The agent's own CPU time during it (every thread of its process), ns; 0 with no
+    /// agent.
+    agent_ns: u64,
+}
+
+/// CPU time process `pid` has run, every thread, ns: the first field of each thread's
+/// `/proc/<pid>/task/<tid>/schedstat` (the scheduler's own account, ns where `/proc/<pid>/stat`
+/// counts clock ticks). 0 for pid 0 or what cannot be read.
+fn process_cpu_ns(pid: u32) -> u64 {
+    if pid == 0 {
+        return 0;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// One run of `p` in a fresh child cgroup of `root`: its wall time and its CPU time (user +
 /// system, its own children's included: gcc's cc1), seconds. The CPU time holds what the
 /// agent's kernel programs cost the program (they run in its context, as system time)
 /// without the waits that other work on the machine adds to the wall time.
-fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<Run> {
+fn run_one(root: &TestMemcg, p: &Program, tag: &str, agent_pid: u32) -> Result<Run> {
     let mut cg = root
         .child(tag)
         .with_context(|| format!("the cgroup for {}", p.name))?;
     std::fs::write(cg.path.join("memory.limit_in_bytes"), RUN_LIMIT.to_string())
         .with_context(|| format!("limiting the cgroup for {}", p.name))?;
     let cpu0 = children_cpu();
+    let agent0 = process_cpu_ns(agent_pid);
     let ebpf0 = reactor::sense::ebpf::loaded_program_totals();
     let (status, took) = cg
         .run(
@@ -185,6 +206,7 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<Run> {
         )
         .with_context(|| format!("running {}", p.tool))?;
     let cpu = children_cpu() - cpu0;
+    let agent_ns = process_cpu_ns(agent_pid).saturating_sub(agent0);
     let ebpf1 = reactor::sense::ebpf::loaded_program_totals();
     let ebpf = (
         ebpf1.runs.saturating_sub(ebpf0.runs),
@@ -198,7 +220,24 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str) -> Result<Run> {
         secs: took.as_secs_f64(),
         cpu,
         ebpf,
+        agent_ns,
     })
+}
+
+/// The first and third quartiles of `v` (linear between the nearest ranks); (0, 0) when
+/// empty.
+fn quartiles(v: &[f64]) -> (f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        if s.is_empty() {
+            return 0.0;
+        }
+        let pos = q * (s.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+    };
+    (at(0.25), at(0.75))
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -284,7 +323,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
                     continue;
                 }
                 let tag = format!("r{round}-{}-{i}", SIDES[side]);
-                runs[i][side].push(run_one(&root, p, &tag)?);
+                let pid = agent.as_ref().map_or(0, TestAgent::pid);
+                runs[i][side].push(run_one(&root, p, &tag, pid)?);
             }
             drop(agent);
         }
@@ -292,7 +332,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     drop(root);
     drop(dir);
 
-    const HEADER: [&str; 12] = [
+    const HEADER: [&str; 13] = [
         "program",
         "command",
         "off median",
@@ -303,6 +343,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         "no-eBPF median",
         "on / no-eBPF paired",
         "eBPF runs (on)",
+        "agent's CPU (on)",
         "off min–max",
         "on min–max",
     ];
@@ -313,6 +354,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
     .text_columns(2);
     let mut rows = Vec::new();
     let mut samples = 0;
+    // Each program's paired on / off, middle half: what the rounds can resolve.
+    let mut middles = Vec::new();
     for ((p, ok), sides) in programs.iter().zip(&present).zip(&runs) {
         let secs = |side: usize| sides[side].iter().map(|r| r.secs).collect::<Vec<f64>>();
         let cpu = |side: usize| sides[side].iter().map(|r| r.cpu).collect::<Vec<f64>>();
@@ -325,6 +368,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
         let (off, on, no_ebpf) = (secs(OFF), secs(ON), secs(NO_EBPF));
         let (cpu_off, cpu_on, cpu_no_ebpf) = (cpu(OFF), cpu(ON), cpu(NO_EBPF));
         let (ebpf_runs, ebpf_ns) = ran(ON);
+        // What the agent did during the on runs, against what the runs used: its process's
+        // CPU time and its programs' time in the kernel, over the runs' CPU time.
+        let agent_ns: u64 = sides[ON].iter().map(|r| r.agent_ns).sum();
+        let on_cpu_ns = sides[ON].iter().map(|r| r.cpu).sum::<f64>() * 1e9;
+        let agent_share = (agent_ns + ebpf_ns) as f64 / on_cpu_ns.max(1.0);
         let command = format!("{} {}", p.tool, p.args.first().map_or("", String::as_str));
         if !ok {
             let mut row = vec![
@@ -348,6 +396,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
         // Each round's on / off, taken in the same round: drift slower than a round cancels.
         let paired: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
         let m_paired = median(&paired);
+        let (q1, q3) = quartiles(&paired);
+        middles.push(format!("{} {q1:.3}–{q3:.3}", p.name));
         let m_cpu = median(&cpu_on) / median(&cpu_off);
         let eb_paired: Vec<f64> = on.iter().zip(&no_ebpf).map(|(a, b)| a / b).collect();
         let m_eb_paired = median(&eb_paired);
@@ -362,6 +412,11 @@ pub fn run(opts: &Opts) -> Result<Part> {
             format!("{:.3} s", median(&no_ebpf)),
             format!("{m_eb_paired:.3}"),
             format!("{ebpf_runs} ({:.1} µs)", ebpf_ns as f64 / 1e3),
+            format!(
+                "{:.1} ms, {:.3} %",
+                agent_ns as f64 / 1e6,
+                agent_share * 100.0
+            ),
             format!("{off_lo:.3}–{off_hi:.3} s"),
             format!("{on_lo:.3}–{on_hi:.3} s"),
         ]);
@@ -372,11 +427,13 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "off_median_s": m_off, "on_median_s": m_on, "ratio_on_off": m_on / m_off,
             "off_min_s": off_lo, "off_max_s": off_hi, "on_min_s": on_lo, "on_max_s": on_hi,
             "paired_ratios": paired, "paired_ratio_median": m_paired,
+            "paired_ratio_q1": q1, "paired_ratio_q3": q3,
             "off_cpu_seconds": cpu_off, "on_cpu_seconds": cpu_on, "cpu_ratio_on_off": m_cpu,
             "no_ebpf_seconds": no_ebpf, "no_ebpf_cpu_seconds": cpu_no_ebpf,
             "no_ebpf_median_s": median(&no_ebpf),
             "paired_ratios_on_no_ebpf": eb_paired, "paired_ratio_on_no_ebpf_median": m_eb_paired,
             "on_ebpf_runs": ebpf_runs, "on_ebpf_run_ns": ebpf_ns,
+            "on_agent_cpu_ns": agent_ns, "on_agent_share_of_run_cpu": agent_share,
             "off_ebpf_runs": ran(OFF).0, "no_ebpf_side_ebpf_runs": ran(NO_EBPF).0,
         }));
     }
@@ -401,8 +458,19 @@ pub fn run(opts: &Opts) -> Result<Part> {
          run in the program's own context, show and other load on the machine does not; \
          on / no-eBPF: the median of each round's on / no-eBPF, the kernel programs' own share; \
          eBPF runs: how often any of the agent's programs ran during the on runs, all rounds \
-         together, and their time (kernel statistics, on for every side)",
+         together, and their time (kernel statistics, on for every side); agent's CPU: the \
+         agent process's own CPU time during the on runs (every thread, \
+         /proc/<pid>/task/*/schedstat), all rounds together, and it with the eBPF time as a \
+         share of the on runs' CPU time: the most the agent can have taken from them \
+         directly (cache and memory-bandwidth sharing are not in it)",
     );
+    if !middles.is_empty() {
+        t.note(format!(
+            "paired on / off, middle half of the rounds (first to third quartile): {}; a \
+             difference inside that spread is not one these rounds resolve",
+            middles.join(", ")
+        ));
+    }
     t.note("target (issue 26, reported, never judged): each program's on / off within 1.02");
     Ok(Part {
         key: "realprogs",
