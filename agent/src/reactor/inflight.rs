@@ -311,28 +311,22 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// The second record of an eviction.
     fn emit_released(&mut self, r: Released) {
-        let d = Decision {
-            seq: 0,
-            wake: Wake::timer(None),
-            observed_at_ns: monotonic_ns(),
-            signals: Vec::new(),
-            met: Vec::new(),
-            conditions: self.conditions.borrow().clone(),
-            ranking: Vec::new(),
-            action: Action::Released {
-                uid: r.uid,
-                pod: r.pod,
-                released: r.released,
-                pending_bytes: r.pending_bytes,
-                error: r.error,
-            },
-            reaction_lag_ns: None,
-            decide_to_kill_ns: None,
-            decide_to_kill_cpu_ns: None,
-            release_ns: r.release_ns,
-            unprevented_ooms: self.unprevented_ooms,
-            memory_reclaim: None,
+        let action = Action::Released {
+            uid: r.uid,
+            pod: r.pod,
+            released: r.released,
+            pending_bytes: r.pending_bytes,
+            error: r.error,
         };
+        let conditions = self.conditions.borrow().clone();
+        let mut d = Decision::new(
+            Wake::timer(None),
+            monotonic_ns(),
+            conditions,
+            action,
+            self.unprevented_ooms,
+        );
+        d.release_ns = r.release_ns;
         self.emit(d);
     }
 }

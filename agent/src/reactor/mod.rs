@@ -513,22 +513,13 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .iter()
                 .map(String::as_str)
                 .eq(result.conditions.iter().map(|c| c.name()));
-            let decision = Decision {
-                seq: 0,
-                wake: wake.clone(),
-                observed_at_ns: signals.monotonic_ns,
-                signals: Vec::new(),
-                met: Vec::new(),
-                conditions: Vec::new(),
-                ranking: Vec::new(),
-                action: Action::None,
-                reaction_lag_ns: None,
-                decide_to_kill_ns: None,
-                decide_to_kill_cpu_ns: None,
-                release_ns: None,
-                unprevented_ooms: self.unprevented_ooms,
-                memory_reclaim: None,
-            };
+            let decision = Decision::new(
+                wake.clone(),
+                signals.monotonic_ns,
+                Vec::new(),
+                Action::None,
+                self.unprevented_ooms,
+            );
             // The act first; the metrics and the status snapshot of this pass after it, off
             // the path from the kernel's event to the SIGKILL, and before its decision is
             // emitted (a reader of the decision finds the status that goes with it).
@@ -541,9 +532,8 @@ impl<P: PodControl + 'static> Reactor<P> {
                     conditions_changed,
                 )
                 .await;
-            let conditions = condition_names(&result);
             if conditions_changed {
-                self.conditions.send_replace(conditions);
+                self.conditions.send_replace(condition_names(&result));
             }
             self.record_metrics(&observations, &result.conditions);
             self.pressure.send_replace(Some(status::snapshot(

@@ -115,35 +115,29 @@ impl<P: PodControl + 'static> Reactor<P> {
         for (pod, container) in hits {
             self.unprevented_ooms += 1;
             let restarting = pod.map(|p| p.restart_policy.restarts(137));
-            let d = Decision {
-                seq: 0,
-                wake: Wake {
-                    event: Some(r.event.clone()),
-                    timer: false,
-                    detection_lag_ns: Some(r.lag_ns),
-                    coalesced: 1,
-                },
-                observed_at_ns: monotonic_ns(),
-                signals: Vec::new(),
-                met: Vec::new(),
-                conditions: self.conditions.borrow().clone(),
-                ranking: Vec::new(),
-                action: Action::OomKilled {
-                    uid: pod.map(|p| p.info.uid.clone()),
-                    pod: pod.map(|p| p.info.name.clone()),
-                    container,
-                    pid,
-                    comm: comm.clone(),
-                    restarting,
-                    reason: "OOMKilled".to_string(),
-                },
-                reaction_lag_ns: None,
-                decide_to_kill_ns: None,
-                decide_to_kill_cpu_ns: None,
-                release_ns: None,
-                unprevented_ooms: self.unprevented_ooms,
-                memory_reclaim: None,
+            let wake = Wake {
+                event: Some(r.event.clone()),
+                timer: false,
+                detection_lag_ns: Some(r.lag_ns),
+                coalesced: 1,
             };
+            let action = Action::OomKilled {
+                uid: pod.map(|p| p.info.uid.clone()),
+                pod: pod.map(|p| p.info.name.clone()),
+                container,
+                pid,
+                comm: comm.clone(),
+                restarting,
+                reason: "OOMKilled".to_string(),
+            };
+            let conditions = self.conditions.borrow().clone();
+            let d = Decision::new(
+                wake,
+                monotonic_ns(),
+                conditions,
+                action,
+                self.unprevented_ooms,
+            );
             self.emit(d);
         }
     }

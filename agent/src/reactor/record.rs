@@ -232,6 +232,34 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A record of `action`, woken by `wake`, read at `observed_at_ns`, with the conditions
+    /// reported and the count of OOM kills not prevented; no figures, ranking or times yet
+    /// (the caller fills in what its record carries).
+    pub fn new(
+        wake: Wake,
+        observed_at_ns: u64,
+        conditions: Vec<String>,
+        action: Action,
+        unprevented_ooms: u64,
+    ) -> Decision {
+        Decision {
+            seq: 0,
+            wake,
+            observed_at_ns,
+            signals: Vec::new(),
+            met: Vec::new(),
+            conditions,
+            ranking: Vec::new(),
+            action,
+            memory_reclaim: None,
+            reaction_lag_ns: None,
+            decide_to_kill_ns: None,
+            decide_to_kill_cpu_ns: None,
+            release_ns: None,
+            unprevented_ooms,
+        }
+    }
+
     /// One structured log line.
     pub fn log(&self) {
         let source = self

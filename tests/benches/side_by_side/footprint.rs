@@ -35,8 +35,9 @@ const MI: u64 = 1 << 20;
 pub(crate) const SENSE_ALL: &str =
     "sense:\n  ebpf: true\n  psi: true\n  memcgThreshold: true\n  poll: true\n";
 
-/// Sum of every thread's on-CPU nanoseconds.
-fn cpu_ns(pid: u32) -> u64 {
+/// Sum of every thread's on-CPU nanoseconds (`/proc/<pid>/task/*/schedstat`, the scheduler's
+/// own account, ns); 0 for a process that cannot be read.
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };

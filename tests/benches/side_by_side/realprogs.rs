@@ -166,21 +166,12 @@ struct Run {
     agent_ns: u64,
 }
 
-/// CPU time process `pid` has run, every thread, ns: the first field of each thread's
-/// `/proc/<pid>/task/<tid>/schedstat` (the scheduler's own account, ns where `/proc/<pid>/stat`
-/// counts clock ticks). 0 for pid 0 or what cannot be read.
-fn process_cpu_ns(pid: u32) -> u64 {
+/// The agent's CPU time so far ([`crate::footprint::cpu_ns`]); 0 with no agent (pid 0).
+fn agent_cpu_ns(pid: u32) -> u64 {
     if pid == 0 {
         return 0;
     }
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+    crate::footprint::cpu_ns(pid)
 }
 
 /// One run of `p` in a fresh child cgroup of `root`: its wall time and its CPU time (user +
@@ -194,7 +185,7 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str, agent_pid: u32) -> Result<R
     std::fs::write(cg.path.join("memory.limit_in_bytes"), RUN_LIMIT.to_string())
         .with_context(|| format!("limiting the cgroup for {}", p.name))?;
     let cpu0 = children_cpu();
-    let agent0 = process_cpu_ns(agent_pid);
+    let agent0 = agent_cpu_ns(agent_pid);
     let ebpf0 = reactor::sense::ebpf::loaded_program_totals();
     let (status, took) = cg
         .run(
@@ -206,7 +197,7 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str, agent_pid: u32) -> Result<R
         )
         .with_context(|| format!("running {}", p.tool))?;
     let cpu = children_cpu() - cpu0;
-    let agent_ns = process_cpu_ns(agent_pid).saturating_sub(agent0);
+    let agent_ns = agent_cpu_ns(agent_pid).saturating_sub(agent0);
     let ebpf1 = reactor::sense::ebpf::loaded_program_totals();
     let ebpf = (
         ebpf1.runs.saturating_sub(ebpf0.runs),
