@@ -20,6 +20,7 @@ pub mod decide;
 pub mod devices;
 pub mod human;
 pub mod images;
+pub mod limits;
 pub mod node;
 pub mod observe;
 pub mod plan;

@@ -93,6 +93,16 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     if !ignored.is_empty() {
         tracing::info!(keys = %ignored.join(","), "KubeletConfiguration fields not used by the agent, ignored");
     }
+    match reactor::limits::raise_open_files() {
+        Ok((was, now)) if now > was => tracing::info!(
+            was,
+            now,
+            "open-file limit raised to the hard limit (the observer keeps each pod's and \
+             container's memory files open)"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "the open-file limit is left as it is"),
+    }
     let mut opts = args.sense.options(&config)?;
     let settings = ReactorSettings::from_config(&config)
         .map_err(|e| Failure::Input(format!("eviction thresholds: {e}")))?;

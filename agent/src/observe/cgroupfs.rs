@@ -53,14 +53,32 @@ pub struct CgroupFs {
     /// opening one walks its path and costs several times the read itself, and the bounded
     /// memory ranking reads one per pod between the kernel's event and the kill. Each with
     /// the pass it was last read in; [`CgroupFs::end_usage_pass`] closes the others.
-    usage_files: HashMap<String, (File, u64)>,
+    usage_files: HashMap<String, PodFiles>,
     usage_pass: u64,
+    /// The containers' usage files and `memory.stat`, kept open the same way for the
+    /// victim's message ([`CgroupFs::keep_container_files_open`]): read between the choice
+    /// of the victim and its kill.
+    container_files: HashMap<String, PodFiles>,
     /// The cgroups every observation reads (the node's and kubepods', [`CgroupFs::keep_open`])
     /// and their files, kept open the same way: under a churn of pod cgroups being created
     /// and removed, each path walk in cgroupfs waits on the same kernfs locks as the
     /// `mkdir`s and `rmdir`s.
     kept_cgroups: Vec<String>,
     kept: KeptFiles,
+}
+
+/// A pod's or container's cgroup files kept open between passes
+/// ([`CgroupFs::keep_usage_open`], [`CgroupFs::keep_container_files_open`]).
+#[derive(Debug)]
+struct PodFiles {
+    /// The usage counter, read for every pod by the bounded memory ranking.
+    usage: File,
+    /// `memory.stat`, for the working sets the ranking asks for and the victim's message:
+    /// opened with the usage when the pods change, so a read between the kernel's event and
+    /// the kill is one `pread` and not two path walks (each costs more than the read).
+    stat: Option<File>,
+    /// The pass the usage was last read or kept in.
+    pass: u64,
 }
 
 /// Files read again and again, kept open and re-read from offset 0 (cgroupfs and procfs
@@ -159,6 +177,7 @@ impl CgroupFs {
             buf: Vec::with_capacity(8192),
             usage_files: HashMap::new(),
             usage_pass: 0,
+            container_files: HashMap::new(),
             kept_cgroups: Vec::new(),
             kept: KeptFiles::default(),
         }
@@ -231,9 +250,9 @@ impl CgroupFs {
     /// reads for every pod ([`crate::decide::rank::first_for_memory`]).
     pub fn memory_usage(&mut self, cgroup: &str) -> Result<Option<u64>, ObserveError> {
         let mut text = [0u8; 32];
-        if let Some((file, pass)) = self.usage_files.get_mut(cgroup) {
-            *pass = self.usage_pass;
-            match file.read_at(&mut text, 0) {
+        if let Some(files) = self.usage_files.get_mut(cgroup) {
+            files.pass = self.usage_pass;
+            match files.usage.read_at(&mut text, 0) {
                 Ok(n) => return self.parse_usage(cgroup, &text[..n]).map(Some),
                 // Gone (`ENODEV` once the cgroup is removed): opened afresh below, which
                 // tells a removed cgroup from a new one of the same name.
@@ -251,8 +270,12 @@ impl CgroupFs {
             Err(e) => return Err(ObserveError::io(&self.path, e)),
         };
         let usage = self.parse_usage(cgroup, &text[..n])?;
-        self.usage_files
-            .insert(cgroup.to_string(), (file, self.usage_pass));
+        let files = PodFiles {
+            usage: file,
+            stat: None,
+            pass: self.usage_pass,
+        };
+        self.usage_files.insert(cgroup.to_string(), files);
         Ok(Some(usage))
     }
 
@@ -283,9 +306,91 @@ impl CgroupFs {
         })
     }
 
-    /// Opens the usage file of each of `cgroups` not open yet, without reading any, and
-    /// closes the others (pods gone): what keeping up with the pods costs is one open per
-    /// new pod, never a read of every pod. A cgroup that cannot be opened is left for
+    /// Opens `cgroup`'s `memory.stat`; `None` when it cannot be (the cgroup gone: the read
+    /// that needs it opens it afresh and says so).
+    fn open_stat(&mut self, cgroup: &str) -> Option<File> {
+        self.set_path(cgroup, Some("memory.stat")).ok()?;
+        File::open(&self.path).ok()
+    }
+
+    /// The memory usage and working set of a pod or container cgroup kept open
+    /// ([`CgroupFs::keep_usage_open`], [`CgroupFs::memory_usage`],
+    /// [`CgroupFs::keep_container_files_open`]), through its open files (`memory.stat`
+    /// opened and kept the first time if it is not yet); any other cgroup, or one whose kept
+    /// files no longer read (removed, or removed and made again), as [`CgroupFs::memory`]
+    /// reads it.
+    pub fn pod_memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {
+        let pod = self.usage_files.contains_key(cgroup);
+        if !pod && !self.container_files.contains_key(cgroup) {
+            return self.memory(cgroup);
+        }
+        if self
+            .kept_files(pod)
+            .get(cgroup)
+            .is_some_and(|f| f.stat.is_none())
+        {
+            let stat = self.open_stat(cgroup);
+            if let Some(f) = self.kept_files(pod).get_mut(cgroup) {
+                f.stat = stat;
+            }
+        }
+        let mut text = [0u8; 32];
+        let mut buf = std::mem::take(&mut self.buf);
+        let read = self.kept_files(pod).get(cgroup).and_then(|f| {
+            let n = f.usage.read_at(&mut text, 0).ok()?;
+            pread_all(f.stat.as_ref()?, &mut buf).ok()?;
+            Some(n)
+        });
+        self.buf = buf;
+        let Some(n) = read else {
+            // Gone or made again: dropped, and read afresh by path.
+            self.kept_files(pod).remove(cgroup);
+            return self.memory(cgroup);
+        };
+        let usage = self.parse_usage(cgroup, &text[..n])?;
+        self.set_path(cgroup, Some("memory.stat"))?;
+        self.parse_stat(Some(usage)).map(Some)
+    }
+
+    /// The pods' kept files, or the containers'.
+    fn kept_files(&mut self, pod: bool) -> &mut HashMap<String, PodFiles> {
+        if pod {
+            &mut self.usage_files
+        } else {
+            &mut self.container_files
+        }
+    }
+
+    /// Opens the usage file and `memory.stat` of each of the container cgroups `cgroups`
+    /// not open yet, without reading any, and closes the others (containers gone); called
+    /// as the pods change.
+    pub fn keep_container_files_open<S: AsRef<str>>(
+        &mut self,
+        cgroups: impl IntoIterator<Item = S>,
+    ) {
+        let mut kept = HashMap::with_capacity(self.container_files.len());
+        for cg in cgroups {
+            let cg = cg.as_ref();
+            if let Some(files) = self.container_files.remove(cg) {
+                kept.insert(cg.to_string(), files);
+            } else if let Ok(Some(usage)) = self.open_usage(cg) {
+                let stat = self.open_stat(cg);
+                kept.insert(
+                    cg.to_string(),
+                    PodFiles {
+                        usage,
+                        stat,
+                        pass: 0,
+                    },
+                );
+            }
+        }
+        self.container_files = kept;
+    }
+
+    /// Opens the usage file and `memory.stat` of each of `cgroups` not open yet, without
+    /// reading any, and closes the others (pods gone): what keeping up with the pods costs is
+    /// two opens per new pod, never a read of every pod. A cgroup that cannot be opened is left for
     /// [`CgroupFs::memory_usage`] to report.
     pub fn keep_usage_open<S: AsRef<str>>(&mut self, cgroups: impl IntoIterator<Item = S>) {
         // A pass of its own: `cgroups` is the whole set to keep.
@@ -293,10 +398,12 @@ impl CgroupFs {
         let pass = self.usage_pass;
         for cg in cgroups {
             let cg = cg.as_ref();
-            if let Some((_, used)) = self.usage_files.get_mut(cg) {
-                *used = pass;
-            } else if let Ok(Some(file)) = self.open_usage(cg) {
-                self.usage_files.insert(cg.to_string(), (file, pass));
+            if let Some(files) = self.usage_files.get_mut(cg) {
+                files.pass = pass;
+            } else if let Ok(Some(usage)) = self.open_usage(cg) {
+                let stat = self.open_stat(cg);
+                let files = PodFiles { usage, stat, pass };
+                self.usage_files.insert(cg.to_string(), files);
             }
         }
         self.end_usage_pass();
@@ -305,7 +412,7 @@ impl CgroupFs {
     /// Closes the usage files not read since the last call (pods gone from the node).
     pub fn end_usage_pass(&mut self) {
         let pass = self.usage_pass;
-        self.usage_files.retain(|_, (_, used)| *used == pass);
+        self.usage_files.retain(|_, f| f.pass == pass);
         self.usage_pass = pass.wrapping_add(1);
     }
 
@@ -324,6 +431,12 @@ impl CgroupFs {
         if !self.read(cgroup, "memory.stat")? {
             return Ok(None);
         }
+        self.parse_stat(usage).map(Some)
+    }
+
+    /// The figures of a `memory.stat` text in the buffer (read from `self.path`) with the
+    /// cgroup's usage counter (`None` only for the v2 root, which has none).
+    fn parse_stat(&self, usage: Option<u64>) -> Result<MemoryUsage, ObserveError> {
         let text = std::str::from_utf8(&self.buf)
             .map_err(|_| ObserveError::parse(&self.path, "not UTF-8".to_string()))?;
         let stat = |key: &str| -> Result<u64, ObserveError> {
@@ -347,12 +460,12 @@ impl CgroupFs {
                 stat("inactive_file")?,
             ),
         };
-        Ok(Some(MemoryUsage {
+        Ok(MemoryUsage {
             usage,
             inactive_file,
             working_set: usage.saturating_sub(inactive_file),
             active_file,
-        }))
+        })
     }
 
     /// Processes in a cgroup and every cgroup below it (`cgroup.procs` lines), as the
@@ -569,6 +682,70 @@ mod tests {
         fs.keep_usage_open(["/kubepods/b", "/kubepods/gone"]);
         assert_eq!(fs.usage_files.keys().collect::<Vec<_>>(), ["/kubepods/b"]);
         assert_eq!(fs.memory_usage("/kubepods/b").unwrap(), Some(200));
+    }
+
+    #[test]
+    fn pod_working_sets_are_read_through_the_kept_files_and_afresh_once_gone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("memory");
+        v1_memcg(&root, "/kubepods/a", 100, 30);
+        let mut fs = CgroupFs::new(Layout::V1, root.clone());
+        fs.keep_usage_open(["/kubepods/a"]);
+        let kept = |fs: &CgroupFs| fs.usage_files.get("/kubepods/a").map(|f| f.stat.is_some());
+        assert_eq!(kept(&fs), Some(true), "memory.stat opened with the usage");
+        assert_eq!(
+            fs.pod_memory("/kubepods/a").unwrap().unwrap().working_set,
+            70
+        );
+        // The kept files are read again from the start: the new figures.
+        set(&root, "/kubepods/a", "memory.usage_in_bytes", "300\n");
+        set(&root, "/kubepods/a", "memory.stat", &v1_stat(100));
+        assert_eq!(
+            fs.pod_memory("/kubepods/a").unwrap().unwrap().working_set,
+            200
+        );
+        set(
+            &root,
+            "/kubepods/a",
+            "memory.stat",
+            "total_inactive_file lots\n",
+        );
+        let err = fs.pod_memory("/kubepods/a").unwrap_err().to_string();
+        assert!(err.contains("/kubepods/a/memory.stat"), "{err}");
+        // A cgroup kept for its usage alone gets its memory.stat on the first look.
+        v1_memcg(&root, "/kubepods/b", 50, 10);
+        assert_eq!(fs.memory_usage("/kubepods/b").unwrap(), Some(50));
+        assert_eq!(
+            fs.pod_memory("/kubepods/b").unwrap().unwrap().working_set,
+            40
+        );
+        assert!(fs.usage_files["/kubepods/b"].stat.is_some());
+        // Not kept: read by path, nothing kept; gone: no figures.
+        v1_memcg(&root, "/kubepods/c", 20, 5);
+        assert_eq!(
+            fs.pod_memory("/kubepods/c").unwrap().unwrap().working_set,
+            15
+        );
+        assert!(!fs.usage_files.contains_key("/kubepods/c"));
+        assert_eq!(fs.pod_memory("/kubepods/gone").unwrap(), None);
+        // Containers: kept as the pods change, read through the kept files, the ones gone
+        // closed.
+        v1_memcg(&root, "/kubepods/a/ctr", 60, 20);
+        fs.keep_container_files_open(["/kubepods/a/ctr", "/kubepods/a/gone"]);
+        assert_eq!(
+            fs.container_files.keys().collect::<Vec<_>>(),
+            ["/kubepods/a/ctr"]
+        );
+        set(&root, "/kubepods/a/ctr", "memory.usage_in_bytes", "90\n");
+        assert_eq!(
+            fs.pod_memory("/kubepods/a/ctr")
+                .unwrap()
+                .unwrap()
+                .working_set,
+            70
+        );
+        fs.keep_container_files_open(Vec::<String>::new());
+        assert!(fs.container_files.is_empty());
     }
 
     #[test]

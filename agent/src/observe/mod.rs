@@ -499,16 +499,27 @@ impl Observer {
         usages
     }
 
-    /// Keeps the usage files of `cgroups` open for [`Observer::pod_memory_usages`] (opening
-    /// the new ones, closing the rest) without reading them.
+    /// Keeps the usage and `memory.stat` files of `cgroups` open for
+    /// [`Observer::pod_memory_usages`] and [`Observer::pod_working_set`] (opening the new
+    /// ones, closing the rest) without reading them.
     pub fn keep_pod_usage_open<S: AsRef<str>>(&mut self, cgroups: impl IntoIterator<Item = S>) {
         self.cgroups.keep_usage_open(cgroups);
     }
 
+    /// Keeps the usage and `memory.stat` files of the container cgroups `cgroups` open for
+    /// the victim's message ([`Observer::observe_pods_for`]), opening the new ones and
+    /// closing the rest, without reading them.
+    pub fn keep_container_files_open<S: AsRef<str>>(
+        &mut self,
+        cgroups: impl IntoIterator<Item = S>,
+    ) {
+        self.cgroups.keep_container_files_open(cgroups);
+    }
+
     /// The working set of the pod cgroup at `cgroup` (`None`: gone or unreadable, said at
-    /// debug).
+    /// debug), through the files kept open for the pod when it has them.
     pub fn pod_working_set(&mut self, cgroup: &str) -> Option<u64> {
-        match self.cgroups.memory(cgroup) {
+        match self.cgroups.pod_memory(cgroup) {
             Ok(m) => m.map(|m| m.working_set),
             Err(e) => {
                 tracing::debug!(error = %e, "pod working set left out of the ranking");

@@ -199,7 +199,7 @@ fn fill_pod(
     // The first file read also tells whether the pod cgroup still exists; with no pod or
     // container memory to read, the process list does.
     let memory = if reads.pod_memory {
-        let Some(memory) = fs.memory(&pod.cgroup)? else {
+        let Some(memory) = fs.pod_memory(&pod.cgroup)? else {
             return Ok(false);
         };
         Some(memory)
@@ -238,7 +238,7 @@ fn fill_pod(
             scratch.push_str(&pod.cgroup);
             scratch.push('/');
             scratch.push_str(&c.cgroup);
-            fs.memory(scratch)?
+            fs.pod_memory(scratch)?
         } else {
             None
         };

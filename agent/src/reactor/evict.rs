@@ -304,14 +304,21 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
     }
 
-    /// Opens the memory usage file of every running pod (and closes the ones of pods gone)
-    /// as the pods change, so the bounded memory search at an eviction re-reads open files
-    /// instead of opening one per pod between the kernel's event and the kill.
+    /// Opens the memory usage file and `memory.stat` of every running pod and of each of
+    /// its containers (and closes the ones of pods gone) as the pods change, so the bounded
+    /// memory search and the victim's message at an eviction re-read open files instead of
+    /// opening them between the kernel's event and the kill.
     pub(super) fn warm_pods(&mut self) {
         let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let pods = self.pods.pods();
-        self.observer
-            .keep_pod_usage_open(pods.iter().map(|p| pod_cgroup_path(&root, p)));
+        let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(&root, p)).collect();
+        self.observer.keep_pod_usage_open(paths.iter());
+        let containers = pods.iter().zip(&paths).flat_map(|(p, path)| {
+            p.containers
+                .iter()
+                .map(move |c| format!("{path}/{}", c.cgroup))
+        });
+        self.observer.keep_container_files_open(containers);
     }
 
     /// The decision's ranking (its first `ranking_top` pods) from `order`.
