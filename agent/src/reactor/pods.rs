@@ -181,8 +181,10 @@ pub struct RuntimePods<R> {
     cgroups: CgroupManager,
     pods: Mutex<BTreeMap<String, ActivePod>>,
     /// `pods` as the loop asks for them, rebuilt on every change: an eviction's pass takes
-    /// them at once instead of copying every pod on its way to the SIGKILL.
-    listed: Mutex<ActivePods>,
+    /// them at once instead of copying every pod on its way to the SIGKILL. Also the change
+    /// feed ([`PodControl::changes`]): the loop opens a new pod's files when it is added, as
+    /// it does under the pod manager, not between the kernel's event and the kill.
+    listed: tokio::sync::watch::Sender<ActivePods>,
     evicted: Mutex<BTreeMap<String, EvictionStatus>>,
 }
 
@@ -197,7 +199,7 @@ impl<R: Runtime> RuntimePods<R> {
             runtime,
             cgroups,
             pods: Mutex::new(BTreeMap::new()),
-            listed: Mutex::new(Arc::new([])),
+            listed: tokio::sync::watch::Sender::new(Arc::new([])),
             evicted: Mutex::new(BTreeMap::new()),
         }
     }
@@ -206,7 +208,7 @@ impl<R: Runtime> RuntimePods<R> {
     fn change<T>(&self, f: impl FnOnce(&mut BTreeMap<String, ActivePod>) -> T) -> T {
         let mut pods = lock(&self.pods);
         let out = f(&mut pods);
-        *lock(&self.listed) = pods.values().cloned().collect();
+        self.listed.send_replace(pods.values().cloned().collect());
         out
     }
 
@@ -233,7 +235,13 @@ impl<R: Runtime> RuntimePods<R> {
 
 impl<R: Runtime> PodControl for RuntimePods<R> {
     fn pods(&self) -> ActivePods {
-        lock(&self.listed).clone()
+        self.listed.borrow().clone()
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<ActivePods>> {
+        let mut rx = self.listed.subscribe();
+        rx.mark_unchanged();
+        Some(rx)
     }
 
     fn kill_now(&self, uid: &str) -> Option<Evicted> {
