@@ -503,13 +503,13 @@ pub fn following_slot(
     }
 }
 
-/// The cgroup's inactive file pages (v1 `total_inactive_file`, v2 `inactive_file` of
 /// One `key value` line of a `memory.stat` text, the value in bytes.
 fn stat_value(stat: &str, key: &str) -> Option<u64> {
     stat.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The cgroup's inactive file pages (v1 `total_inactive_file`, v2 `inactive_file` of
 /// `memory.stat`, both counting the whole subtree), in bytes.
 fn read_inactive_file(dir: &Path) -> Option<u64> {
     let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
