@@ -167,6 +167,16 @@ impl Node {
         self.start_loop_with(|_, _| {});
     }
 
+    /// An observer of the node as its loop's: the config's settings, image and container
+    /// filesystems on the node's state directory.
+    pub fn observer(&self) -> Observer {
+        let mut observe =
+            ObserveSettings::from_config(&self.config, None, None).expect("node setup");
+        observe.imagefs = self.state.path().to_path_buf();
+        observe.containerfs = self.state.path().to_path_buf();
+        Observer::new(observe).expect("node setup")
+    }
+
     /// Starts the reactor loop with the sense options and loop settings the config gives,
     /// adjusted by `adjust` (restrict the sources, change the tick).
     pub fn start_loop_with(
@@ -174,12 +184,9 @@ impl Node {
         adjust: impl FnOnce(&mut SenseOptions, &mut ReactorSettings),
     ) {
         assert!(self.loop_.is_none(), "a loop is already running");
-        let (config, state) = (&self.config, &self.state);
+        let config = &self.config;
         let mut settings = ReactorSettings::from_config(config).expect("node setup");
-        let mut observe = ObserveSettings::from_config(config, None, None).expect("node setup");
-        observe.imagefs = state.path().to_path_buf();
-        observe.containerfs = state.path().to_path_buf();
-        let observer = Observer::new(observe).expect("node setup");
+        let observer = self.observer();
         let targets = memcg_targets(&settings, &observer);
         assert!(!targets.is_empty(), "memory thresholds give memcg targets");
         let mut opts = SenseOptions::from_config(config, targets);

@@ -54,6 +54,7 @@ mod footprint;
 mod lag;
 mod oom;
 mod oom_ref;
+mod read_floor;
 mod realprogs;
 mod report;
 mod ring;

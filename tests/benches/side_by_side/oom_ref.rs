@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use reactor::act::cgroups::CgroupPath;
+use reactor::reactor::PodControl;
 use reactor::sense::monotonic_ns;
 use reactor_tests::node::Node;
 use serde_json::json;
 
 use crate::oom::{clean_up, start_hog};
+use crate::read_floor::{Probe, Read};
 use crate::report::{Dist, Part};
 
 /// What one reference repetition came to.
@@ -33,6 +35,8 @@ pub(crate) struct RefRep {
     oom_first: bool,
     /// Why there is no figure, if there is none.
     none: Option<&'static str>,
+    /// The pass's reads timed beside the hog ([`crate::read_floor`]).
+    reads: Vec<Read>,
 }
 
 /// How often the bench reads the hog's record and the cgroup while it waits.
@@ -41,6 +45,7 @@ const POLL: Duration = Duration::from_micros(100);
 /// One reference repetition; the node must have no loop running.
 pub(crate) async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<RefRep> {
     let (clock, ooms) = start_hog(node, uid, rate).await?;
+    let probe = Probe::start(node.observer(), &node.pods.pods(), uid);
     let pod = CgroupPath::pod(Some("besteffort"), uid)?;
     let cgroups = node.cgroups.clone();
     let oom0 = ooms();
@@ -92,6 +97,8 @@ pub(crate) async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<
         }
         rep
     });
+    let mut rep = rep;
+    rep.reads = probe.stop();
     clean_up(node, uid).await;
     Ok(rep)
 }
@@ -105,6 +112,14 @@ pub(crate) fn add_to(
     references: &BTreeMap<u64, Vec<RefRep>>,
 ) {
     let mut out = Vec::new();
+    let mut floor = crate::read_floor::table();
+    let mut floor_json = Vec::new();
+    for (&rate, reps) in references {
+        let reads: Vec<Read> = reps.iter().flat_map(|r| r.reads.iter().copied()).collect();
+        let (row, json) = crate::read_floor::summary(rate, &reads);
+        floor.rows.push(row);
+        floor_json.push(json);
+    }
     let Some(t) = part.tables.first_mut() else {
         return;
     };
@@ -182,5 +197,7 @@ pub(crate) fn add_to(
     );
     if let Some(obj) = part.json.as_object_mut() {
         obj.insert("reference".into(), json!(out));
+        obj.insert("pass_reads_alone".into(), json!(floor_json));
     }
+    part.tables.push(floor);
 }
