@@ -43,6 +43,15 @@ pub struct PodCgroup {
     pub containers: Vec<ContainerCgroup>,
 }
 
+impl PodCgroup {
+    /// Each container cgroup's path in the hierarchy (`<pod cgroup>/<container cgroup>`).
+    pub fn container_paths(&self) -> impl Iterator<Item = String> + '_ {
+        self.containers
+            .iter()
+            .map(|c| format!("{}/{}", self.cgroup, c.cgroup))
+    }
+}
+
 /// A container of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ContainerCgroup {

@@ -25,7 +25,7 @@ use crate::decide::rank::{charged, eviction_message, first_for_memory, rank};
 use crate::decide::signal::{FsLayout, Resource};
 use crate::decide::summary::{MemoryStats, PodRef, PodStats};
 use crate::decide::thresholds::pod_grace_period_seconds;
-use crate::observe::{ContainerCgroup, PodCgroup, PodReads, Signals};
+use crate::observe::{PodCgroup, PodReads, Signals};
 use crate::sense::monotonic_ns;
 
 /// What a bounded memory search read: each pod cgroup's path, its usage, and the working
@@ -68,7 +68,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             (victim, Some((paths, usage, asked)))
         } else {
-            let cgroups: Vec<PodCgroup> = pods.iter().map(|p| pod_cgroup(&root, p)).collect();
+            let cgroups: Vec<PodCgroup> = pods.iter().map(|p| p.cgroups(&root)).collect();
             let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
             let problems = self.observer.observe_pods_for(
                 &cgroups,
@@ -135,7 +135,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         // frees it at once (a v2 guest run once reported 112Ki for a hog of 200 MiB). The
         // reads cost tens of microseconds, a few KiB of the fastest hog's growth.
         let problems = self.observer.observe_pods_for(
-            &[pod_cgroup(&root, pod)],
+            &[pod.cgroups(&root)],
             PodReads::message(resource),
             &mut self.victim,
         );
@@ -311,14 +311,11 @@ impl<P: PodControl + 'static> Reactor<P> {
     pub(super) fn warm_pods(&mut self) {
         let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let pods = self.pods.pods();
-        let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(&root, p)).collect();
-        self.observer.keep_pod_usage_open(paths.iter());
-        let containers = pods.iter().zip(&paths).flat_map(|(p, path)| {
-            p.containers
-                .iter()
-                .map(move |c| format!("{path}/{}", c.cgroup))
-        });
-        self.observer.keep_container_files_open(containers);
+        let cgroups: Vec<PodCgroup> = pods.iter().map(|p| p.cgroups(&root)).collect();
+        self.observer
+            .keep_pod_usage_open(cgroups.iter().map(|c| c.cgroup.as_str()));
+        self.observer
+            .keep_container_files_open(cgroups.iter().flat_map(PodCgroup::container_paths));
     }
 
     /// The decision's ranking (its first `ranking_top` pods) from `order`.
@@ -402,24 +399,5 @@ impl<P: PodControl + 'static> Reactor<P> {
                 }
             }
         }
-    }
-}
-
-/// A pod's cgroups as the observer names them (paths in the hierarchy).
-fn pod_cgroup(root: &str, pod: &ActivePod) -> PodCgroup {
-    PodCgroup {
-        uid: pod.info.uid.clone(),
-        name: pod.info.name.clone(),
-        namespace: String::new(),
-        cgroup: pod_cgroup_path(root, pod),
-        containers: pod
-            .containers
-            .iter()
-            .map(|c| ContainerCgroup {
-                name: c.name.clone(),
-                cgroup: c.cgroup.clone(),
-                ephemeral_dir: None,
-            })
-            .collect(),
     }
 }

@@ -19,6 +19,7 @@ use crate::act::kill::{kill_and_reap, Killed, KnownProcess};
 use crate::act::runtime::{PodStatus, RestartPolicy, Runtime, RuntimeError};
 use crate::decide::pod::PodInfo;
 use crate::decide::summary::FsStats;
+use crate::observe::{ContainerCgroup, PodCgroup};
 use crate::sense::monotonic_ns;
 
 /// A pod that runs on the node now, as the loop ranks and evicts it.
@@ -421,6 +422,28 @@ where
         out.killed_at_ns = Some(monotonic_ns());
     }
     (result, out)
+}
+
+impl ActivePod {
+    /// The pod's cgroups as the observer names them: paths in the hierarchy below `root`
+    /// (the cgroup root, no trailing `/`).
+    pub fn cgroups(&self, root: &str) -> PodCgroup {
+        PodCgroup {
+            uid: self.info.uid.clone(),
+            name: self.info.name.clone(),
+            namespace: String::new(),
+            cgroup: pod_cgroup_path(root, self),
+            containers: self
+                .containers
+                .iter()
+                .map(|c| ContainerCgroup {
+                    name: c.name.clone(),
+                    cgroup: c.cgroup.clone(),
+                    ephemeral_dir: None,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A pod cgroup's path in the hierarchy, as the observer names it.

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use reactor::decide::signal::Resource;
 use reactor::decide::summary::Summary;
-use reactor::observe::{ContainerCgroup, Observer, PodCgroup, PodReads};
-use reactor::reactor::pods::{ActivePod, ActivePods};
+use reactor::observe::{Observer, PodCgroup, PodReads};
+use reactor::reactor::pods::ActivePods;
 use reactor::sense::{monotonic_ns, ThreadCpu};
 use serde_json::{json, Value};
 
@@ -54,35 +54,13 @@ impl Probe {
             .node_cgroup
             .trim_end_matches('/')
             .to_string();
-        let path = |p: &ActivePod| format!("{root}{}", p.cgroup);
-        let paths: Vec<String> = pods.iter().map(path).collect();
-        let containers: Vec<String> = pods
+        let cgroups: Vec<PodCgroup> = pods.iter().map(|p| p.cgroups(&root)).collect();
+        let paths: Vec<String> = cgroups.iter().map(|c| c.cgroup.clone()).collect();
+        let containers: Vec<String> = cgroups
             .iter()
-            .flat_map(|p| {
-                let pod = path(p);
-                p.containers
-                    .iter()
-                    .map(move |c| format!("{pod}/{}", c.cgroup))
-            })
+            .flat_map(PodCgroup::container_paths)
             .collect();
-        let victim = pods
-            .iter()
-            .find(|p| p.info.uid == victim)
-            .map(|p| PodCgroup {
-                uid: p.info.uid.clone(),
-                name: p.info.name.clone(),
-                namespace: String::new(),
-                cgroup: path(p),
-                containers: p
-                    .containers
-                    .iter()
-                    .map(|c| ContainerCgroup {
-                        name: c.name.clone(),
-                        cgroup: c.cgroup.clone(),
-                        ephemeral_dir: None,
-                    })
-                    .collect(),
-            });
+        let victim = cgroups.into_iter().find(|c| c.uid == victim);
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -145,7 +123,7 @@ pub(crate) fn summary(rate: u64, reads: &[Read]) -> (Vec<String>, Value) {
     let over_1ms = reads.iter().filter(|r| r.wall_ns > 1_000_000).count();
     let slow = reads
         .iter()
-        .filter(|r| wall.n > 0 && r.wall_ns > 3 * wall.p50)
+        .filter(|r| r.wall_ns > 3 * wall.p50)
         .collect::<Vec<_>>();
     // How much of a slow read's wall time the thread was on the CPU: near 1 means the
     // virtual CPU ran slowly, not that the thread waited.
