@@ -50,9 +50,10 @@ pub const CHARGE_NEAR_PAGES_MIN: u64 = 512;
 /// after the last page of an allocation burst (the page counter moves in per-CPU stocks of
 /// 64 pages, so the stock that crosses the level is often charged a few pages before the
 /// burst ends), and the crossing would then wait for the next burst. The zone covers what
-/// every CPU can charge between two batched checks, twice, so each has switched to checking
-/// every page before any charge can reach the level; it is no wider, because every page
-/// charged on the node in it pays the check.
+/// every CPU can charge between two batched checks, twice, so a check lands in it (and sets
+/// the node-wide flag that switches every CPU to checking every page) before any charge can
+/// reach the level; it is no wider, because every page charged on the node in it pays the
+/// check.
 pub const fn charge_near_pages(cpus: u64) -> u64 {
     let zone = CHARGE_NEAR_PAGES_PER_CPU.saturating_mul(cpus);
     if zone < CHARGE_NEAR_PAGES_MIN {

@@ -27,7 +27,9 @@
 //! (three probe reads per watched slot; the ancestor's pointers are learned once, after
 //! checking its kernfs id). Within the near zone of an armed level (`charge_near_pages`:
 //! 640 KiB per possible CPU, at least 2 MiB) every CPU checks on every page it charges
-//! instead: the page counter moves in per-CPU stocks of 64 pages, the stock that crosses
+//! instead (one node-wide flag, set by whichever CPU's check finds a slot near, so a workload
+//! moved to another CPU is checked on its first page there): the page counter moves in
+//! per-CPU stocks of 64 pages, the stock that crosses
 //! the level is charged ahead of the pages that use it, and a
 //! batched check could fall after the last page of an allocation burst, leaving the
 //! crossing unseen until the next burst (a chunk of the bench's hog, 2.9 ms at 350 MiB/s).
@@ -127,20 +129,18 @@ mod programs {
     #[map]
     static THRESHOLDS: Array<ThresholdTable> = Array::with_max_entries(1, 0);
 
-    /// Per CPU: the pages charged since its last threshold check, and how many pages its
-    /// next check waits for.
+    /// Per CPU: the user pages charged on it since its last threshold check.
     #[map]
-    static CHARGE_PENDING: PerCpuArray<ChargeCount> = PerCpuArray::with_max_entries(1, 0);
+    static CHARGE_PENDING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct ChargeCount {
-        /// Pages charged on this CPU since its last check.
-        pending: u32,
-        /// Pages between two checks: 0 (the map's initial value) means
-        /// `CHARGE_BATCH_PAGES`; 1 while an armed slot is near its level.
-        every: u32,
-    }
+    /// 1 while an armed slot is near its level, by the last check on any CPU: then every CPU
+    /// checks on every page it charges. One flag for the node, not one per CPU: a workload
+    /// the scheduler moves to a CPU that has not checked since the near zone began must still
+    /// be checked on its first page there (with a per-CPU flag such a CPU waited out its
+    /// batch, up to 15 pages past the crossing). Written only when it changes, so the cache
+    /// line is not bounced between CPUs on every check.
+    #[unsafe(no_mangle)]
+    static mut CHARGE_NEAR: u32 = 0;
 
     const MEMCG_FLAG: u64 = 1 << 32;
 
@@ -492,8 +492,8 @@ mod programs {
     }
 
     /// Checks every armed slot that `memcg` (arg 0) is inside of, once per
-    /// `CHARGE_BATCH_PAGES` user pages charged on this CPU (arg 1 the item, arg 2 the pages);
-    /// moves the following slots' inactive file count on every `NR_INACTIVE_FILE` update.
+    /// `CHARGE_BATCH_PAGES` user pages charged on this CPU, or on every one while
+    /// `CHARGE_NEAR` is set (arg 1 the item, arg 2 the pages); moves the following slots' inactive file count on every `NR_INACTIVE_FILE` update.
     #[inline(always)]
     fn check_thresholds(ctx: &RawTracePointContext) {
         let val: u64 = ctx.arg(2);
@@ -524,22 +524,26 @@ mod programs {
         if val <= 0 || (item != anon && item != file) {
             return;
         }
-        let Some(charged) = CHARGE_PENDING.get_ptr_mut(0) else {
+        let Some(pending) = CHARGE_PENDING.get_ptr_mut(0) else {
             return;
         };
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
-        let charged = unsafe { &mut *charged };
-        charged.pending = charged.pending.saturating_add(val as u32);
-        let every = if charged.every == 0 {
-            CHARGE_BATCH_PAGES
-        } else {
-            charged.every
-        };
-        if charged.pending < every {
+        let pending = unsafe { &mut *pending };
+        *pending = pending.saturating_add(val as u32);
+        // SAFETY: an aligned u32 global that any CPU may write; a plain load sees one value
+        // or the other, and either is safe (a stale 0 checks at the batch, as before a
+        // near zone).
+        let near = unsafe { core::ptr::read_volatile(&raw const CHARGE_NEAR) };
+        if near == 0 && *pending < CHARGE_BATCH_PAGES {
             return;
         }
-        charged.pending = 0;
-        charged.every = if check_slots(ctx) { 1 } else { 0 };
+        *pending = 0;
+        let now_near = u32::from(check_slots(ctx));
+        if now_near != near {
+            // SAFETY: as above; two CPUs writing at once leave one's answer, and the next
+            // check on any CPU corrects it.
+            unsafe { core::ptr::write_volatile(&raw mut CHARGE_NEAR, now_near) };
+        }
     }
 
     /// The check itself: every armed slot that `memcg` (arg 0) is inside of. Returns whether

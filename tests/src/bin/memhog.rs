@@ -28,7 +28,11 @@
 //! each page the CLOCK_MONOTONIC time and the usage in the file are noted (in memory
 //! allocated up front); when the allocation is done they are printed, one `page <ns>
 //! <usage>` line each. That is a clock for the page whose charge crossed a level, for a test
-//! that a kernel check runs on that very page.
+//! that a kernel check runs on that very page. With `MEMHOG_PAGE_TRACE_HOP=<bytes>` too, after
+//! the first traced page whose usage is at least that, the hog moves itself to another CPU
+//! and stays there (`hop <from> <to>` is printed with the pages): the pages that follow are
+//! charged by a CPU that charged none of the ramp, as when the scheduler moves a workload
+//! just before its crossing.
 //!
 //! With `MEMHOG_BLOCK_TERM=1` it blocks SIGTERM: a pod that ignores a graceful stop and
 //! dies only by SIGKILL. Blocked rather than ignored so the SIGTERM stays pending, where
@@ -245,6 +249,10 @@ struct PageTrace {
     pages: Vec<(u64, u64)>,
     /// When the first traced page was due.
     start: Option<Instant>,
+    /// `MEMHOG_PAGE_TRACE_HOP`: the usage at which to move to another CPU, until it is done.
+    hop_at: Option<u64>,
+    /// The CPUs of the move, once made (`None` for the second if there was no other CPU).
+    hopped: Option<(usize, Option<usize>)>,
 }
 
 impl PageTrace {
@@ -257,12 +265,18 @@ impl PageTrace {
         let usage = File::open(&path)
             .unwrap_or_else(|e| fail(format!("{}: {e}", PathBuf::from(&path).display())));
         let pages = total_mib.saturating_sub(from_mib) as usize * 256;
+        let hop_at = std::env::var("MEMHOG_PAGE_TRACE_HOP").ok().map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| fail(format!("MEMHOG_PAGE_TRACE_HOP={v:?} is not bytes")))
+        });
         Some(PageTrace {
             from_mib,
             usage,
             buf: [0; 32],
             pages: Vec::with_capacity(pages),
             start: None,
+            hop_at,
+            hopped: None,
         })
     }
 
@@ -284,15 +298,63 @@ impl PageTrace {
             if self.pages.len() < self.pages.capacity() {
                 self.pages.push((at, usage));
             }
+            if self.hop_at.is_some_and(|at| usage >= at) {
+                self.hop_at = None;
+                self.hopped = Some(hop_to_another_cpu());
+            }
         }
     }
 
     fn print(&self) {
         use std::io::Write as _;
         let mut out = std::io::stdout().lock();
+        match self.hopped {
+            Some((from, Some(to))) => {
+                let _ = writeln!(out, "hop {from} {to}");
+            }
+            Some((from, None)) => {
+                let _ = writeln!(out, "hop {from} none: no other CPU to move to");
+            }
+            None => {}
+        }
         for (at, usage) in &self.pages {
             let _ = writeln!(out, "page {at} {usage}");
         }
+    }
+}
+
+/// Moves the calling process to one CPU other than the one it runs on, among those it may
+/// run on; returns (that CPU, the new one or `None` if there is none). Exits if it cannot.
+fn hop_to_another_cpu() -> (usize, Option<usize>) {
+    // SAFETY: plain syscalls on a zeroed cpu_set_t local that outlives them; pid 0 is this
+    // process (it has one thread).
+    unsafe {
+        let from = libc::sched_getcpu();
+        if from < 0 {
+            fail(format!("sched_getcpu: {}", std::io::Error::last_os_error()));
+        }
+        let from = from as usize;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            fail(format!(
+                "sched_getaffinity: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let Some(to) =
+            (0..libc::CPU_SETSIZE as usize).find(|&c| c != from && libc::CPU_ISSET(c, &set))
+        else {
+            return (from, None);
+        };
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(to, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            fail(format!(
+                "sched_setaffinity to CPU {to}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        (from, Some(to))
     }
 }
 
