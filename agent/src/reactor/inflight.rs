@@ -147,14 +147,17 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.track(now);
     }
 
-    /// The victims in flight as the rules see them.
-    pub(super) fn victims(&self, now_ns: u64) -> Vec<Victim> {
+    /// The victims in flight as the rules see them, as of the last [`Reactor::track`]: a
+    /// victim whose bound passed since counts as stuck only once the next `track` has
+    /// recorded it (seen in CI: the decision that evicted the next pod for a frozen victim
+    /// came a millisecond before the record saying the victim was not gone).
+    pub(super) fn victims(&self) -> Vec<Victim> {
         self.in_flight
             .iter()
             .map(|f| Victim {
                 resource: f.signal.resource(),
                 killed: f.killed_at_ns.is_some(),
-                stuck: f.stuck(now_ns, self.settings.victim_bound),
+                stuck: f.stuck(self.tracked_ns, self.settings.victim_bound),
                 pending_bytes: if f.released { 0 } else { f.pending_bytes },
             })
             .collect()
@@ -165,6 +168,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// the charge programs back when no victim needs them off, and forgets the victims that
     /// are gone.
     pub(super) fn track(&mut self, now_ns: u64) {
+        self.tracked_ns = now_ns;
         let bound = self.settings.victim_bound;
         let mut records = Vec::new();
         for f in &mut self.in_flight {

@@ -149,6 +149,10 @@ pub struct Reactor<P> {
     in_flight: Vec<inflight::InFlight>,
     /// How many victims in flight hold the charge programs off.
     charge_holds: usize,
+    /// When [`Reactor::track`] last read the victims in flight: the rules judge them as of
+    /// then ([`Reactor::victims`]), so a victim counts as past its bound only once `track`
+    /// has seen it so and its record is out, never first in a decision read a moment later.
+    tracked_ns: u64,
     /// Whether the last pass found its thresholds covered by the victims in flight (and
     /// recorded it): the passes after it that find the same are not recorded again.
     covered_said: bool,
@@ -256,6 +260,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             disk_hold_until_ns: 0,
             in_flight: Vec::new(),
             charge_holds: 0,
+            tracked_ns: 0,
             covered_said: false,
             stop_tx,
             stop_rx,
@@ -587,7 +592,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let reclaim = if self.in_flight.is_empty() {
             result.reclaim
         } else {
-            let victims = self.victims(signals.monotonic_ns);
+            let victims = self.victims();
             let open = uncovered(
                 &self.settings.thresholds,
                 &result.met,
