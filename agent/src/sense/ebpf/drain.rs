@@ -25,10 +25,12 @@ impl EbpfSource {
     /// as it is read, its slot given back to the kernel first. The drain does no I/O for a
     /// name: a record whose cgroup is not in the [`cgroup::NameCache`] (a new cgroup, an id
     /// to look up by pid, an OOM victim the kernel could not attribute) goes to a resolver
-    /// on a blocking thread, which sends it on once resolved. A full channel blocks the
-    /// reader; records that then do not fit in the ring buffer are dropped in the kernel and
-    /// counted, so a slow consumer shows up as `Dropped` events rather than as unbounded
-    /// memory.
+    /// on a blocking thread, which sends it on once resolved. A cgroup's records keep their
+    /// ring order: while one of its records is with the resolver, the ones after it follow
+    /// it there even if its name is cached by then; records of other cgroups do not wait. A
+    /// full channel blocks the reader; records that then do not fit in the ring buffer are
+    /// dropped in the kernel and counted, so a slow consumer shows up as `Dropped` events
+    /// rather than as unbounded memory.
     pub async fn run(self, tx: Sender<PressureEvent>) -> Result<(), EbpfError> {
         let EbpfSource {
             _programs,
@@ -63,9 +65,12 @@ impl EbpfSource {
         let cache = names.cache();
         let items = std::sync::Arc::new(items);
         let (slow_tx, slow_rx) = tokio::sync::mpsc::channel::<Slow>(SLOW_QUEUE);
+        let with_resolver = WithResolver::default();
         {
-            let (tx, items) = (tx.clone(), items.clone());
-            tokio::task::spawn_blocking(move || resolve(slow_rx, names, victims, &items, &tx));
+            let (tx, items, with) = (tx.clone(), items.clone(), with_resolver.clone());
+            tokio::task::spawn_blocking(move || {
+                resolve(slow_rx, names, victims, &items, &tx, &with)
+            });
         }
         // SAFETY: the RingBuf owns its map fd (a `MapData`) and keeps it open, unchanged,
         // for as long as the AsyncFd owns the RingBuf.
@@ -107,7 +112,9 @@ impl EbpfSource {
                                 let woke = pass.max(rec.header().at_ns);
                                 let mut fast = CacheOnly { cache: &cache, missed: false };
                                 let mut event = to_event(&rec, &items, &mut fast);
-                                let sent = if fast.missed {
+                                let id = rec.header().cgroup_id;
+                                let sent = if fast.missed || with_resolver.holds(id) {
+                                    with_resolver.add(id);
                                     slow_tx.send(Slow { rec, woke }).await.is_ok()
                                 } else {
                                     event.woke_ns = Some(woke);
@@ -254,6 +261,7 @@ fn resolve(
     mut victims: HashMap<MapData, u32, u64>,
     items: &StdHashMap<u32, String>,
     tx: &Sender<PressureEvent>,
+    with: &WithResolver,
 ) {
     while let Some(Slow { rec, woke }) = rx.blocking_recv() {
         let mut full = Resolver {
@@ -262,8 +270,56 @@ fn resolve(
         };
         let mut event = to_event(&rec, items, &mut full);
         event.woke_ns = Some(woke);
-        if tx.blocking_send(event).is_err() {
+        let sent = tx.blocking_send(event).is_ok();
+        // Only once it is sent: a record of the same cgroup the drain reads meanwhile, its
+        // name cached by the lookup above, must still queue behind it.
+        with.done(rec.header().cgroup_id);
+        if !sent {
             return;
+        }
+    }
+}
+
+/// How many records of each cgroup (by the id in the record's header) the resolver holds:
+/// the drain sends a record straight on only when none of its cgroup's is there, so a
+/// cgroup's records are never reordered (seen in CI: a new cgroup's reclaim stall went to
+/// the resolver, the resolver cached the name, and the OOM kill read right after it was
+/// sent straight on, ahead of the stall). One atomic load per record while it holds none.
+#[derive(Clone, Default)]
+struct WithResolver(std::sync::Arc<WithResolverInner>);
+
+#[derive(Default)]
+struct WithResolverInner {
+    total: std::sync::atomic::AtomicUsize,
+    by_id: std::sync::Mutex<StdHashMap<u64, usize>>,
+}
+
+impl WithResolver {
+    fn holds(&self, id: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.0.total.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let by_id = self.0.by_id.lock().unwrap_or_else(|e| e.into_inner());
+        by_id.contains_key(&id)
+    }
+
+    fn add(&self, id: u64) {
+        use std::sync::atomic::Ordering;
+        let mut by_id = self.0.by_id.lock().unwrap_or_else(|e| e.into_inner());
+        *by_id.entry(id).or_insert(0) += 1;
+        self.0.total.fetch_add(1, Ordering::Release);
+    }
+
+    fn done(&self, id: u64) {
+        use std::sync::atomic::Ordering;
+        let mut by_id = self.0.by_id.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_id.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                by_id.remove(&id);
+            }
+            self.0.total.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -354,6 +410,23 @@ fn to_event(rec: &Record, items: &StdHashMap<u32, String>, names: &mut dyn Names
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cgroup_with_a_record_at_the_resolver_holds_its_next_ones_until_it_is_sent() {
+        let with = WithResolver::default();
+        assert!(!with.holds(7), "nothing held at first");
+        with.add(7);
+        with.add(7);
+        assert!(with.holds(7));
+        assert!(!with.holds(8), "another cgroup's records do not wait");
+        with.done(7);
+        assert!(with.holds(7), "one of two still at the resolver");
+        with.done(7);
+        assert!(!with.holds(7));
+        with.done(7); // a stray done changes nothing
+        with.add(8);
+        assert!(with.holds(8) && !with.holds(7));
+    }
 
     #[test]
     fn threshold_records_name_the_watched_cgroup_in_bytes() {
