@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::sense::ThreadCpu;
 
-use super::inflight::InFlight;
+use super::inflight::{InFlight, Progress};
 use super::pods::{pod_cgroup_path, ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
@@ -191,6 +191,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             expected_bytes,
             pending_bytes: expected_bytes,
             last_usage_bytes: None,
+            progress: Progress::new(expected_bytes),
             usage_path: pod_cgroup_path(self.settings.cgroup_root.trim_end_matches('/'), pod),
             holds_charges: grace == 0 && self.charge_switch.is_some(),
             stop: None,

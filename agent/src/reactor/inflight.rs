@@ -56,6 +56,8 @@ pub(super) struct InFlight {
     pub(super) released: bool,
     /// Its pod cgroup's memory usage at the last look (memory victims), bytes.
     pub(super) last_usage_bytes: Option<u64>,
+    /// When it last gave memory back: its bound runs from then or its kill deadline.
+    pub(super) progress: Progress,
     /// Its pod cgroup's path as the observer names it, for those looks (made once).
     pub(super) usage_path: String,
     /// Whether its second record (released, or still pending at the bound) was made.
@@ -71,14 +73,16 @@ impl InFlight {
         })
     }
 
-    /// Whether it is past `bound` after its kill deadline and its cgroup still holds
-    /// processes.
+    /// When it is past its bound if not released by then ([`Progress::bound_ns`]).
+    fn bound_ns(&self, bound: Duration) -> u64 {
+        self.progress.bound_ns(self.kill_deadline_ns(), bound)
+    }
+
+    /// Whether it is not released and past its bound, or was found so before (reported):
+    /// once the next pod has been evicted for it, it stays counted for nothing until it is
+    /// gone.
     pub(super) fn stuck(&self, now_ns: u64, bound: Duration) -> bool {
-        !self.released
-            && now_ns
-                >= self
-                    .kill_deadline_ns()
-                    .saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX))
+        !self.released && (self.reported || now_ns >= self.bound_ns(bound))
     }
 
     /// Whether it is in its grace period: SIGTERM sent, no SIGKILL yet.
@@ -188,6 +192,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 };
                 f.released = empty && memory_back(f.last_usage_bytes, usage);
                 f.last_usage_bytes = usage;
+                f.progress.look(usage, now_ns);
                 f.pending_bytes = if f.released {
                     0
                 } else {
@@ -268,10 +273,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     // Waiting for the stop's report only: it comes on the channel.
                     return self.settings.housekeeping;
                 }
-                let due = f
-                    .kill_deadline_ns()
-                    .saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX))
-                    .saturating_sub(now_ns);
+                let due = f.bound_ns(bound).saturating_sub(now_ns);
                 let poll = if f.killed_at_ns.is_some() && !f.stuck(now_ns, bound) {
                     self.settings.close_poll
                 } else {
@@ -345,6 +347,55 @@ struct Released {
     error: Option<String>,
 }
 
+/// How far a victim's usage must fall below where it last did for it to count as giving
+/// memory back (its bound starts again): a victim must give back at least this much per
+/// bound to stay counted, so a trickle of pages does not hold the next eviction off.
+const PROGRESS_BYTES: u64 = 1 << 20;
+
+/// When a victim in flight last gave memory back, which is where its bound runs from.
+///
+/// A victim of tens of GiB, or one on a slow machine (a 150 MiB hog took 1.6-1.8 s from
+/// SIGKILL to an empty cgroup in the emulated v2 guest, and over 2 s once in CI), is still
+/// handing its pages back when a bound counted from the kill runs out; the next pod was
+/// then evicted for memory already on its way back. So the bound runs from the kill
+/// deadline or the victim's last fall of [`PROGRESS_BYTES`], whichever is later. A frozen
+/// cgroup or a process in D state gives nothing back: it is past its bound `bound` after
+/// its kill, as before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Progress {
+    /// Its usage at the last fall (at the decision to begin with), bytes.
+    mark_bytes: u64,
+    /// When that fall was seen (`CLOCK_MONOTONIC` ns); `None` before the first.
+    at_ns: Option<u64>,
+}
+
+impl Progress {
+    /// From the victim's usage at the decision.
+    pub(super) fn new(usage_bytes: u64) -> Progress {
+        Progress {
+            mark_bytes: usage_bytes,
+            at_ns: None,
+        }
+    }
+
+    /// One look at its usage (`None`: its cgroup is gone, or not a memory victim).
+    fn look(&mut self, usage: Option<u64>, now_ns: u64) {
+        if let Some(u) = usage {
+            if u.saturating_add(PROGRESS_BYTES) <= self.mark_bytes {
+                self.mark_bytes = u;
+                self.at_ns = Some(now_ns);
+            }
+        }
+    }
+
+    /// When a victim with this progress and `kill_deadline_ns` is past `bound`.
+    fn bound_ns(&self, kill_deadline_ns: u64, bound: Duration) -> u64 {
+        kill_deadline_ns
+            .max(self.at_ns.unwrap_or(0))
+            .saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
 /// How far an empty pod cgroup's usage may still fall between two looks (about a
 /// millisecond apart while a killed victim is in flight) for its memory to count as back.
 const STILL_FALLING_BYTES: u64 = 1 << 20;
@@ -394,6 +445,54 @@ mod memory_back_tests {
         assert!(
             memory_back(Some(3 << 20), Some((2 << 20) + 512)),
             "page cache trickle"
+        );
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    const BOUND: Duration = Duration::from_secs(2);
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_victim_giving_memory_back_stays_within_its_bound() {
+        let killed = 10 * S;
+        let mut p = Progress::new(150 << 20);
+        assert_eq!(p.bound_ns(killed, BOUND), 12 * S, "from the kill at first");
+        p.look(Some(120 << 20), killed + S);
+        p.look(Some(60 << 20), killed + 2 * S - 1);
+        assert_eq!(
+            p.bound_ns(killed, BOUND),
+            14 * S - 1,
+            "still falling at the bound: it runs from the last fall"
+        );
+        p.look(Some(60 << 20), killed + 3 * S);
+        assert_eq!(
+            p.bound_ns(killed, BOUND),
+            14 * S - 1,
+            "no fall, no new bound"
+        );
+    }
+
+    #[test]
+    fn a_victim_giving_nothing_back_is_past_its_bound_two_seconds_after_its_kill() {
+        let killed = 10 * S;
+        let mut p = Progress::new(300 << 20);
+        for i in 1..2000 {
+            // A frozen victim: a page here and there, never 1 MiB below the mark.
+            p.look(Some((300 << 20) - (i % 7) * 4096), killed + i * 1_000_000);
+        }
+        p.look(None, killed + S);
+        assert_eq!(p.bound_ns(killed, BOUND), 12 * S);
+        let grace_end = 40 * S;
+        let mut p = Progress::new(300 << 20);
+        p.look(Some(200 << 20), 20 * S);
+        assert_eq!(
+            p.bound_ns(grace_end, BOUND),
+            42 * S,
+            "a fall during the grace period does not shorten the bound"
         );
     }
 }

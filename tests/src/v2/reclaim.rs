@@ -150,6 +150,33 @@ fn decisions(agent: &TestAgent) -> Vec<(Value, Option<Value>)> {
         .collect()
 }
 
+/// The evictions and their second records, one line each: when, what, which pod, and
+/// for a second record whether the victim was gone and how long after its kill — what a
+/// failure needs first (the whole log follows it).
+fn eviction_timeline(agent: &TestAgent) -> String {
+    agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("eviction decision") || l.contains("not gone past its bound"))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            let f = &v["fields"];
+            let at = v["timestamp"].as_str().unwrap_or("?");
+            if f["message"] != "eviction decision" {
+                return Some(format!("{at} {}: {}", f["pod"], f["message"]));
+            }
+            let a: Value = serde_json::from_str(f["action"].as_str()?).ok()?;
+            (a["type"] == "evicted" || a["type"] == "released").then(|| {
+                format!(
+                    "{at} seq {} {} {} released={} release={} met={}",
+                    f["seq"], a["type"], a["pod"], a["released"], f["release"], f["met"]
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn evictions(agent: &TestAgent) -> Vec<(Value, Option<Value>)> {
     decisions(agent)
         .into_iter()
@@ -345,12 +372,22 @@ pub fn hog_evicted_reader_kept() -> String {
     );
     assert_eq!(hog["reason"], "Evicted", "{hog}");
     let reader = agent.pod("default/reader").unwrap_or(Value::Null);
-    assert_eq!(reader["phase"], "Running", "{reader}\n{}", agent.log());
+    let timeline = eviction_timeline(&agent);
+    assert_eq!(
+        reader["phase"],
+        "Running",
+        "{reader}\nevictions:\n{timeline}\n{}",
+        agent.log()
+    );
     let e = evictions(&agent);
-    assert_eq!(e.len(), 1, "only the hog evicted: {e:?}");
+    assert_eq!(e.len(), 1, "only the hog evicted: {timeline}");
     let records: Vec<String> = decisions(&agent)
         .into_iter()
         .filter_map(|(a, m)| Some(format!("{} {}", a["type"], m?)))
         .collect();
-    format!("{}; memory reclaims:\n{}", lru.note(), records.join("\n"))
+    format!(
+        "{}; evictions:\n{timeline}\nmemory reclaims:\n{}",
+        lru.note(),
+        records.join("\n")
+    )
 }
