@@ -17,9 +17,13 @@ use crate::act::runtime::{ContainerExit, ContainerState, PodSpec, RuntimeError, 
 const REASON_SETTLE: Duration = Duration::from_millis(500);
 
 /// Whether an exit is too fresh to judge: killed by SIGKILL (137), no reason yet, and
-/// finished less than [`REASON_SETTLE`] ago.
+/// finished less than [`REASON_SETTLE`] ago. containerd's CRI answers `Error` for an exited
+/// container whose reason is still empty (it fills the word in when it builds the status),
+/// so a fresh `Error` is no reason yet either; the wait was dead code against containerd
+/// before it took that word in. (An OOM kill before containerd's shim watches the container,
+/// in its first moments, stays `Error` for good: containerd never learns of it.)
 fn reason_may_follow(s: &cri::ContainerStatus, now: SystemTime) -> bool {
-    s.reason.is_empty()
+    (s.reason.is_empty() || s.reason == "Error")
         && s.exit_code == 137
         && now
             .duration_since(time_of(s.finished_at_ns))
@@ -347,12 +351,21 @@ mod tests {
             SystemTime::UNIX_EPOCH + Duration::from_secs(2)
         );
 
-        // A fresh SIGKILL exit with no reason waits for containerd's OOM event; an old one,
-        // another exit code, or one with a reason is judged at once.
+        // A fresh SIGKILL exit with no reason (or containerd's filler `Error`) waits for
+        // containerd's OOM event; an old one, another exit code, or one with a reason is
+        // judged at once.
         let finished = SystemTime::UNIX_EPOCH + Duration::from_secs(2);
         s.reason.clear();
         assert!(reason_may_follow(&s, finished + Duration::from_millis(100)));
         assert!(!reason_may_follow(&s, finished + Duration::from_secs(1)));
+        s.reason = "Error".into();
+        assert!(reason_may_follow(&s, finished + Duration::from_millis(100)));
+        assert!(!reason_may_follow(&s, finished + Duration::from_secs(1)));
+        assert_eq!(
+            terminated(&s).reason,
+            "Error",
+            "judged as it reads once settled"
+        );
         s.exit_code = 1;
         assert!(!reason_may_follow(
             &s,
