@@ -16,8 +16,8 @@
 //! - A victim past its bound (killed, and still not gone: a frozen cgroup, a process in D
 //!   state, a hung runtime stop) counts for nothing: the next pod is evicted. The bound
 //!   runs from the kill, or from the victim's last visible release of memory when later
-//!   (the loop tracks that for each victim): a victim still giving pages back is dying,
-//!   not stuck.
+//!   (the loop tracks that for each victim, up to the kubelet's 30 s cleanup wait): a
+//!   victim still giving pages back is dying, not stuck.
 //!
 //! For disk and pids the victims' share is not measured per pod here; a victim in flight for
 //! the same resource covers the threshold as a whole, by the same three rules.

@@ -352,15 +352,21 @@ struct Released {
 /// bound to stay counted, so a trickle of pages does not hold the next eviction off.
 const PROGRESS_BYTES: u64 = 1 << 20;
 
+/// The latest a victim's giving back can put its bound, after its kill deadline: the
+/// kubelet's own wait for an evicted pod to be cleaned up (`podCleanupTimeout`). A victim
+/// stuck in D state whose page cache the kernel takes back a little at a time gives memory
+/// back for as long as it has cache, and must not hold the next eviction off for that long.
+const PROGRESS_CAP: Duration = Duration::from_secs(30);
+
 /// When a victim in flight last gave memory back, which is where its bound runs from.
 ///
 /// A victim of tens of GiB, or one on a slow machine (a 150 MiB hog took 1.6-1.8 s from
 /// SIGKILL to an empty cgroup in the emulated v2 guest, and over 2 s once in CI), is still
 /// handing its pages back when a bound counted from the kill runs out; the next pod was
 /// then evicted for memory already on its way back. So the bound runs from the kill
-/// deadline or the victim's last fall of [`PROGRESS_BYTES`], whichever is later. A frozen
-/// cgroup or a process in D state gives nothing back: it is past its bound `bound` after
-/// its kill, as before.
+/// deadline or the victim's last fall of [`PROGRESS_BYTES`], whichever is later, and never
+/// past [`PROGRESS_CAP`] after the kill deadline. A frozen cgroup or a process in D state
+/// that gives nothing back is past its bound `bound` after its kill, as before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Progress {
     /// Its usage at the last fall (at the decision to begin with), bytes.
@@ -390,9 +396,12 @@ impl Progress {
 
     /// When a victim with this progress and `kill_deadline_ns` is past `bound`.
     fn bound_ns(&self, kill_deadline_ns: u64, bound: Duration) -> u64 {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let latest = kill_deadline_ns.saturating_add(ns(PROGRESS_CAP.max(bound)));
         kill_deadline_ns
             .max(self.at_ns.unwrap_or(0))
-            .saturating_add(u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX))
+            .saturating_add(ns(bound))
+            .min(latest)
     }
 }
 
@@ -473,6 +482,26 @@ mod progress_tests {
             p.bound_ns(killed, BOUND),
             14 * S - 1,
             "no fall, no new bound"
+        );
+    }
+
+    #[test]
+    fn giving_back_holds_the_bound_off_for_30_s_at_most() {
+        let killed = 10 * S;
+        let mut p = Progress::new(4 << 30);
+        // A victim in D state whose cache the kernel takes back, 1 MiB a second.
+        for i in 1..=60u64 {
+            p.look(Some((4 << 30) - (i << 20)), killed + i * S);
+        }
+        assert_eq!(
+            p.bound_ns(killed, BOUND),
+            40 * S,
+            "the kubelet's 30 s cleanup wait"
+        );
+        assert_eq!(
+            Progress::new(1 << 20).bound_ns(killed, Duration::from_secs(60)),
+            70 * S,
+            "a bound longer than the cap stands"
         );
     }
 

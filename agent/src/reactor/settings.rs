@@ -35,10 +35,10 @@ pub struct ReactorSettings {
     /// its stop before deciding again.
     pub release_wait: Duration,
     /// How long after its kill (SIGKILL, or the end of its grace period) — or after it last
-    /// gave memory back, when later — a victim may take to be gone before the loop stops
-    /// counting on its memory and evicts the next pod if a threshold is still met (a frozen
-    /// cgroup, a process in D state, a hung runtime stop). The victim stays in flight until
-    /// it is gone.
+    /// gave memory back, when later, up to 30 s after the kill — a victim may take to be
+    /// gone before the loop stops counting on its memory and evicts the next pod if a
+    /// threshold is still met (a frozen cgroup, a process in D state, a hung runtime stop).
+    /// The victim stays in flight until it is gone.
     pub victim_bound: Duration,
     /// Wait for each eviction to finish and its memory to come back before the next pass —
     /// the kubelet's behaviour, kept for the bench's "kubelet-like" comparison. Default
