@@ -360,7 +360,7 @@ async fn on_failure_restarts_with_back_off_and_an_oom_kill_is_recorded() {
         // 64 MiB buffer filled from /dev/zero under a 16 MiB limit, a second after the
         // start: containerd 1.6's runc shim starts watching a container's OOM events only
         // once its start has returned, so a kill in the first moments is reported by
-        // containerd itself as `Error` (seen 13 times in 14 with both CPUs busy, when dd
+        // containerd itself as `Error` (seen 26 times in 30 with both CPUs busy, when dd
         // ran at once). The agent's kernel sources record such a kill whatever containerd
         // says (`reactor::oom`); this checks what the runtime reports.
         &[
