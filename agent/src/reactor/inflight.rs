@@ -360,8 +360,8 @@ const PROGRESS_CAP: Duration = Duration::from_secs(30);
 
 /// When a victim in flight last gave memory back, which is where its bound runs from.
 ///
-/// A victim of tens of GiB, or one on a slow machine (a 150 MiB hog took 1.6-1.8 s from
-/// SIGKILL to an empty cgroup in the emulated v2 guest, and over 2 s once in CI), is still
+/// A victim of tens of GiB, or one on a slow machine (a 150 MiB hog took 1.2-1.8 s from
+/// SIGKILL to an empty cgroup in the emulated v2 guest, 2.8 s with the host busy), is still
 /// handing its pages back when a bound counted from the kill runs out; the next pod was
 /// then evicted for memory already on its way back. So the bound runs from the kill
 /// deadline or the victim's last fall of [`PROGRESS_BYTES`], whichever is later, and never
