@@ -67,10 +67,8 @@ pub(super) struct InFlight {
 impl InFlight {
     /// When it should be dead: its kill, or the end of its grace period.
     fn kill_deadline_ns(&self) -> u64 {
-        self.killed_at_ns.unwrap_or_else(|| {
-            self.started_ns
-                .saturating_add(u64::try_from(self.grace.as_nanos()).unwrap_or(u64::MAX))
-        })
+        self.killed_at_ns
+            .unwrap_or_else(|| self.started_ns.saturating_add(nanos(self.grace)))
     }
 
     /// When it is past its bound if not released by then ([`Progress::bound_ns`]).
@@ -367,7 +365,7 @@ const PROGRESS_CAP: Duration = Duration::from_secs(30);
 /// deadline or the victim's last fall of [`PROGRESS_BYTES`], whichever is later, and never
 /// past [`PROGRESS_CAP`] after the kill deadline. A frozen cgroup or a process in D state
 /// that gives nothing back is past its bound `bound` after its kill, as before.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Progress {
     /// Its usage at the last fall (at the decision to begin with), bytes.
     mark_bytes: u64,
@@ -396,13 +394,17 @@ impl Progress {
 
     /// When a victim with this progress and `kill_deadline_ns` is past `bound`.
     fn bound_ns(&self, kill_deadline_ns: u64, bound: Duration) -> u64 {
-        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let latest = kill_deadline_ns.saturating_add(ns(PROGRESS_CAP.max(bound)));
+        let latest = kill_deadline_ns.saturating_add(nanos(PROGRESS_CAP.max(bound)));
         kill_deadline_ns
             .max(self.at_ns.unwrap_or(0))
-            .saturating_add(ns(bound))
+            .saturating_add(nanos(bound))
             .min(latest)
     }
+}
+
+/// `d` in nanoseconds, saturating (the monotonic clock's unit here).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How far an empty pod cgroup's usage may still fall between two looks (about a

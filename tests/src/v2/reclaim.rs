@@ -128,48 +128,55 @@ fn start_hog(agent: &TestAgent) {
     apply(agent, &pod("hog", &[("app", hog, json!({}))]));
 }
 
-/// Every decision record in the agent's JSON log: `(action, memoryReclaim)`, both parsed.
-fn decisions(agent: &TestAgent) -> Vec<(Value, Option<Value>)> {
+/// Every decision record in the agent's JSON log, whole (timestamp and fields).
+fn decision_lines(agent: &TestAgent) -> Vec<Value> {
     agent
         .log()
         .lines()
         .filter(|l| l.contains("eviction decision"))
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
+/// A decision field that holds JSON text (`action`, `memory_reclaim`), parsed.
+fn json_field(record: &Value, key: &str) -> Option<Value> {
+    record["fields"][key]
+        .as_str()
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+}
+
+/// Every decision record in the agent's JSON log: `(action, memoryReclaim)`, both parsed.
+fn decisions(agent: &TestAgent) -> Vec<(Value, Option<Value>)> {
+    decision_lines(agent)
+        .iter()
         .map(|v| {
-            let f = &v["fields"];
-            let parse = |key: &str| {
-                f[key]
-                    .as_str()
-                    .and_then(|s| serde_json::from_str::<Value>(s).ok())
-            };
             (
-                parse("action").unwrap_or(Value::Null),
-                parse("memory_reclaim"),
+                json_field(v, "action").unwrap_or(Value::Null),
+                json_field(v, "memory_reclaim"),
             )
         })
         .collect()
 }
 
 /// The evictions and their second records, one line each: when, what, which pod, and
-/// for a second record whether the victim was gone and how long after its kill — what a
-/// failure needs first (the whole log follows it).
+/// for a second record whether the victim was gone (`released=false`: past its bound) and
+/// how long after its kill — what a failure needs first (the whole log follows it).
 fn eviction_timeline(agent: &TestAgent) -> String {
-    agent
-        .log()
-        .lines()
-        .filter(|l| l.contains("eviction decision") || l.contains("not gone past its bound"))
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    decision_lines(agent)
+        .iter()
         .filter_map(|v| {
+            let a = json_field(v, "action")?;
             let f = &v["fields"];
-            let at = v["timestamp"].as_str().unwrap_or("?");
-            if f["message"] != "eviction decision" {
-                return Some(format!("{at} {}: {}", f["pod"], f["message"]));
-            }
-            let a: Value = serde_json::from_str(f["action"].as_str()?).ok()?;
             (a["type"] == "evicted" || a["type"] == "released").then(|| {
                 format!(
-                    "{at} seq {} {} {} released={} release={} met={}",
-                    f["seq"], a["type"], a["pod"], a["released"], f["release"], f["met"]
+                    "{} seq {} {} {} released={} release={} met={}",
+                    v["timestamp"].as_str().unwrap_or("?"),
+                    f["seq"],
+                    a["type"],
+                    a["pod"],
+                    a["released"],
+                    f["release"],
+                    f["met"]
                 )
             })
         })
