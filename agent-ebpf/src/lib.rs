@@ -222,13 +222,46 @@ pub struct ThresholdEvent {
     pub charged_cgroup_id: u64,
     /// Which slot of the [`ThresholdTable`] fired.
     pub slot: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// The process (thread-group id) the program sent SIGKILL at the crossing, because it was
+    /// charging the crossing page inside the [`StagedVictim`]; 0 when none was sent.
+    pub killed_pid: u32,
     /// The inactive file pages the slot counted out of usage at the crossing (0 for a slot
     /// that does not follow them): the working set then was `usage_pages - inactive_pages`,
     /// and `threshold_pages` is the usage level it amounted to (working-set level +
     /// `inactive_pages`).
     pub inactive_pages: u64,
+    /// The staged victim's cgroup id when `killed_pid` is set (the one the kill was for, as
+    /// the table held it at that moment), else 0.
+    pub victim_cgroup_id: u64,
+    /// `bpf_send_signal`'s result when a kill was tried: 0 sent, a negative errno not sent
+    /// (`killed_pid` is then 0).
+    pub kill_error: i32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+
+/// The pod the agent evicts first should a hard memory threshold it watches in the kernel be
+/// met now, staged by user space while such a threshold is near ([`StagedVictim::cgroup_id`]
+/// 0 = none). When a slot fires and the page that crossed was charged by a task of that pod
+/// (the charged cgroup and the current task's memory cgroup both inside it), the program
+/// sends that process SIGKILL itself, at the crossing, and clears the stage: one kill per
+/// staging. User space then completes the eviction (the pod's other processes, its status).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StagedVictim {
+    /// The victim pod cgroup's id (kernfs inode of its directory in the memory hierarchy).
+    pub cgroup_id: u64,
+    /// Its depth (`cgroup.level`).
+    pub level: u32,
+    /// The [`ThresholdTable`] slots whose crossing may kill (bit `i` = slot `i`): those of
+    /// hard thresholds. A soft threshold's slot only wakes user space (its grace period runs
+    /// there).
+    pub slots: u32,
+    /// `CLOCK_MONOTONIC` ns when user space ranked the pods for it.
+    pub staged_ns: u64,
+    /// How long after `staged_ns` the stage holds: a ranking older than this (a loop that
+    /// stopped re-ranking) kills nothing, and the loop decides alone.
+    pub max_age_ns: u64,
 }
 
 /// One watched cgroup in the [`ThresholdTable`].
@@ -542,6 +575,7 @@ mod pod {
     unsafe impl aya::Pod for super::ThresholdEvent {}
     unsafe impl aya::Pod for super::ThresholdSlot {}
     unsafe impl aya::Pod for super::ThresholdTable {}
+    unsafe impl aya::Pod for super::StagedVictim {}
     unsafe impl aya::Pod for super::ThresholdOffsets {}
     unsafe impl aya::Pod for super::ItemMask {}
 }
@@ -552,7 +586,8 @@ const _: () = assert!(core::mem::size_of::<OomEvent>() == 96);
 const _: () = assert!(core::mem::size_of::<StallEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<MemcgEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<CgroupOffsets>() == 64);
-const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 64);
+const _: () = assert!(core::mem::size_of::<ThresholdEvent>() == 80);
+const _: () = assert!(core::mem::size_of::<StagedVictim>() == 32);
 const _: () = assert!(core::mem::size_of::<ThresholdSlot>() == 72);
 const _: () =
     assert!(core::mem::size_of::<ThresholdTable>() == 72 * MAX_THRESHOLDS + 8 * MAX_NODES + 8);

@@ -12,7 +12,7 @@
 //! | `memcg_reclaim_begin` / `_end` | `vmscan:mm_vmscan_memcg_reclaim_{begin,end}` | `StallEvent` |
 //! | `direct_reclaim_begin` / `_end` | `vmscan:mm_vmscan_direct_reclaim_{begin,end}` | `StallEvent` |
 //! | `count_memcg_events` | raw tracepoint `count_memcg_events` | `MemcgEvent` |
-//! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | `ThresholdEvent` |
+//! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | `ThresholdEvent` (and, at a hard threshold's crossing, SIGKILL to the staged victim's charging process) |
 //!
 //! **Usage thresholds in the kernel.** cgroup v2 has no "usage crossed X" notification and
 //! the v1 one needs an eventfd per threshold; the charge programs give both one. The memcg
@@ -47,6 +47,14 @@
 //! alone, because truncation takes a batch of folios off the LRU before it uncharges them and
 //! `usage - inactive` overstates the working set in between.
 
+//!
+//! **Killing at the crossing.** User space may stage the pod it would evict first
+//! (`VICTIM`, an [`agent_ebpf::StagedVictim`]) with the slots of hard thresholds. When such a
+//! slot fires and the task charging the crossing page runs inside that pod, the program
+//! sends its process SIGKILL (`bpf_send_signal`) before it writes the record, which carries
+//! the pid, and clears the stage. A stage older than its `max_age_ns` kills nothing. The
+//! kill costs nothing before the crossing: it is two loads at the crossing itself.
+
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 // The BPF target has no `fetch_add` on its atomics (`target_has_atomic` is off), but the
 // instruction set has an atomic add: the intrinsic emits it.
@@ -62,7 +70,7 @@ mod programs {
 
     use agent_ebpf::{
         layout, CgroupOffsets, Header, ItemMask, MemcgEvent, MemcgKey, OomEvent, RateState,
-        StallEvent, ThresholdEvent, ThresholdOffsets, ThresholdSlot, ThresholdTable,
+        StagedVictim, StallEvent, ThresholdEvent, ThresholdOffsets, ThresholdSlot, ThresholdTable,
         CHARGE_BATCH_PAGES, COMM_LEN, DEFAULT_RING_BYTES, KIND_MEMCG, KIND_OOM, KIND_STALL,
         KIND_THRESHOLD, MAX_ITEMS, MAX_NODES, MAX_THRESHOLDS, OOM_CGROUP_FROM_RAW_TP,
         OOM_CGROUP_OF_INVOKER, OOM_CGROUP_OF_VICTIM,
@@ -70,7 +78,7 @@ mod programs {
     use aya_ebpf::{
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
-            bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+            bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes, bpf_send_signal,
         },
         macros::{map, raw_tracepoint, tracepoint},
         maps::{Array, LruHashMap, PerCpuArray, RingBuf},
@@ -128,6 +136,12 @@ mod programs {
     /// space, whose `armed`/learned fields the charge programs update.
     #[map]
     static THRESHOLDS: Array<ThresholdTable> = Array::with_max_entries(1, 0);
+
+    /// The pod to evict first should a watched hard memory threshold be met now (index 0),
+    /// staged by user space; the charge program kills its process at the crossing when that
+    /// process is the one charging, and clears it (see `kill_staged`).
+    #[map]
+    static VICTIM: Array<StagedVictim> = Array::with_max_entries(1, 0);
 
     /// Per CPU: the user pages charged on it since its last threshold check.
     #[map]
@@ -643,6 +657,7 @@ mod programs {
                     }
                     slot.armed = 0;
                     slot.last_fired_ns = at_ns;
+                    let kill = kill_staged(&o, i as u32, at_ns);
                     emit_threshold(
                         i as u32,
                         slot,
@@ -650,6 +665,7 @@ mod programs {
                         left_out,
                         cgroup_id_of(cgrp, &o),
                         at_ns,
+                        kill,
                     );
                 }
             } else if counted < slot.rearm_pages
@@ -799,6 +815,83 @@ mod programs {
         true
     }
 
+    /// What `kill_staged` did: the process killed (0: none), the staged victim's id (0: none
+    /// staged, or the current task is not in it), `bpf_send_signal`'s error.
+    struct Kill {
+        pid: u32,
+        victim: u64,
+        error: i32,
+    }
+
+    /// At a crossing: SIGKILL to the current process when it runs inside the staged victim
+    /// pod (staged no longer than its `max_age_ns` ago), then the stage cleared (one kill per staging; user space stages again after its
+    /// eviction). The current task is the one whose charge crossed the level, so the pod the
+    /// agent would evict first is stopped at the crossing itself, before any wake-up of user
+    /// space; a crossing charged by any other pod is left to the loop, which acts as always.
+    /// `bpf_send_signal` signals the whole thread group (queued through irq_work when
+    /// interrupts are off, as on parts of the charge path).
+    #[inline(always)]
+    fn kill_staged(o: &ThresholdOffsets, slot: u32, at_ns: u64) -> Kill {
+        let none = Kill {
+            pid: 0,
+            victim: 0,
+            error: 0,
+        };
+        let Some(staged) = VICTIM.get_ptr_mut(0) else {
+            return none;
+        };
+        // SAFETY: an array-map value; user space writes it whole, this program clears its id.
+        let staged = unsafe { &mut *staged };
+        let victim = staged.cgroup_id;
+        if victim == 0 || slot >= 32 || staged.slots & (1 << slot) == 0 {
+            return none;
+        }
+        if at_ns.saturating_sub(staged.staged_ns) > staged.max_age_ns {
+            return none;
+        }
+        let c = offsets();
+        if c.valid == 0 {
+            return none;
+        }
+        // SAFETY: the helper returns the current task pointer; it is only read through
+        // bpf_probe_read_kernel.
+        let task = unsafe { bpf_get_current_task() };
+        let Some(cgrp) = read_ptr(task, c.task_cgroups)
+            .and_then(|cset| read_ptr(cset, c.css_set_subsys + 8 * c.memory_cgrp_id))
+            .and_then(|css| read_ptr(css, c.css_cgroup))
+        else {
+            return none;
+        };
+        // SAFETY: bpf_probe_read_kernel checks the address.
+        let Ok(level) = (unsafe { bpf_probe_read_kernel((cgrp + o.cgroup_level) as *const i32) })
+        else {
+            return none;
+        };
+        if level < 0 || (level as u32) < staged.level {
+            return none;
+        }
+        let inside = read_ptr(cgrp, o.cgroup_ancestors + 8 * u64::from(staged.level))
+            .is_some_and(|ancestor| cgroup_id_of(ancestor, o) == victim);
+        if !inside {
+            return none;
+        }
+        // SAFETY: no preconditions; SIGKILL (9) to the current thread group.
+        let error = unsafe { bpf_send_signal(9) } as i32;
+        if error != 0 {
+            return Kill {
+                pid: 0,
+                victim,
+                error,
+            };
+        }
+        staged.cgroup_id = 0;
+        Kill {
+            pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+            victim,
+            error: 0,
+        }
+    }
+
     fn emit_threshold(
         index: u32,
         slot: &ThresholdSlot,
@@ -806,6 +899,7 @@ mod programs {
         left_out: u64,
         charged: u64,
         at_ns: u64,
+        kill: Kill,
     ) {
         let Some(mut entry) = EVENTS.reserve::<ThresholdEvent>(0) else {
             count_drop();
@@ -822,8 +916,11 @@ mod programs {
             threshold_pages: slot.threshold_pages.saturating_add(left_out),
             charged_cgroup_id: charged,
             slot: index,
-            _pad: 0,
+            killed_pid: kill.pid,
             inactive_pages: left_out,
+            victim_cgroup_id: kill.victim,
+            kill_error: kill.error,
+            _pad: 0,
         });
         entry.submit(0);
     }

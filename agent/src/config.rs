@@ -15,7 +15,8 @@
 //! `5m0s`: how long a pod found running with no spec to re-admit it from stays as an orphan
 //! before it is removed; `0s` removes it at the first tick), `memoryReclaim.enabled` and
 //! `memoryReclaim.timeout` (page-cache reclaim before a memory eviction, cgroup v2; off by
-//! default), next to `stateDir`, `apiSocket`,
+//! default), `killAtCrossing` (the eBPF charge program kills the staged victim at a hard
+//! memory threshold's crossing; on by default), next to `stateDir`, `apiSocket`,
 //! `metricsAddress`, `sense`, `runtime`, `node` and `log`.
 
 use std::collections::BTreeMap;
@@ -154,6 +155,12 @@ pub struct Config {
     /// Reclaim page cache before a memory eviction (the agent's own; off by default, which
     /// is the kubelet's behaviour). cgroup v2 only.
     pub memory_reclaim: MemoryReclaimConfig,
+    /// Kill at the crossing (the agent's own; on by default): while a hard memory threshold
+    /// that the eBPF charge program watches is near, the loop ranks the pods ahead and stages
+    /// the one it would evict first; at the crossing the program sends SIGKILL to the process
+    /// charging the crossing page if it belongs to that pod, and the loop completes the
+    /// eviction. `false`: every kill is the loop's, after its pass.
+    pub kill_at_crossing: bool,
     /// The node this agent models.
     pub node: NodeConfig,
     /// Which kernel sources the agent listens to.
@@ -315,6 +322,7 @@ impl Default for Config {
             housekeeping_interval: GoDuration(Duration::from_secs(10)),
             realtime_priority: 0,
             memory_reclaim: MemoryReclaimConfig::default(),
+            kill_at_crossing: true,
             node: NodeConfig {
                 nodefs_path: PathBuf::from("/var/lib/reactor"),
                 ..NodeConfig::default()

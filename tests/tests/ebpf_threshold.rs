@@ -502,6 +502,7 @@ fn a_working_set_level_follows_the_page_cache_in_the_kernel() {
             if let Kind::ThresholdCrossed {
                 threshold_bytes: Some(t),
                 usage_bytes: Some(u),
+                ..
             } = e.kind
             {
                 seen.push((t, u));

@@ -462,6 +462,7 @@ fn a_moved_v1_threshold_fires_at_its_new_level() {
             if let Kind::ThresholdCrossed {
                 threshold_bytes,
                 usage_bytes,
+                ..
             } = r.event.kind
             {
                 crossed = Some((threshold_bytes, usage_bytes));

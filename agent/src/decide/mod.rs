@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod cgroups;
+pub mod crossing;
 pub mod duration;
 pub mod image_gc;
 pub mod inflight;

@@ -401,6 +401,14 @@ impl Observer {
         self.memory_capacity
     }
 
+    /// The id the kernel knows the cgroup at `cgroup` (a path in the hierarchy) by: its
+    /// directory's inode, the kernfs id. `None` when it is gone or unreadable.
+    pub fn cgroup_id(&self, cgroup: &str) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = self.cgroups.root().join(cgroup.trim_start_matches('/'));
+        std::fs::metadata(dir).ok().map(|m| m.ino())
+    }
+
     /// Reads every signal now.
     pub fn observe(&mut self) -> Signals {
         let monotonic_ns = crate::sense::monotonic_ns();

@@ -32,13 +32,26 @@ use crate::sense::monotonic_ns;
 /// sets it asked for.
 type MemoryReads = (Vec<String>, Vec<Option<u64>>, Vec<Option<Option<u64>>>);
 
+/// An eviction whose victim and kill were the kernel's, at a hard threshold's crossing
+/// ([`super::crossing`]): the pod is not searched for, its kill time is the kernel's, and
+/// its message gives what was available at the crossing.
+pub(super) struct Forced {
+    /// The pod whose process was killed.
+    pub(super) uid: String,
+    /// The observations with the signal's `available` at the crossing.
+    pub(super) observations: crate::decide::pressure::Observations,
+    /// When the kernel killed it (`CLOCK_MONOTONIC`).
+    pub(super) killed_at_ns: u64,
+}
+
 impl<P: PodControl + 'static> Reactor<P> {
     /// Ranks and starts evicting the first non-critical pod (the kill itself, for grace 0,
     /// is made here; the runtime's stop runs off the loop, see [`super::inflight`]); fills in
     /// `decision`. Pods whose eviction is in flight are not ranked again, except, for a hard
     /// threshold, the ones still in their grace period: if one of them ranks first its stop
     /// becomes a SIGKILL now (hard before soft). Returns whether a pod was evicted or
-    /// escalated.
+    /// escalated. With `forced`, the victim is the pod the kernel killed at the crossing,
+    /// and nothing is evicted when it is not a candidate.
     pub(super) async fn evict_one(
         &mut self,
         reclaim: &Reclaim,
@@ -46,6 +59,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         signals: &Signals,
         layout: FsLayout,
         decision: &mut Decision,
+        forced: Option<Forced>,
     ) -> bool {
         let resource = reclaim.signal.resource();
         let pods = self.candidates(reclaim.hard, resource);
@@ -60,12 +74,25 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .observer
                 .pod_memory_usages(paths.iter().map(String::as_str));
             let observer = &mut self.observer;
-            let (victim, asked) = first_for_memory(
-                &pods,
-                |p| &p.info,
-                &usage,
-                |i| observer.pod_working_set(&paths[i]),
-            );
+            let at = forced
+                .as_ref()
+                .and_then(|f| pods.iter().position(|p| p.info.uid == f.uid));
+            let (victim, asked) = match at {
+                Some(i) => {
+                    let mut asked = vec![None; pods.len()];
+                    asked[i] = Some(observer.pod_working_set(&paths[i]));
+                    (Some(i), asked)
+                }
+                // The kernel's victim is not a candidate (in flight already, or gone): its
+                // kill stands for no other pod.
+                None if forced.is_some() => (None, vec![None; pods.len()]),
+                None => first_for_memory(
+                    &pods,
+                    |p| &p.info,
+                    &usage,
+                    |i| observer.pod_working_set(&paths[i]),
+                ),
+            };
             (victim, Some((paths, usage, asked)))
         } else {
             let cgroups: Vec<PodCgroup> = pods.iter().map(|p| p.cgroups(&root)).collect();
@@ -158,7 +185,8 @@ impl<P: PodControl + 'static> Reactor<P> {
                 working_set_bytes: Some(ws),
             });
         }
-        let observations = signals.observations();
+        let kernel_kill_ns = forced.as_ref().map(|f| f.killed_at_ns);
+        let observations = forced.map_or_else(|| signals.observations(), |f| f.observations);
         let text = threshold_met_text(&self.settings.thresholds, met, &observations, resource);
         let message = eviction_message(
             resource,
@@ -184,7 +212,11 @@ impl<P: PodControl + 'static> Reactor<P> {
             message: message.message.clone(),
             started_ns,
             killed_at_ns: if grace == 0 {
-                Some(killed.and_then(|k| k.killed_at_ns).unwrap_or(started_ns))
+                Some(
+                    kernel_kill_ns
+                        .or(killed.and_then(|k| k.killed_at_ns))
+                        .unwrap_or(started_ns),
+                )
             } else {
                 None
             },
@@ -203,8 +235,13 @@ impl<P: PodControl + 'static> Reactor<P> {
         if let Some(reads) = memory_reads {
             self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
         }
-        let killed_at = killed.and_then(|k| k.killed_at_ns);
-        self.time_kill(killed_at, killed.and_then(|k| k.killed_cpu), decision);
+        match kernel_kill_ns {
+            Some(at) => self.time_kill_at_crossing(at, decision),
+            None => {
+                let killed_at = killed.and_then(|k| k.killed_at_ns);
+                self.time_kill(killed_at, killed.and_then(|k| k.killed_cpu), decision);
+            }
+        }
         if let Some(m) = &self.metrics {
             m.record_eviction(reclaim.signal, info.qos);
         }
@@ -227,7 +264,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// threshold the ones in their grace period too (listed last, so ties keep the running
     /// pods first). With nothing in flight, the running pods as shared (no copy on the
     /// reaction's path).
-    fn candidates(&self, hard: bool, resource: Resource) -> ActivePods {
+    pub(super) fn candidates(&self, hard: bool, resource: Resource) -> ActivePods {
         let running = self.pods.pods();
         if self.in_flight.is_empty() {
             return running;
@@ -298,6 +335,27 @@ impl<P: PodControl + 'static> Reactor<P> {
             .filter(|_| !decision.wake.timer);
         if let (Some(k), Some(ev)) = (killed_at, waking) {
             let lag = k.saturating_sub(ev.at_ns);
+            decision.reaction_lag_ns = Some(lag);
+            if let Some(m) = &self.metrics {
+                m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
+            }
+        }
+    }
+
+    /// Puts a kill at the crossing's time on the decision: the reaction from the waking
+    /// kernel event to it (0 when the kill's own record woke the pass, as it does unless
+    /// an earlier kernel event came in the same batch); no pass → kill figures, since the
+    /// kill came before the pass.
+    fn time_kill_at_crossing(&self, killed_at: u64, decision: &mut Decision) {
+        decision.decide_to_kill_ns = None;
+        decision.decide_to_kill_cpu_ns = None;
+        let waking = decision
+            .wake
+            .event
+            .as_ref()
+            .filter(|_| !decision.wake.timer);
+        if let Some(ev) = waking {
+            let lag = killed_at.saturating_sub(ev.at_ns);
             decision.reaction_lag_ns = Some(lag);
             if let Some(m) = &self.metrics {
                 m.observe_reaction_lag(ev.source, lag as f64 / 1e9);

@@ -38,6 +38,7 @@
 //! ([`Reactor::with_tap`]) instead of reading the sense layer beside it; [`Reactor::run`]
 //! hands the sense layer back when it ends, for its lag statistics.
 
+mod crossing;
 mod evict;
 mod inflight;
 mod memory_reclaim;
@@ -156,6 +157,9 @@ pub struct Reactor<P> {
     /// Whether the last pass found its thresholds covered by the victims in flight (and
     /// recorded it): the passes after it that find the same are not recorded again.
     covered_said: bool,
+    /// The victim staged for a kill at the crossing, and a kill the kernel made there for
+    /// the next pass to complete ([`crossing`]).
+    crossing: crossing::Crossing,
     /// Where stop tasks report their end, and where the loop takes it.
     stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
     stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
@@ -192,6 +196,8 @@ enum Woke {
     StopEnded(inflight::StopEnded),
     /// The running pods changed.
     Pods,
+    /// The eBPF charge programs came on: a watched cgroup is near its level.
+    Near,
 }
 
 /// What [`Reactor::with_tap`] takes: called with every event the loop receives.
@@ -262,6 +268,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             charge_holds: 0,
             tracked_ns: 0,
             covered_said: false,
+            crossing: crossing::Crossing::default(),
             stop_tx,
             stop_rx,
         }
@@ -299,6 +306,12 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.thresholds = sense.memcg_thresholds();
         self.charge_switch = sense.charge_switch();
         self.kernel_watch = sense.kernel_watch();
+        if self.settings.kill_at_crossing {
+            self.crossing.stage = sense.victim_stage();
+            self.crossing.hard = settings::hard_memcg_targets(&self.settings, &self.observer);
+        }
+        let near = self.kernel_watch.clone();
+        let staging = self.crossing.stage.is_some();
         let mut pods_changed = self.pods.changes();
         self.warm_pods();
         // The first pass runs at once, as the kubelet's eviction manager synchronizes as soon
@@ -325,6 +338,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 Some(ended) = self.stop_rx.recv() => Woke::StopEnded(ended),
                 () = tokio::time::sleep(sleep) => Woke::Sense(None),
                 Some(()) = next_change(&mut pods_changed) => Woke::Pods,
+                () = near.came_on(), if staging => Woke::Near,
             };
             let (first, timed) = match woke {
                 Woke::Sense(None) => {
@@ -338,6 +352,11 @@ impl<P: PodControl + 'static> Reactor<P> {
                 }
                 Woke::Pods => {
                     self.warm_pods();
+                    self.stage_victim();
+                    continue;
+                }
+                Woke::Near => {
+                    self.stage_victim();
                     continue;
                 }
             };
@@ -404,6 +423,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             if let Kind::OomKill { pid, comm, .. } = &r.event.kind {
                 self.record_oom(&r, *pid, comm.clone());
             }
+            self.note_crossing_kill(&r.event);
             coalesced += 1;
             if record::is_kernel_event(&r.event) && self.episode.is_none() {
                 self.episode = Some(r.event.clone());
@@ -467,6 +487,12 @@ impl<P: PodControl + 'static> Reactor<P> {
             if due > 0 {
                 wait = wait.min(due + 1);
             }
+        }
+        // The victim staged for a kill at the crossing is re-ranked at least this often
+        // while the charge programs are on.
+        if self.crossing.stage.is_some() && self.kernel_watch.attached() {
+            let every = self.settings.kernel_watched_poll;
+            wait = wait.min(i128::try_from(every.as_nanos()).unwrap_or(0));
         }
         if let Some(d) = self.in_flight_recheck(u64::try_from(now).unwrap_or(0)) {
             wait = wait.min(i128::try_from(d.as_nanos()).unwrap_or(0));
@@ -554,6 +580,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 self.emit(d);
             }
             let Some(reclaim) = acted else {
+                self.stage_victim();
                 return;
             };
             if self.settings.serial_evictions {
@@ -587,6 +614,13 @@ impl<P: PodControl + 'static> Reactor<P> {
         mut decision: Decision,
         conditions_changed: bool,
     ) -> (Option<Decision>, Option<Reclaim>) {
+        // A kill the kernel made at a hard threshold's crossing is completed first, whatever
+        // this pass read (`crossing`).
+        if self.crossing.pending() {
+            if let Some(r) = self.complete_crossing_kill(signals, &mut decision).await {
+                return (Some(decision), Some(r));
+            }
+        }
         // With evictions in flight, only the thresholds their victims do not stand for call
         // for another (`decide::inflight`); with none, the pass's choice.
         let reclaim = if self.in_flight.is_empty() {
@@ -666,7 +700,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             }
         }
         let evicted = self
-            .evict_one(&reclaim, &result.met, signals, layout, &mut decision)
+            .evict_one(&reclaim, &result.met, signals, layout, &mut decision, None)
             .await;
         (Some(decision), evicted.then_some(reclaim))
     }

@@ -229,6 +229,12 @@ pub struct Decision {
     pub release_ns: Option<u64>,
     /// Kernel OOM kills so far that the agent did not prevent.
     pub unprevented_ooms: u64,
+    /// The process the eBPF charge program sent SIGKILL at the hard threshold's crossing,
+    /// the staged victim's ([`crate::sense::ebpf::stage`]): this eviction's kill was made
+    /// there, at the kernel's record, and the loop completed it (the pod's other processes,
+    /// the runtime's stop, the status). `None` when the loop made the kill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed_at_crossing: Option<u32>,
 }
 
 impl Decision {
@@ -257,6 +263,7 @@ impl Decision {
             decide_to_kill_cpu_ns: None,
             release_ns: None,
             unprevented_ooms,
+            killed_at_crossing: None,
         }
     }
 
@@ -317,6 +324,7 @@ impl Decision {
             release = %go(self.release_ns),
             release_ns = self.release_ns,
             unprevented_ooms = self.unprevented_ooms,
+            killed_at_crossing = self.killed_at_crossing,
             "eviction decision"
         );
     }

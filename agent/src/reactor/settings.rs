@@ -60,6 +60,9 @@ pub struct ReactorSettings {
     /// memory eviction, for at most this long ([`crate::decide::memory_reclaim`]). `None`:
     /// kubelet-exact.
     pub memory_reclaim: Option<Duration>,
+    /// `killAtCrossing`: stage the pod a hard memory threshold would evict first for the
+    /// eBPF charge program to kill at the crossing ([`crate::sense::ebpf::stage`]).
+    pub kill_at_crossing: bool,
 }
 
 impl ReactorSettings {
@@ -105,6 +108,7 @@ impl ReactorSettings {
                 .memory_reclaim
                 .enabled
                 .then_some(config.memory_reclaim.timeout.0),
+            kill_at_crossing: config.kill_at_crossing,
         })
     }
 }
@@ -133,10 +137,24 @@ impl ReactorSettings {
 /// threshold notifier. Usage counts page cache the working set does not, so the crossing can
 /// come a little before the threshold is met; the loop then watches closely (`close_poll`).
 pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<MemcgTarget> {
+    targets_of(settings, observer, |_| true)
+}
+
+/// The targets of the hard memory thresholds alone: the slots whose crossing may kill
+/// ([`crate::sense::ebpf::stage`]).
+pub fn hard_memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<MemcgTarget> {
+    targets_of(settings, observer, Threshold::is_hard)
+}
+
+fn targets_of(
+    settings: &ReactorSettings,
+    observer: &Observer,
+    keep: impl Fn(&Threshold) -> bool,
+) -> Vec<MemcgTarget> {
     let capacity = observer.memory_capacity();
     let allocatable = capacity.saturating_sub(observer.settings().reserved_memory);
     let mut out: Vec<MemcgTarget> = Vec::new();
-    for t in &settings.thresholds {
+    for t in settings.thresholds.iter().filter(|t| keep(t)) {
         let (cgroup, total) = match t.signal {
             Signal::MemoryAvailable => (observer.settings().node_cgroup.clone(), capacity),
             Signal::AllocatableMemoryAvailable => {

@@ -10,7 +10,7 @@
 //! | `oom_mark_victim` | `oom:mark_victim` | [`Kind::OomKill`] |
 //! | `{memcg,direct}_reclaim_{begin,end}` | `vmscan:mm_vmscan_{memcg,direct}_reclaim_{begin,end}` | [`Kind::ReclaimStall`] (duration timed in the kernel) |
 //! | `count_memcg_events` | raw tracepoint `count_memcg_events` (pressure items only) | [`Kind::MemcgEvent`] |
-//! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | [`Kind::ThresholdCrossed`] for a watched cgroup ([`threshold`]) |
+//! | `charge_lruvec` | raw tracepoint `mod_memcg_lruvec_state` | [`Kind::ThresholdCrossed`] for a watched cgroup ([`threshold`]), with the pid it killed when the staged victim was charging ([`stage`]) |
 //!
 //! **Cost on a calm node.** `count_memcg_events` is entered on every page fault of every
 //! process (the kernel counts `PGFAULT` per memcg through it), so it is a raw tracepoint: no
@@ -66,6 +66,8 @@
 //! - [`threshold`]: the usage-threshold slots the charge programs check;
 //! - [`near`]: keeping the charge programs off their tracepoint while no watched cgroup is
 //!   near its level;
+//! - [`stage`]: the pod the loop would evict first, staged for the charge program to kill at
+//!   a hard threshold's crossing;
 //! - [`charge_switch`]: taking the charge programs off their tracepoint and back, and the
 //!   memcg events program on reclaim;
 //! - [`record`]: decoding ring-buffer records; [`cgroup`]: naming cgroup ids;
@@ -95,6 +97,7 @@ pub mod kernel_watch;
 mod load;
 pub mod near;
 pub mod record;
+pub mod stage;
 pub mod threshold;
 pub mod tracefs;
 
@@ -385,6 +388,8 @@ pub struct EbpfSource {
     victims: HashMap<MapData, u32, u64>,
     /// The usage-threshold table, when the charge programs attached.
     usage: Option<UsageThresholds>,
+    /// The staged victim, when the charge programs attached.
+    victim_stage: Option<stage::VictimStage>,
     /// Which watched cgroups the kernel checks at their working-set level now (written by
     /// the charge switch, the table's owner and the drain).
     kernel_watch: kernel_watch::KernelWatch,
@@ -430,6 +435,13 @@ impl EbpfSource {
     /// [`kernel_watch`]); watches nothing when the charge programs did not attach.
     pub fn kernel_watch(&self) -> kernel_watch::KernelWatch {
         self.kernel_watch.clone()
+    }
+
+    /// Where the loop stages the pod it would evict first, for the charge program to kill at
+    /// a hard threshold's crossing ([`stage`]); `None` when the charge programs did not
+    /// attach.
+    pub fn victim_stage(&self) -> Option<stage::VictimStage> {
+        self.victim_stage.clone()
     }
 
     /// A duplicate of the ring buffer's fd, to ask without reading it whether a record is

@@ -681,6 +681,7 @@ impl EventfdWatch {
                 V1Notification::Threshold(bytes) => Kind::ThresholdCrossed {
                     threshold_bytes: Some(bytes),
                     usage_bytes: pread_text(&self.watched).and_then(|t| t.trim().parse().ok()),
+                    killed: None,
                 },
                 V1Notification::Oom => {
                     let kills = oom_kills(pread_text(&self.watched));
@@ -831,6 +832,7 @@ impl EventsWatch {
                         kinds.push(Kind::ThresholdCrossed {
                             threshold_bytes: Some(bytes),
                             usage_bytes: Some(usage),
+                            killed: None,
                         });
                     }
                 }

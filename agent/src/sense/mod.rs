@@ -111,6 +111,16 @@ pub struct PressureEvent {
     pub kind: Kind,
 }
 
+/// A process the eBPF charge program sent SIGKILL at a hard threshold's crossing, because it
+/// was charging inside the staged victim pod ([`ebpf::stage`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct KilledAtCrossing {
+    /// The killed process (thread-group id).
+    pub pid: u32,
+    /// The staged victim pod cgroup's id (kernfs inode) the kill was for.
+    pub cgroup_id: u64,
+}
+
 /// What a pressure event reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -166,6 +176,10 @@ pub enum Kind {
         /// Usage read at wake-up, where it could be read. The v1 eventfd fires on crossings in
         /// both directions; this says which one it was.
         usage_bytes: Option<u64>,
+        /// The process the eBPF charge program killed at this crossing, the staged victim's
+        /// ([`ebpf::stage`]); `None` for every other crossing and source.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        killed: Option<KilledAtCrossing>,
     },
     /// The housekeeping tick: nothing from the kernel, just time to look again.
     Tick,
@@ -224,12 +238,19 @@ impl std::fmt::Display for Kind {
             Kind::ThresholdCrossed {
                 threshold_bytes,
                 usage_bytes,
-            } => write!(
-                f,
-                "threshold-crossed threshold={} usage={}",
-                opt(threshold_bytes, bytes),
-                opt(usage_bytes, bytes)
-            ),
+                killed,
+            } => {
+                write!(
+                    f,
+                    "threshold-crossed threshold={} usage={}",
+                    opt(threshold_bytes, bytes),
+                    opt(usage_bytes, bytes)
+                )?;
+                match killed {
+                    Some(k) => write!(f, " killed-at-crossing pid={}", k.pid),
+                    None => Ok(()),
+                }
+            }
             Kind::Tick => f.write_str("tick"),
             Kind::Dropped { count } => write!(f, "ring-buffer-drops +{count}"),
         }
@@ -422,6 +443,7 @@ pub struct Sense {
     thresholds: memcg::MemcgThresholds,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
     kernel_watch: ebpf::kernel_watch::KernelWatch,
+    victim_stage: Option<ebpf::stage::VictimStage>,
     /// A duplicate of the eBPF ring buffer's fd, which says without being read that a
     /// record is waiting.
     ring_probe: Option<std::os::fd::OwnedFd>,
@@ -441,6 +463,7 @@ impl Sense {
             thresholds: memcg::ThresholdsBuilder::default(),
             charge_switch: None,
             kernel_watch: ebpf::kernel_watch::KernelWatch::default(),
+            victim_stage: None,
             ring_probe: None,
         };
         let hierarchy = match &opts.hierarchy {
@@ -489,6 +512,7 @@ impl Sense {
             thresholds,
             charge_switch,
             kernel_watch,
+            victim_stage,
             ring_probe,
         } = attaching;
         // Only the tasks hold senders now: the channel closes when the last source stops.
@@ -522,6 +546,7 @@ impl Sense {
             thresholds: thresholds.build(),
             charge_switch,
             kernel_watch,
+            victim_stage,
             ring_probe,
         })
     }
@@ -556,6 +581,12 @@ impl Sense {
     /// now ([`ebpf::kernel_watch`]); watches nothing without them.
     pub fn kernel_watch(&self) -> ebpf::kernel_watch::KernelWatch {
         self.kernel_watch.clone()
+    }
+
+    /// Where the loop stages the pod it would evict first, for the charge program to kill at
+    /// a hard threshold's crossing ([`ebpf::stage`]); `None` without the charge programs.
+    pub fn victim_stage(&self) -> Option<ebpf::stage::VictimStage> {
+        self.victim_stage.clone()
     }
 
     /// The memcg usage thresholds armed, to move while running (see
@@ -606,6 +637,7 @@ struct Attaching {
     thresholds: memcg::ThresholdsBuilder,
     charge_switch: Option<ebpf::charge_switch::ChargeSwitch>,
     kernel_watch: ebpf::kernel_watch::KernelWatch,
+    victim_stage: Option<ebpf::stage::VictimStage>,
     ring_probe: Option<std::os::fd::OwnedFd>,
 }
 
@@ -638,6 +670,8 @@ impl Attaching {
                     self.missing(Source::Ebpf, format!("{program}: {reason}"));
                 }
                 let mut what = format!("eBPF ring buffer: {}", source.attached().join(", "));
+                let stage = source.victim_stage();
+                let mut slot = 0;
                 for (target, bytes) in wanted {
                     let dir = hierarchy
                         .as_ref()
@@ -655,12 +689,18 @@ impl Attaching {
                         Ok(described) => {
                             what.push_str("; ");
                             what.push_str(&described);
+                            // Slots are placed in order, one per watch armed.
+                            if let Some(stage) = &stage {
+                                stage.add_slot(slot, target.clone());
+                            }
+                            slot += 1;
                         }
                         Err(reason) => self.missing(Source::Ebpf, reason),
                     }
                 }
                 self.charge_switch = source.charge_switch();
                 self.kernel_watch = source.kernel_watch();
+                self.victim_stage = stage;
                 self.ring_probe = source.ring_probe();
                 let tx = self.tx.clone();
                 let task = async move {
@@ -894,7 +934,8 @@ mod tests {
         }));
         assert!(kinds.contains(&Kind::ThresholdCrossed {
             threshold_bytes: Some(500),
-            usage_bytes: Some(900)
+            usage_bytes: Some(900),
+            killed: None,
         }));
         sense.shutdown().await;
     }
@@ -904,11 +945,13 @@ mod tests {
         let k = Kind::ThresholdCrossed {
             threshold_bytes: Some(10),
             usage_bytes: None,
+            killed: None,
         };
         assert_eq!(k.to_string(), "threshold-crossed threshold=10 usage=?");
         let k = Kind::ThresholdCrossed {
             threshold_bytes: Some(384 << 20),
             usage_bytes: Some(402_661_377),
+            killed: None,
         };
         assert_eq!(
             k.to_string(),

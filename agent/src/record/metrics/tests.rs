@@ -373,6 +373,7 @@ fn every_kind_has_a_label_a_source_declares() {
         Kind::ThresholdCrossed {
             threshold_bytes: None,
             usage_bytes: None,
+            killed: None,
         },
         Kind::Tick,
         Kind::Dropped { count: 1 },

@@ -14,7 +14,7 @@ use super::cgroup::{self, CgroupNames};
 use super::record::{self, comm_str, Record};
 use super::threshold::UsageThresholds;
 use super::{monotonic_ns, EbpfError, EbpfSource};
-use crate::sense::{Kind, PressureEvent, Source};
+use crate::sense::{KilledAtCrossing, Kind, PressureEvent, Source};
 
 impl EbpfSource {
     /// Reads the ring buffer until `tx` is closed, sending one [`PressureEvent`] per record
@@ -101,6 +101,10 @@ impl EbpfSource {
                                 // must not count on it until it re-arms.
                                 if let Record::Threshold(t) = &rec {
                                     kernel_watch.fired(t.slot as usize);
+                                    if t.kill_error != 0 {
+                                        let (pid, error) = (t.header.pid, t.kill_error);
+                                        tracing::warn!(pid, error, "eBPF: the staged victim's process was not killed at the crossing (bpf_send_signal failed); the loop evicts it");
+                                    }
                                 }
                                 if let (Some(s), Record::Stall(_)) = (&events_switch, &rec) {
                                     if told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL) {
@@ -394,6 +398,10 @@ fn to_event(rec: &Record, items: &StdHashMap<u32, String>, names: &mut dyn Names
             let kind = Kind::ThresholdCrossed {
                 threshold_bytes: Some(e.threshold_pages.saturating_mul(page)),
                 usage_bytes: Some(e.usage_pages.saturating_mul(page)),
+                killed: (e.killed_pid != 0).then_some(KilledAtCrossing {
+                    pid: e.killed_pid,
+                    cgroup_id: e.victim_cgroup_id,
+                }),
             };
             (names.by_id(header.cgroup_id), kind)
         }
@@ -448,8 +456,11 @@ mod tests {
             threshold_pages: 100,
             charged_cgroup_id: 43,
             slot: 1,
-            _pad: 0,
+            killed_pid: 0,
             inactive_pages: 0,
+            victim_cgroup_id: 0,
+            kill_error: 0,
+            _pad: 0,
         });
         let ev = to_event(&rec, &StdHashMap::new(), &mut names);
         assert_eq!(ev.cgroup.as_deref(), Some("/kubepods"));
@@ -459,7 +470,27 @@ mod tests {
             Kind::ThresholdCrossed {
                 threshold_bytes: Some(100 * page),
                 usage_bytes: Some(101 * page),
+                killed: None,
             }
+        );
+        // A crossing at which the program killed the staged victim's process.
+        let Record::Threshold(mut killed) = rec else {
+            unreachable!()
+        };
+        killed.killed_pid = 77;
+        killed.victim_cgroup_id = 44;
+        let ev = to_event(&Record::Threshold(killed), &StdHashMap::new(), &mut names);
+        let text = ev.kind.to_string();
+        assert!(text.contains("killed-at-crossing pid=77"), "{text}");
+        let Kind::ThresholdCrossed { killed, .. } = ev.kind else {
+            panic!("{:?}", ev.kind)
+        };
+        assert_eq!(
+            killed,
+            Some(KilledAtCrossing {
+                pid: 77,
+                cgroup_id: 44
+            })
         );
     }
 

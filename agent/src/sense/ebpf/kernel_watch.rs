@@ -41,6 +41,9 @@ pub struct KernelWatch {
 struct Inner {
     /// The charge programs are on their tracepoint.
     attached: AtomicBool,
+    /// Told each time they come on: a watched cgroup is near its level, and the loop stages
+    /// its victim for the crossing ([`super::stage`]).
+    came_on: tokio::sync::Notify,
     /// Per slot: its cgroup, its working-set level (`None`: a usage level, which does not
     /// follow the page cache) and whether it is armed.
     slots: Mutex<Vec<Slot>>,
@@ -77,7 +80,21 @@ impl KernelWatch {
     /// The charge programs are on (`true`, after attaching) or coming off (`false`, before
     /// detaching).
     pub(crate) fn set_attached(&self, on: bool) {
-        self.inner.attached.store(on, Ordering::Release);
+        let was = self.inner.attached.swap(on, Ordering::AcqRel);
+        if on && !was {
+            self.inner.came_on.notify_one();
+        }
+    }
+
+    /// Whether the charge programs are on their tracepoint now.
+    pub fn attached(&self) -> bool {
+        self.inner.attached.load(Ordering::Acquire)
+    }
+
+    /// Waits until the charge programs come on (at once if they came on since the last
+    /// wait returned). One waiter: the reactor loop.
+    pub async fn came_on(&self) {
+        self.inner.came_on.notified().await;
     }
 
     /// Slot `index` was written: on `cgroup`, at `working_set_bytes` when it follows the page

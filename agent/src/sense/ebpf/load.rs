@@ -318,6 +318,15 @@ impl EbpfSource {
             }
             _ => None,
         };
+        let victim_stage = match usage {
+            Some(_) => Some(super::stage::VictimStage::new(
+                Array::try_from(take(&mut ebpf, "VICTIM")?).map_err(|e| EbpfError::Map {
+                    name: "VICTIM",
+                    reason: e.to_string(),
+                })?,
+            )),
+            None => None,
+        };
         let charge_attached = !charge_links.is_empty();
         let events_switched = !event_links.is_empty();
         let programs = Arc::new(Mutex::new(Programs {
@@ -343,6 +352,7 @@ impl EbpfSource {
         }
         Ok(EbpfSource {
             usage,
+            victim_stage,
             kernel_watch,
             logger,
             _programs: programs,

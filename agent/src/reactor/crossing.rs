@@ -1,0 +1,271 @@
+//! Killing at the crossing (`killAtCrossing`): the loop's half of
+//! [`crate::sense::ebpf::stage`].
+//!
+//! **Staging.** After every pass that evicts nothing, when the running pods change, and when
+//! the charge programs come on (a watched cgroup is near its level), the loop finds the pod a
+//! hard memory threshold would evict now — the same bounded search over the same candidates
+//! as an eviction ([`first_for_memory`]) — and stages its cgroup for the kernel. While the
+//! programs are on, the loop passes at least every `kernel_watched_poll` and stages anew, and
+//! the kernel holds a staging for two of those intervals at most (`STAGE_AGE_POLLS`): a
+//! ranking older than that kills nothing. (A kubelet ranks from statistics up to its
+//! housekeeping interval old.) Nothing is staged while an eviction is in flight (a second
+//! kill is [`crate::decide::inflight`]'s call, made by the loop) or while the programs are
+//! off.
+//!
+//! **Completing.** A threshold record whose crossing killed the staged victim's process is an
+//! eviction begun. The next pass completes it before anything else, for the hard threshold
+//! whose level the kernel saw crossed and with what was available then
+//! ([`crate::decide::crossing`]): the pod's other processes are killed, the runtime stops it,
+//! its status and message are the eviction's, and it is in flight as any victim, its kill
+//! time the kernel's. It is completed even when the pass reads the threshold clear again
+//! (the victim's memory already coming back): a pod is never left half-killed and
+//! unrecorded. The pod's containers are fenced against restarts only when the loop reaches
+//! them, a few hundred microseconds after the kill; the victim's own exit takes longer.
+
+use super::evict::Forced;
+use super::pods::{pod_cgroup_path, PodControl};
+use super::Reactor;
+use crate::decide::crossing::{crossing_reclaim, AtCrossing};
+use crate::decide::pressure::Reclaim;
+use crate::decide::rank::first_for_memory;
+use crate::decide::signal::{Resource, Signal};
+use crate::observe::Signals;
+use crate::reactor::record::{Action, Decision};
+use crate::sense::ebpf::stage::VictimStage;
+use crate::sense::ebpf::threshold::cgroup_level;
+use crate::sense::{Kind, MemcgTarget, PressureEvent};
+
+/// How many of the loop's re-rankings while the charge programs are on (one every
+/// `kernel_watched_poll`) a staging outlives in the kernel: a ranking older than that kills
+/// nothing (the loop's timer held off, or the programs were off and the stage left behind),
+/// and the crossing is the loop's to act on.
+const STAGE_AGE_POLLS: u32 = 2;
+
+/// How many recent stagings are remembered to name the pod of a kill record (a record may
+/// come after the loop staged another pod).
+const REMEMBERED: usize = 8;
+
+/// The loop's staging state.
+#[derive(Debug, Default)]
+pub(super) struct Crossing {
+    /// The kernel's stage, with `killAtCrossing` and the charge programs attached.
+    pub(super) stage: Option<VictimStage>,
+    /// The hard memory thresholds' targets: the slots whose crossing may kill.
+    pub(super) hard: Vec<MemcgTarget>,
+    /// Recently staged pods: cgroup id → pod uid, newest last.
+    staged: Vec<(u64, String)>,
+    /// A kill the kernel made, for the next pass to complete.
+    pending: Option<CrossingKill>,
+    /// A failed map write was said (once).
+    failed_said: bool,
+}
+
+/// A kill the charge program made at a crossing.
+#[derive(Clone, Debug)]
+struct CrossingKill {
+    /// The kernel's timestamp of the crossing, which the kill followed in the same program.
+    at_ns: u64,
+    pid: u32,
+    cgroup_id: u64,
+    /// The signal of the watched cgroup that crossed.
+    signal: Option<Signal>,
+    at: AtCrossing,
+}
+
+impl Crossing {
+    fn remember(&mut self, id: u64, uid: String) {
+        if self
+            .staged
+            .last()
+            .is_some_and(|(i, u)| *i == id && *u == uid)
+        {
+            return;
+        }
+        self.staged.retain(|(i, _)| *i != id);
+        self.staged.push((id, uid));
+        if self.staged.len() > REMEMBERED {
+            self.staged.remove(0);
+        }
+    }
+
+    fn uid_of(&self, id: u64) -> Option<String> {
+        self.staged
+            .iter()
+            .rev()
+            .find(|(i, _)| *i == id)
+            .map(|(_, u)| u.clone())
+    }
+
+    /// Whether a kill at the crossing waits to be completed.
+    pub(super) fn pending(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
+impl<P: PodControl + 'static> Reactor<P> {
+    /// Stages the pod a hard memory threshold would evict now, or clears the stage (see the
+    /// module doc for when).
+    pub(super) fn stage_victim(&mut self) {
+        let Some(stage) = self.crossing.stage.clone() else {
+            return;
+        };
+        let ready = self.in_flight.is_empty()
+            && !self.crossing.pending()
+            && self.kernel_watch.attached()
+            && !self.crossing.hard.is_empty();
+        let victim = if ready {
+            self.first_memory_victim().and_then(|(uid, path)| {
+                let id = self.observer.cgroup_id(&path)?;
+                Some((uid, id, cgroup_level(&path)))
+            })
+        } else {
+            None
+        };
+        match stage.stage(
+            victim.as_ref().map(|(_, id, level)| (*id, *level)),
+            &self.crossing.hard,
+            self.settings
+                .kernel_watched_poll
+                .saturating_mul(STAGE_AGE_POLLS),
+        ) {
+            Ok(staged) => {
+                if let (true, Some((uid, id, _))) = (staged, victim) {
+                    self.crossing.remember(id, uid);
+                }
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.crossing.failed_said, true) {
+                    tracing::warn!(error = %e, "no victim staged for a kill at the crossing; the loop makes every kill");
+                }
+            }
+        }
+    }
+
+    /// The pod a hard memory threshold would evict now, with its cgroup path: the bounded
+    /// search an eviction makes.
+    fn first_memory_victim(&mut self) -> Option<(String, String)> {
+        let pods = self.candidates(true, Resource::Memory);
+        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
+        let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(&root, p)).collect();
+        let usage = self
+            .observer
+            .pod_memory_usages(paths.iter().map(String::as_str));
+        let observer = &mut self.observer;
+        let (victim, _) = first_for_memory(
+            &pods,
+            |p| &p.info,
+            &usage,
+            |i| observer.pod_working_set(&paths[i]),
+        );
+        victim.map(|i| (pods[i].info.uid.clone(), paths[i].clone()))
+    }
+
+    /// Takes note of a record whose crossing killed the staged victim's process.
+    pub(super) fn note_crossing_kill(&mut self, event: &PressureEvent) {
+        let Kind::ThresholdCrossed {
+            killed: Some(killed),
+            usage_bytes,
+            threshold_bytes,
+        } = &event.kind
+        else {
+            return;
+        };
+        if let Some(stage) = &self.crossing.stage {
+            stage.killed();
+        }
+        let settings = self.observer.settings();
+        let signal = match event.cgroup.as_deref() {
+            Some(c) if c == settings.node_cgroup => Some(Signal::MemoryAvailable),
+            Some(c) if c == settings.kubepods_cgroup => Some(Signal::AllocatableMemoryAvailable),
+            _ => None,
+        };
+        self.crossing.pending = Some(CrossingKill {
+            at_ns: event.at_ns,
+            pid: killed.pid,
+            cgroup_id: killed.cgroup_id,
+            signal,
+            at: AtCrossing {
+                usage_bytes: usage_bytes.unwrap_or(0),
+                level_bytes: threshold_bytes.unwrap_or(0),
+            },
+        });
+    }
+
+    /// Completes the eviction a kill at the crossing began (see the module doc); fills in
+    /// `decision`. Returns the reclaim it stands for when the pod was evicted.
+    pub(super) async fn complete_crossing_kill(
+        &mut self,
+        signals: &Signals,
+        decision: &mut Decision,
+    ) -> Option<Reclaim> {
+        let kill = self.crossing.pending.take()?;
+        let observations = signals.observations();
+        let uid = self.crossing.uid_of(kill.cgroup_id);
+        let reclaim = kill
+            .signal
+            .and_then(|s| crossing_reclaim(&self.settings.thresholds, s, &observations, kill.at));
+        let (Some(uid), Some((reclaim, then))) = (uid, reclaim) else {
+            tracing::warn!(
+                pid = kill.pid,
+                cgroup_id = kill.cgroup_id,
+                "a process killed at the crossing is not a staged pod's under a hard memory threshold; the pass decides alone"
+            );
+            return None;
+        };
+        // The loop may have evicted the pod already, woken by another source's record of the
+        // same crossing before the kernel's kill record was taken: the kill is then part of
+        // that eviction.
+        if self.in_flight.iter().any(|f| f.pod.info.uid == uid) {
+            return None;
+        }
+        if !self.pods.pods().iter().any(|p| p.info.uid == uid) {
+            tracing::warn!(pid = kill.pid, %uid, "the pod killed at the crossing is no longer running; nothing to complete");
+            return None;
+        }
+        decision.killed_at_crossing = Some(kill.pid);
+        let layout = signals.fs_layout().unwrap_or_default();
+        let forced = Forced {
+            uid,
+            observations: then,
+            killed_at_ns: kill.at_ns,
+        };
+        let evicted = self
+            .evict_one(
+                &reclaim,
+                &[reclaim.threshold],
+                signals,
+                layout,
+                decision,
+                Some(forced),
+            )
+            .await;
+        if !evicted {
+            // The pass goes on as if no kill had been made at the crossing.
+            decision.killed_at_crossing = None;
+            decision.action = Action::None;
+            decision.ranking.clear();
+        }
+        evicted.then_some(reclaim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_stagings_name_a_kill_record_s_pod() {
+        let mut c = Crossing::default();
+        for i in 0..10u64 {
+            c.remember(i, format!("pod-{i}"));
+        }
+        assert_eq!(c.uid_of(9).as_deref(), Some("pod-9"));
+        assert_eq!(c.uid_of(2).as_deref(), Some("pod-2"));
+        assert_eq!(c.uid_of(1), None, "only the last {REMEMBERED} are kept");
+        // A cgroup id staged again for another pod (a new cgroup at a reused inode) names
+        // the newer pod.
+        c.remember(5, "pod-new".into());
+        assert_eq!(c.uid_of(5).as_deref(), Some("pod-new"));
+        assert_eq!(c.staged.iter().filter(|(i, _)| *i == 5).count(), 1);
+    }
+}
