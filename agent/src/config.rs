@@ -159,7 +159,8 @@ pub struct Config {
     /// that the eBPF charge program watches is near, the loop ranks the pods ahead and stages
     /// the one it would evict first; at the crossing the program sends SIGKILL to the process
     /// charging the crossing page if it belongs to that pod, and the loop completes the
-    /// eviction. `false`: every kill is the loop's, after its pass.
+    /// eviction. `false`: every kill is the loop's, after its pass. Off while
+    /// `memoryReclaim.enabled` (reclaim first is the loop's call at the crossing).
     pub kill_at_crossing: bool,
     /// The node this agent models.
     pub node: NodeConfig,

@@ -306,7 +306,11 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.thresholds = sense.memcg_thresholds();
         self.charge_switch = sense.charge_switch();
         self.kernel_watch = sense.kernel_watch();
-        if self.settings.kill_at_crossing {
+        if self.settings.kill_at_crossing && self.settings.memory_reclaim.is_some() {
+            // Reclaim first means the loop decides at the crossing whether page cache can
+            // stand in for a pod; a kill in the kernel would pre-empt it.
+            tracing::info!("killAtCrossing is off while memoryReclaim is on: every kill is the loop's, after its reclaim");
+        } else if self.settings.kill_at_crossing {
             self.crossing.stage = sense.victim_stage();
             self.crossing.hard = settings::hard_memcg_targets(&self.settings, &self.observer);
         }

@@ -170,6 +170,9 @@ struct Rep {
     event_after_crossing_ns: Option<i64>,
     event_usage: Option<u64>,
     woken_by: Option<String>,
+    /// The kill was the kernel's, at the crossing (`killAtCrossing`: the staged victim was
+    /// charging the crossing page).
+    at_crossing: bool,
     /// The crossing as the hog's record placed it (see [`Clock`]).
     clock: ClockRep,
 }
@@ -456,6 +459,7 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
             }
         }
         rep.reaction_ns = d.reaction_lag_ns;
+        rep.at_crossing = d.killed_at_crossing.is_some();
         rep.observe_to_kill_ns = d.decide_to_kill_ns;
         rep.observe_to_kill_cpu_ns = d.decide_to_kill_cpu_ns;
         if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
@@ -744,6 +748,7 @@ fn summarise(
             "reaction p99",
             "crossing→released p50",
             "crossing→released p99",
+            "killed at the crossing",
             "woken by",
         ],
     )
@@ -799,6 +804,7 @@ fn summarise(
             .collect::<Vec<_>>()
             .join(", ");
         let n = r.reps.len();
+        let at_crossing = r.reps.iter().filter(|x| x.at_crossing).count();
         t.row(vec![
             format!("{} MiB/s", r.rate),
             r.mode.to_string(),
@@ -808,6 +814,7 @@ fn summarise(
             reaction.p99_text(),
             release.p50_text(),
             release.p99_text(),
+            format!("{at_crossing}/{n}"),
             if woken_text.is_empty() {
                 "-".into()
             } else {
@@ -822,7 +829,9 @@ fn summarise(
             "reaction_lag": reaction.json(), "crossing_to_released": release.json(),
             "crossing_to_kill": to_kill.json(), "kill_to_released": to_released.json(),
             "woken_by": woken,
+            "killed_at_crossing": at_crossing,
             "crossings": r.reps.iter().map(|x| json!({
+                "killed_at_crossing": x.at_crossing,
                 "level_bytes": x.clock.level,
                 "inactive_file_bytes": x.clock.inactive_file,
                 "kubepods_before_hog_bytes": x.clock.base,
@@ -850,6 +859,13 @@ fn summarise(
     t.note(
         "OOM killer first: a pod's memcg oom_kill counter moved before the agent's SIGKILL (or with \
          no eviction); right pod evicted: the BestEffort hog evicted with no OOM kill before it"
+            .to_string(),
+    );
+    t.note(
+        "killed at the crossing: the eBPF charge program sent the SIGKILL itself, the hog being \
+         the staged victim and the task charging the crossing page (killAtCrossing); its \
+         reaction is 0 from its own record and its time is the record's, and the pass → SIGKILL \
+         figures count the loop's kills only"
             .to_string(),
     );
     let added = rows

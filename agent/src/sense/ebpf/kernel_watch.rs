@@ -155,6 +155,29 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    #[tokio::test]
+    async fn the_loop_is_told_each_time_the_programs_come_on() {
+        let w = KernelWatch::default();
+        let soon = std::time::Duration::from_millis(50);
+        w.set_attached(true);
+        assert!(w.attached());
+        tokio::time::timeout(soon, w.came_on())
+            .await
+            .expect("told when they came on before the wait");
+        w.set_attached(true);
+        assert!(
+            tokio::time::timeout(soon, w.came_on()).await.is_err(),
+            "on already: nothing new"
+        );
+        w.set_attached(false);
+        assert!(!w.attached());
+        assert!(tokio::time::timeout(soon, w.came_on()).await.is_err());
+        w.set_attached(true);
+        tokio::time::timeout(soon, w.came_on())
+            .await
+            .expect("told again after coming off");
+    }
+
     #[test]
     fn watches_only_an_armed_following_slot_at_or_below_the_level_while_attached() {
         let w = KernelWatch::default();
