@@ -206,6 +206,18 @@ fn the_agent_evicts_the_besteffort_hog_before_the_oom_killer_and_reports_it_ever
             .is_some_and(|n| n >= -1),
         "{eviction}"
     );
+    // A kill the kernel made at the crossing (killAtCrossing) names its process, and a
+    // kernel record is behind it, so it is timed.
+    let pid = eviction["event"]["killedAtCrossingPid"].as_u64();
+    assert!(pid.is_some(), "{eviction}");
+    if pid != Some(0) {
+        assert!(
+            eviction["event"]["reactionNanos"]
+                .as_i64()
+                .is_some_and(|n| n >= 0),
+            "{eviction}"
+        );
+    }
 
     // One log line explains the decision.
     let log = agent.log();

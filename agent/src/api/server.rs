@@ -213,6 +213,7 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             message,
             grace_period_seconds,
             reaction_ns,
+            killed_at_crossing,
         } => K::Eviction(pb::EvictionEvent {
             pod: Some(split(pod)),
             uid: uid.clone(),
@@ -220,6 +221,7 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             message: message.clone(),
             grace_period_seconds: *grace_period_seconds,
             reaction_nanos: *reaction_ns,
+            killed_at_crossing_pid: killed_at_crossing.unwrap_or(0),
         }),
         NodeEventKind::OomKill {
             pod,

@@ -78,8 +78,17 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
         Some(K::Eviction(v)) => (
             "eviction",
             json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message,
-                   "gracePeriodSeconds": v.grace_period_seconds, "reactionNanos": v.reaction_nanos}),
-            if v.reaction_nanos > 0 {
+                   "gracePeriodSeconds": v.grace_period_seconds, "reactionNanos": v.reaction_nanos,
+                   "killedAtCrossingPid": v.killed_at_crossing_pid}),
+            if v.killed_at_crossing_pid != 0 {
+                format!(
+                    "{} evicted ({}, killed at the crossing, pid {}): {}",
+                    name(&v.pod),
+                    v.signal,
+                    v.killed_at_crossing_pid,
+                    v.message
+                )
+            } else if v.reaction_nanos > 0 {
                 format!(
                     "{} evicted ({}, reaction {}): {}",
                     name(&v.pod),

@@ -321,6 +321,7 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
                 reaction_ns: d
                     .reaction_lag_ns
                     .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+                killed_at_crossing: d.killed_at_crossing,
             });
         }
     }

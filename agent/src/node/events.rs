@@ -78,8 +78,10 @@ pub enum NodeEventKind {
         message: String,
         /// Grace given, seconds.
         grace_period_seconds: i64,
-        /// From the kernel's report to the kill, ns.
+        /// From the waking kernel event to the kill, ns (-1: a timer woke the decision).
         reaction_ns: i64,
+        /// The process the kernel killed at the crossing, when it made the kill.
+        killed_at_crossing: Option<u32>,
     },
     /// A container was OOM-killed by the kernel.
     OomKill {

@@ -16,7 +16,11 @@
 //!    then page cache is reclaimed from kubepods first, bounded, when its active file pages
 //!    can cover the shortfall ([`crate::decide::memory_reclaim`]). The `containerfs` thresholds follow the
 //!    layout too.
-//! 4. Evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
+//! 4. Complete first an eviction the kernel began at a hard threshold's crossing: with
+//!    `killAtCrossing`, the loop stages the pod it would evict first while a watched cgroup
+//!    is near its level, and the eBPF charge program kills that pod's process at the crossing
+//!    when it is the one charging (`reactor::crossing`). Otherwise,
+//!    evict one pod, the first non-critical one in [`crate::decide::rank::rank`]'s order, with
 //!    grace 0 for a hard threshold and the capped pod grace for a soft one; the pod ends
 //!    `Failed`/`Evicted` with the kubelet's message. The eviction is started, not awaited:
 //!    the kill (grace 0) is made on the loop's task, the runtime's stop runs on its own, and

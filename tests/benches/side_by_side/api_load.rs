@@ -99,6 +99,8 @@ pub(crate) struct Ended {
     pub oom_killed: bool,
     /// The eviction record's reaction, ns (none when no kernel event woke the decision).
     pub reaction: Option<u64>,
+    /// The kill was the kernel's, at the crossing (`killAtCrossing`).
+    pub at_crossing: bool,
 }
 
 /// One eviction: apply the hog, wait for its end, say how it ended.
@@ -139,9 +141,10 @@ pub(crate) async fn one_eviction(
     let oom_killed = pod.containers.iter().any(|c| c.reason == "OOMKilled")
         || pod.usage.is_some_and(|u| u.oom_kills > 0);
     let evicted = pod.reason == "Evicted" && !oom_killed;
-    // The pod's eviction record; its reaction is 0 when the close watch's timer, not a kernel
-    // event, woke the decision (counted, not timed).
+    // The pod's eviction record; its reaction is -1 when the close watch's timer, not a
+    // kernel event, woke the decision (counted, not timed).
     let mut reaction = None;
+    let mut at_crossing = false;
     if pod.reason == "Evicted" {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -151,7 +154,10 @@ pub(crate) async fn one_eviction(
             };
             if let Some(pb::event::Kind::Eviction(ev)) = e.kind {
                 if ev.pod.as_ref().is_some_and(|r| r.name == name) {
-                    reaction = u64::try_from(ev.reaction_nanos).ok().filter(|&r| r > 0);
+                    // -1: a timer woke the decision; 0: the kernel's kill at the
+                    // crossing, woken by its own record.
+                    reaction = u64::try_from(ev.reaction_nanos).ok();
+                    at_crossing = ev.killed_at_crossing_pid != 0;
                     break;
                 }
             }
@@ -162,6 +168,7 @@ pub(crate) async fn one_eviction(
         evicted,
         oom_killed,
         reaction,
+        at_crossing,
     })
 }
 
@@ -170,6 +177,7 @@ struct Mode {
     runs: usize,
     evicted: usize,
     reactions: Vec<u64>,
+    at_crossing: usize,
     calls_per_s: f64,
 }
 
@@ -226,6 +234,7 @@ async fn mode(socket: &std::path::Path, load: Load, reps: usize) -> Result<Mode>
         runs: 0,
         evicted: 0,
         reactions: Vec::new(),
+        at_crossing: 0,
         calls_per_s: 0.0,
     };
     let tag = match load {
@@ -240,6 +249,7 @@ async fn mode(socket: &std::path::Path, load: Load, reps: usize) -> Result<Mode>
                 out.runs += 1;
                 out.evicted += usize::from(ended.evicted);
                 out.reactions.extend(ended.reaction);
+                out.at_crossing += usize::from(ended.at_crossing);
             }
             Err(e) => {
                 result = Err(e);
@@ -298,6 +308,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "runs",
             "right pod evicted",
             "kernel-woken",
+            "killed at the crossing",
             "reaction p50",
             "reaction p99",
             "p50 ×idle",
@@ -315,6 +326,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             m.runs.to_string(),
             format!("{}/{}", m.evicted, m.runs),
             format!("{}/{}", m.reactions.len(), m.evicted),
+            format!("{}/{}", m.at_crossing, m.evicted),
             d.p50_text(),
             d.p99_text(),
             ratio(some(d, d.p50), some(&di, di.p50)),
@@ -337,10 +349,12 @@ pub fn run(opts: &Opts) -> Result<Part> {
         "reaction: the eviction record's own figure (waking kernel event → SIGKILL, \
          `reaction_nanos` of the `eviction` event); right pod evicted: Evicted with no OOM \
          kill in it; kernel-woken: evictions whose decision a kernel event woke (the others, \
-         woken by the loop's 1 ms close watch after an early event, carry no reaction)",
+         woken by the loop's 1 ms close watch after an early event, carry no reaction); killed at \
+         the crossing: the eBPF charge program made the kill (killAtCrossing), reaction 0",
     );
     let mj = |m: &Mode, d: &Dist| {
         json!({"runs": m.runs, "evicted": m.evicted, "kernel_woken": m.reactions.len(),
+               "killed_at_crossing": m.at_crossing,
                "reaction": d.json(),
                "api_calls_per_second": m.calls_per_s})
     };
