@@ -60,18 +60,9 @@ pub fn crossing_reclaim(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::thresholds::ThresholdValue;
+    use crate::decide::thresholds::mebibytes as threshold;
 
     const MI: u64 = 1 << 20;
-
-    fn threshold(signal: Signal, mi: u64, grace_nanos: i64) -> Threshold {
-        Threshold {
-            signal,
-            value: ThresholdValue::Quantity(Quantity::from_units((mi * MI) as i64)),
-            grace_period_nanos: grace_nanos,
-            min_reclaim: None,
-        }
-    }
 
     fn observed(signal: Signal, available_mi: u64) -> Observations {
         let mut o = Observations::default();

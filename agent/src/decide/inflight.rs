@@ -117,14 +117,7 @@ mod tests {
 
     const MI: i64 = 1 << 20;
 
-    fn threshold(signal: Signal, mi: i64, grace_nanos: i64) -> Threshold {
-        Threshold {
-            signal,
-            value: ThresholdValue::Quantity(Quantity::from_units(mi * MI)),
-            grace_period_nanos: grace_nanos,
-            min_reclaim: None,
-        }
-    }
+    use crate::decide::thresholds::mebibytes as threshold;
 
     fn available(mi: i64) -> Observations {
         let mut o = Observations::default();

@@ -446,6 +446,17 @@ pub fn validate(settings: &EvictionSettings) -> Result<(), ThresholdError> {
     parse_thresholds(settings).map(|_| ())
 }
 
+/// A threshold on `signal` at `mi` MiB (`grace_nanos` 0: hard), for the rules' unit tests.
+#[cfg(test)]
+pub(crate) fn mebibytes(signal: Signal, mi: i64, grace_nanos: i64) -> Threshold {
+    Threshold {
+        signal,
+        value: ThresholdValue::Quantity(Quantity::from_units(mi << 20)),
+        grace_period_nanos: grace_nanos,
+        min_reclaim: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
