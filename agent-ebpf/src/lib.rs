@@ -230,8 +230,8 @@ pub struct ThresholdEvent {
     /// and `threshold_pages` is the usage level it amounted to (working-set level +
     /// `inactive_pages`).
     pub inactive_pages: u64,
-    /// The staged victim's cgroup id when `killed_pid` is set (the one the kill was for, as
-    /// the table held it at that moment), else 0.
+    /// The staged victim's cgroup id when a kill was tried (the one it was for, as the stage
+    /// held it at that moment), else 0.
     pub victim_cgroup_id: u64,
     /// `bpf_send_signal`'s result when a kill was tried: 0 sent, a negative errno not sent
     /// (`killed_pid` is then 0).
@@ -242,10 +242,9 @@ pub struct ThresholdEvent {
 
 /// The pod the agent evicts first should a hard memory threshold it watches in the kernel be
 /// met now, staged by user space while such a threshold is near ([`StagedVictim::cgroup_id`]
-/// 0 = none). When a slot fires and the page that crossed was charged by a task of that pod
-/// (the charged cgroup and the current task's memory cgroup both inside it), the program
-/// sends that process SIGKILL itself, at the crossing, and clears the stage: one kill per
-/// staging. User space then completes the eviction (the pod's other processes, its status).
+/// 0 = none). When a slot fires and the task charging the crossing page runs in that pod
+/// (its memory cgroup's ancestor at `level` has the id), the program sends that process
+/// SIGKILL itself, at the crossing, and clears the stage: one kill per staging. User space then completes the eviction (the pod's other processes, its status).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StagedVictim {

@@ -52,8 +52,9 @@
 //! (`VICTIM`, an [`agent_ebpf::StagedVictim`]) with the slots of hard thresholds. When such a
 //! slot fires and the task charging the crossing page runs inside that pod, the program
 //! sends its process SIGKILL (`bpf_send_signal`) before it writes the record, which carries
-//! the pid, and clears the stage. A stage older than its `max_age_ns` kills nothing. The
-//! kill costs nothing before the crossing: it is two loads at the crossing itself.
+//! the pid, and clears the stage. A stage older than its `max_age_ns` kills nothing. Nothing
+//! of it runs before the crossing: one map lookup and the current task's cgroup walk run at
+//! the crossing itself, once per record.
 
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 // The BPF target has no `fetch_add` on its atomics (`target_has_atomic` is off), but the
@@ -188,16 +189,23 @@ mod programs {
         unsafe { core::ptr::read_volatile(&CGROUP_OFFSETS) }
     }
 
+    /// The `struct cgroup *` of `task`'s (a `struct task_struct *`) memory cgroup, or `None`
+    /// when the walk is off or fails.
+    #[inline(always)]
+    fn memcg_cgroup_of(task: u64, o: &CgroupOffsets) -> Option<u64> {
+        if o.valid == 0 {
+            return None;
+        }
+        read_ptr(task, o.task_cgroups)
+            .and_then(|cset| read_ptr(cset, o.css_set_subsys + 8 * o.memory_cgrp_id))
+            .and_then(|css| read_ptr(css, o.css_cgroup))
+    }
+
     /// The memory cgroup id of `task` (a `struct task_struct *`), or 0 when the walk is off
     /// or fails.
     #[inline(always)]
     fn memcg_id_of(task: u64, o: &CgroupOffsets) -> u64 {
-        if o.valid == 0 {
-            return 0;
-        }
-        let css = read_ptr(task, o.task_cgroups)
-            .and_then(|cset| read_ptr(cset, o.css_set_subsys + 8 * o.memory_cgrp_id));
-        css.and_then(|css| read_ptr(css, o.css_cgroup))
+        memcg_cgroup_of(task, o)
             .and_then(|cgrp| read_ptr(cgrp, o.cgroup_kn))
             .and_then(|kn| read_ptr(kn, o.kn_id))
             .unwrap_or(0)
@@ -824,8 +832,8 @@ mod programs {
     }
 
     /// At a crossing: SIGKILL to the current process when it runs inside the staged victim
-    /// pod (staged no longer than its `max_age_ns` ago), then the stage cleared (one kill per staging; user space stages again after its
-    /// eviction). The current task is the one whose charge crossed the level, so the pod the
+    /// pod (staged no longer than its `max_age_ns` ago), then the stage cleared (one kill per
+    /// staging; user space stages again after its eviction). The current task is the one whose charge crossed the level, so the pod the
     /// agent would evict first is stopped at the crossing itself, before any wake-up of user
     /// space; a crossing charged by any other pod is left to the loop, which acts as always.
     /// `bpf_send_signal` signals the whole thread group (queued through irq_work when
@@ -849,17 +857,10 @@ mod programs {
         if at_ns.saturating_sub(staged.staged_ns) > staged.max_age_ns {
             return none;
         }
-        let c = offsets();
-        if c.valid == 0 {
-            return none;
-        }
         // SAFETY: the helper returns the current task pointer; it is only read through
         // bpf_probe_read_kernel.
         let task = unsafe { bpf_get_current_task() };
-        let Some(cgrp) = read_ptr(task, c.task_cgroups)
-            .and_then(|cset| read_ptr(cset, c.css_set_subsys + 8 * c.memory_cgrp_id))
-            .and_then(|css| read_ptr(css, c.css_cgroup))
-        else {
+        let Some(cgrp) = memcg_cgroup_of(task, &offsets()) else {
             return none;
         };
         // SAFETY: bpf_probe_read_kernel checks the address.

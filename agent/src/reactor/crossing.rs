@@ -23,11 +23,10 @@
 //! them, a few hundred microseconds after the kill; the victim's own exit takes longer.
 
 use super::evict::Forced;
-use super::pods::{pod_cgroup_path, PodControl};
+use super::pods::PodControl;
 use super::Reactor;
 use crate::decide::crossing::{crossing_reclaim, AtCrossing};
 use crate::decide::pressure::Reclaim;
-use crate::decide::rank::first_for_memory;
 use crate::decide::signal::{Resource, Signal};
 use crate::observe::Signals;
 use crate::reactor::record::{Action, Decision};
@@ -145,18 +144,8 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// search an eviction makes.
     fn first_memory_victim(&mut self) -> Option<(String, String)> {
         let pods = self.candidates(true, Resource::Memory);
-        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
-        let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(&root, p)).collect();
-        let usage = self
-            .observer
-            .pod_memory_usages(paths.iter().map(String::as_str));
-        let observer = &mut self.observer;
-        let (victim, _) = first_for_memory(
-            &pods,
-            |p| &p.info,
-            &usage,
-            |i| observer.pod_working_set(&paths[i]),
-        );
+        let (paths, usage) = self.pod_usages(&pods);
+        let (victim, _) = self.first_by_memory(&pods, &paths, &usage);
         victim.map(|i| (pods[i].info.uid.clone(), paths[i].clone()))
     }
 

@@ -69,29 +69,20 @@ impl<P: PodControl + 'static> Reactor<P> {
         // ranking for the record is completed after the kill. Other signals: the full
         // ranking first, as the kubelet does.
         let (victim, memory_reads) = if resource == Resource::Memory {
-            let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(&root, p)).collect();
-            let usage = self
-                .observer
-                .pod_memory_usages(paths.iter().map(String::as_str));
-            let observer = &mut self.observer;
+            let (paths, usage) = self.pod_usages(&pods);
             let at = forced
                 .as_ref()
                 .and_then(|f| pods.iter().position(|p| p.info.uid == f.uid));
             let (victim, asked) = match at {
                 Some(i) => {
                     let mut asked = vec![None; pods.len()];
-                    asked[i] = Some(observer.pod_working_set(&paths[i]));
+                    asked[i] = Some(self.observer.pod_working_set(&paths[i]));
                     (Some(i), asked)
                 }
                 // The kernel's victim is not a candidate (in flight already, or gone): its
                 // kill stands for no other pod.
                 None if forced.is_some() => (None, vec![None; pods.len()]),
-                None => first_for_memory(
-                    &pods,
-                    |p| &p.info,
-                    &usage,
-                    |i| observer.pod_working_set(&paths[i]),
-                ),
+                None => self.first_by_memory(&pods, &paths, &usage),
             };
             (victim, Some((paths, usage, asked)))
         } else {
@@ -236,10 +227,12 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
         }
         match kernel_kill_ns {
-            Some(at) => self.time_kill_at_crossing(at, decision),
+            // The kill came before the pass: no pass → kill figures.
+            Some(at) => self.time_kill(Some(at), None, None, decision),
             None => {
                 let killed_at = killed.and_then(|k| k.killed_at_ns);
-                self.time_kill(killed_at, killed.and_then(|k| k.killed_cpu), decision);
+                let cpu = killed.and_then(|k| k.killed_cpu);
+                self.time_kill(killed_at, killed_at, cpu, decision);
             }
         }
         if let Some(m) = &self.metrics {
@@ -258,6 +251,34 @@ impl<P: PodControl + 'static> Reactor<P> {
             escalated: false,
         };
         true
+    }
+
+    /// Each pod's cgroup path and memory usage counter (`None`: gone or unreadable), read
+    /// through the files kept open for it.
+    pub(super) fn pod_usages(&mut self, pods: &ActivePods) -> (Vec<String>, Vec<Option<u64>>) {
+        let root = self.settings.cgroup_root.trim_end_matches('/');
+        let paths: Vec<String> = pods.iter().map(|p| pod_cgroup_path(root, p)).collect();
+        let usage = self
+            .observer
+            .pod_memory_usages(paths.iter().map(String::as_str));
+        (paths, usage)
+    }
+
+    /// The first pod of `pods` to evict for memory by the bounded search from their usages
+    /// ([`first_for_memory`]), with the working sets it read.
+    pub(super) fn first_by_memory(
+        &mut self,
+        pods: &ActivePods,
+        paths: &[String],
+        usage: &[Option<u64>],
+    ) -> (Option<usize>, Vec<Option<Option<u64>>>) {
+        let observer = &mut self.observer;
+        first_for_memory(
+            pods,
+            |p| &p.info,
+            usage,
+            |i| observer.pod_working_set(&paths[i]),
+        )
     }
 
     /// The pods to rank: the running ones whose eviction is not in flight, and for a hard
@@ -301,7 +322,12 @@ impl<P: PodControl + 'static> Reactor<P> {
             f.message.clone(),
         );
         tracing::info!(%pod, %uid, killed = killed.killed, "eviction escalated: a hard threshold is met during the pod's grace period");
-        self.time_kill(killed.killed_at_ns, killed.killed_cpu, decision);
+        self.time_kill(
+            killed.killed_at_ns,
+            killed.killed_at_ns,
+            killed.killed_cpu,
+            decision,
+        );
         decision.action = Action::Evicted {
             uid,
             pod,
@@ -317,16 +343,20 @@ impl<P: PodControl + 'static> Reactor<P> {
         true
     }
 
-    /// Puts the kill's times on the decision: from the signals read and from the waking
-    /// kernel event (also on the metrics), and the loop thread's CPU time from the pass's
-    /// start to `kill_cpu` (its CPU clock at the kill), when both were read on the same thread.
+    /// Puts the kill's times on the decision: from the waking kernel event to `killed_at`
+    /// (also on the metrics); from the signals read to `pass_killed_at`, the pass's own kill
+    /// (`None` for a kill the kernel made at the crossing, before the pass); and the loop
+    /// thread's CPU time from the pass's start to `kill_cpu` (its CPU clock at the kill),
+    /// when both were read on the same thread.
     fn time_kill(
         &self,
         killed_at: Option<u64>,
+        pass_killed_at: Option<u64>,
         kill_cpu: Option<ThreadCpu>,
         decision: &mut Decision,
     ) {
-        decision.decide_to_kill_ns = killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
+        decision.decide_to_kill_ns =
+            pass_killed_at.map(|k| k.saturating_sub(decision.observed_at_ns));
         decision.decide_to_kill_cpu_ns = kill_cpu.and_then(|c| c.since(self.pass_cpu?));
         let waking = decision
             .wake
@@ -335,27 +365,6 @@ impl<P: PodControl + 'static> Reactor<P> {
             .filter(|_| !decision.wake.timer);
         if let (Some(k), Some(ev)) = (killed_at, waking) {
             let lag = k.saturating_sub(ev.at_ns);
-            decision.reaction_lag_ns = Some(lag);
-            if let Some(m) = &self.metrics {
-                m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
-            }
-        }
-    }
-
-    /// Puts a kill at the crossing's time on the decision: the reaction from the waking
-    /// kernel event to it (0 when the kill's own record woke the pass, as it does unless
-    /// an earlier kernel event came in the same batch); no pass → kill figures, since the
-    /// kill came before the pass.
-    fn time_kill_at_crossing(&self, killed_at: u64, decision: &mut Decision) {
-        decision.decide_to_kill_ns = None;
-        decision.decide_to_kill_cpu_ns = None;
-        let waking = decision
-            .wake
-            .event
-            .as_ref()
-            .filter(|_| !decision.wake.timer);
-        if let Some(ev) = waking {
-            let lag = killed_at.saturating_sub(ev.at_ns);
             decision.reaction_lag_ns = Some(lag);
             if let Some(m) = &self.metrics {
                 m.observe_reaction_lag(ev.source, lag as f64 / 1e9);

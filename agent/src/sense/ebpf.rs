@@ -483,7 +483,19 @@ impl EbpfSource {
             ));
         };
         let cgroup = watch.cgroup.clone();
-        let (described, id) = usage.add(watch)?;
+        // The level as given, before the loop moves it: the target's base threshold, which
+        // the loop names the hard thresholds' slots by when it stages a victim.
+        let base = watch.level.borrow().usage_bytes;
+        let (described, id, slot) = usage.add(watch)?;
+        if let Some(stage) = &self.victim_stage {
+            stage.add_slot(
+                slot,
+                crate::sense::MemcgTarget {
+                    cgroup: cgroup.clone(),
+                    threshold_bytes: Some(base),
+                },
+            );
+        }
         // Its records then name it from the cache, on the drain path.
         self.names.remember(id, cgroup);
         Ok(described)

@@ -670,8 +670,6 @@ impl Attaching {
                     self.missing(Source::Ebpf, format!("{program}: {reason}"));
                 }
                 let mut what = format!("eBPF ring buffer: {}", source.attached().join(", "));
-                let stage = source.victim_stage();
-                let mut slot = 0;
                 for (target, bytes) in wanted {
                     let dir = hierarchy
                         .as_ref()
@@ -689,18 +687,13 @@ impl Attaching {
                         Ok(described) => {
                             what.push_str("; ");
                             what.push_str(&described);
-                            // Slots are placed in order, one per watch armed.
-                            if let Some(stage) = &stage {
-                                stage.add_slot(slot, target.clone());
-                            }
-                            slot += 1;
                         }
                         Err(reason) => self.missing(Source::Ebpf, reason),
                     }
                 }
                 self.charge_switch = source.charge_switch();
                 self.kernel_watch = source.kernel_watch();
-                self.victim_stage = stage;
+                self.victim_stage = source.victim_stage();
                 self.ring_probe = source.ring_probe();
                 let tx = self.tx.clone();
                 let task = async move {

@@ -33,9 +33,9 @@ struct Inner {
     map: Array<MapData, StagedVictim>,
     /// Slot index → the memcg target it was armed for.
     slots: Vec<(usize, MemcgTarget)>,
-    /// What the map holds, as last written (the kernel zeroes `cgroup_id` with its kill; the
-    /// loop says so with [`VictimStage::killed`]).
-    written: StagedVictim,
+    /// Whether the map holds a victim, as last written (the kernel clears it with its kill;
+    /// the loop says so with [`VictimStage::killed`]): a clear is written only over one.
+    staged: bool,
 }
 
 impl std::fmt::Debug for VictimStage {
@@ -43,19 +43,16 @@ impl std::fmt::Debug for VictimStage {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         f.debug_struct("VictimStage")
             .field("slots", &inner.slots)
-            .field("written", &inner.written)
+            .field("staged", &inner.staged)
             .finish_non_exhaustive()
     }
 }
 
 /// The slot mask of the slots armed for any of `targets`.
-pub fn slot_mask<'a>(
-    slots: &[(usize, MemcgTarget)],
-    targets: impl IntoIterator<Item = &'a MemcgTarget> + Clone,
-) -> u32 {
+pub fn slot_mask(slots: &[(usize, MemcgTarget)], targets: &[MemcgTarget]) -> u32 {
     slots
         .iter()
-        .filter(|(i, t)| *i < MAX_THRESHOLDS && targets.clone().into_iter().any(|w| w == t))
+        .filter(|(i, t)| *i < MAX_THRESHOLDS && targets.contains(t))
         .fold(0, |mask, (i, _)| mask | (1 << i))
 }
 
@@ -65,13 +62,13 @@ impl VictimStage {
             inner: Arc::new(Mutex::new(Inner {
                 map,
                 slots: Vec::new(),
-                written: StagedVictim::default(),
+                staged: false,
             })),
         }
     }
 
     /// Slot `index` was armed for `target`.
-    pub fn add_slot(&self, index: usize, target: MemcgTarget) {
+    pub(crate) fn add_slot(&self, index: usize, target: MemcgTarget) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.slots.push((index, target));
     }
@@ -80,10 +77,10 @@ impl VictimStage {
     /// slots armed for `hard` (the hard memory thresholds' targets) until `max_age` from now,
     /// or clears the stage (`None`, or no slot among them; written only if something was
     /// staged). Returns whether a victim is staged now.
-    pub fn stage<'a>(
+    pub fn stage(
         &self,
         victim: Option<(u64, u32)>,
-        hard: impl IntoIterator<Item = &'a MemcgTarget> + Clone,
+        hard: &[MemcgTarget],
         max_age: Duration,
     ) -> Result<bool, String> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -100,22 +97,23 @@ impl VictimStage {
             },
             _ => StagedVictim::default(),
         };
-        if want == inner.written {
-            return Ok(want.cgroup_id != 0);
+        let staged = want.cgroup_id != 0;
+        if !staged && !inner.staged {
+            return Ok(false);
         }
         inner
             .map
             .set(0, want, 0)
             .map_err(|e| format!("cannot write the eBPF staged victim: {e}"))?;
-        inner.written = want;
-        Ok(want.cgroup_id != 0)
+        inner.staged = staged;
+        Ok(staged)
     }
 
     /// The kernel killed the staged victim's process and cleared the stage: the next
     /// [`VictimStage::stage`] writes anew.
     pub fn killed(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.written = StagedVictim::default();
+        inner.staged = false;
     }
 }
 

@@ -234,8 +234,8 @@ impl UsageThresholds {
     }
 
     /// Places `watch` in the next slot and arms it; `Ok` describes it and gives the cgroup's
-    /// id (what its records carry), `Err` says why not.
-    pub(crate) fn add(&mut self, watch: UsageWatch) -> Result<(String, u64), String> {
+    /// id (what its records carry) and the slot, `Err` says why not.
+    pub(crate) fn add(&mut self, watch: UsageWatch) -> Result<(String, u64, usize), String> {
         let slot = self.placed.len();
         if slot >= MAX_THRESHOLDS {
             return Err(format!(
@@ -289,6 +289,7 @@ impl UsageThresholds {
                 }
             ),
             id,
+            slot,
         ))
     }
 
