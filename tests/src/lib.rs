@@ -14,6 +14,7 @@ pub mod freezer;
 pub mod hog_record;
 pub mod node;
 pub mod oci;
+pub mod stats;
 pub mod v2;
 
 pub use containerd::{containerd_available, Containerd, TestCgroupTree};

@@ -1,15 +1,12 @@
 //! Part 7b: what the agent costs real programs on a calm node. Three programs, each run to
 //! its end with the release `reactor run` on (every source, started as the footprint part
 //! starts it, on the API-load part's modelled 512 MiB node with no pods, so its watched
-//! cgroups are far from their levels), with no agent running, and with the agent running
-//! every source but eBPF, in rounds where each side takes each place in turn so the
-//! machine's drift hits them alike. The third side tells the kernel programs' cost from an
-//! agent process's: on this VM one program's runs differ by 20 % and more, in CPU time as
-//! well as wall time, with the agent running or not, in either direction.
+//! cgroups are far from their levels) and with no agent running, in many short rounds of the
+//! two sides:
 //!
 //! - a compressor: `xz -6 -T1` of generated text, compressible but not trivially (words
 //!   from a 512-word vocabulary and numbers, picked by a fixed pseudo-random sequence);
-//! - a C compile: `gcc -O2 -c` of a generated file of 2,700 lines (300 small functions);
+//! - a C compile: `gcc -O2 -c` of a generated file of 540 lines (60 small functions);
 //! - an interpreter's allocation-heavy run: `python3` building a 2 M-entry dict and 100 k
 //!   page-sized bytearrays (each filled, so every page is faulted in).
 //!
@@ -17,9 +14,18 @@
 //! removed after it; the figure is wall time from just before the spawn to the exit. A tool
 //! that is not installed is said so in the table, never measured by something else.
 //!
-//! The compressor's input is 4 MiB, not 64: on the 2-core machine this was written on
-//! `xz -6` ran at 0.7 MB/s (95 s of CPU for 64 MiB), too long for a part meant to take
-//! minutes; 4 MiB takes about 2 s, like the other two.
+//! Why many short rounds: on this VM a program's speed drifts by 10-20 % over seconds, in
+//! CPU time as well as wall time and with no hypervisor steal to show for it (the vCPU
+//! itself runs slower; runs a second apart are slow together far more often than runs ten
+//! seconds apart). Rounds of long runs on three sides put the two runs of a pair half a
+//! minute apart, and eight such rounds put the paired on / off medians at 0.95-1.26 in two
+//! full runs. Here each program takes about half a second (1 MiB for xz, 540 lines for
+//! gcc), a side waits 0.5 s, a round takes about 5 s, and 120 rounds give 120 ratios per
+//! program. Their trimmed mean with its 95 % interval
+//! ([`reactor_tests::stats::trimmed_ratio`]) is the figure: the interval says how small a
+//! difference the run could tell, and it widens when the machine is noisy. The kernel
+//! programs' own share is not timed on a third side: their runs and time during the on runs
+//! are counted exactly (kernel statistics), and so is the agent process's CPU time.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -27,6 +33,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use reactor_tests::agent::TestAgent;
+use reactor_tests::stats::{median, quartiles, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
@@ -38,19 +45,17 @@ const MI: u64 = 1 << 20;
 /// 600 MiB), so the limit is there for safety, not as pressure.
 const RUN_LIMIT: u64 = 1 << 30;
 /// The compressor's input, MiB.
-const XZ_INPUT_MI: u64 = 4;
+const XZ_INPUT_MI: u64 = 1;
 /// The C file's functions (9 lines each).
-const C_FUNCTIONS: usize = 300;
-/// The sides of a round, by index: no agent, the agent with every source, the agent without
-/// eBPF.
-const SIDES: [&str; 3] = ["off", "on", "no-ebpf"];
-const OFF: usize = 0;
+const C_FUNCTIONS: usize = 60;
+/// The sides of a round, by index: no agent, the agent with every source.
+const SIDES: [&str; 2] = ["off", "on"];
 const ON: usize = 1;
-const NO_EBPF: usize = 2;
-/// The agent's sources but eBPF: what an agent process costs a program (and how the machine
-/// runs with one) without the kernel programs, the part of the cost issue 26 is about.
-const SENSE_NO_EBPF: &str =
-    "sense:\n  ebpf: false\n  psi: true\n  memcgThreshold: true\n  poll: true\n";
+/// Rounds in a full run: each gives one on / off ratio per program.
+const ROUNDS: usize = 120;
+/// What each side waits before its runs: the agent's start (attaching its programs, its
+/// first pass) or stop is over, and on the off side the same time passes.
+const SETTLE: Duration = Duration::from_millis(500);
 const PYTHON: &str = "d = {i: i for i in range(2_000_000)}\n\
                       b = [bytearray(b'\\x01') * 4096 for _ in range(100_000)]\n";
 
@@ -215,35 +220,40 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str, agent_pid: u32) -> Result<R
     })
 }
 
-/// The first and third quartiles of `v` (linear between the nearest ranks); (0, 0) when
-/// empty.
-fn quartiles(v: &[f64]) -> (f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        if s.is_empty() {
-            return 0.0;
-        }
-        let pos = q * (s.len() - 1) as f64;
-        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-        s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
-    };
-    (at(0.25), at(0.75))
+/// What two sides' runs of one program came to.
+struct Summary {
+    /// Each round's on / off wall time.
+    paired: Vec<f64>,
+    /// Each round's on / off CPU time.
+    paired_cpu: Vec<f64>,
+    wall: Option<Estimate>,
+    cpu: Option<Estimate>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+fn summarise(off: &[Run], on: &[Run]) -> Summary {
+    let paired: Vec<f64> = on.iter().zip(off).map(|(a, b)| a.secs / b.secs).collect();
+    let paired_cpu: Vec<f64> = on.iter().zip(off).map(|(a, b)| a.cpu / b.cpu).collect();
+    Summary {
+        wall: trimmed_ratio(&paired),
+        cpu: trimmed_ratio(&paired_cpu),
+        paired,
+        paired_cpu,
+    }
+}
+
+fn estimate_text(e: Option<Estimate>) -> (String, String) {
+    match e {
+        Some(e) => (
+            format!("{:.3}", e.value),
+            format!("{:.3}–{:.3}", e.low, e.high),
+        ),
+        None => ("-".into(), "-".into()),
     }
 }
 
 /// Run part 7b.
 pub fn run(opts: &Opts) -> Result<Part> {
-    let rounds = if opts.quick { 2 } else { 8 };
+    let rounds = if opts.quick { 2 } else { ROUNDS };
     let dir = tempfile::tempdir_in("/var/tmp").context("temp dir on disk")?;
     let input = text_file(dir.path())?;
     let unit = c_file(dir.path())?;
@@ -288,27 +298,24 @@ pub fn run(opts: &Opts) -> Result<Part> {
     std::fs::read(&input).context("reading the compressor's input")?;
     let root = TestMemcg::new("bench-realprogs", 4 << 30).context("the part's test memcg")?;
     // runs[program][side], one per round.
-    let mut runs: Vec<[Vec<Run>; 3]> = programs.iter().map(|_| Default::default()).collect();
-    // Counted on every side alike; counting costs only where a program runs.
+    let mut runs: Vec<[Vec<Run>; 2]> = programs.iter().map(|_| Default::default()).collect();
+    // Counted on both sides alike; counting costs only where a program runs.
     let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
     for round in 0..rounds {
-        // Each side takes each place in the round in turn.
-        for k in 0..3 {
-            let side = (round + k) % 3;
-            let agent = (side != OFF).then(|| {
+        // Off first in even rounds, on first in odd ones: neither side always follows the
+        // agent's start or its stop.
+        for k in 0..2 {
+            let side = (round + k) % 2;
+            let agent = (side == ON).then(|| {
                 TestAgent::start_sensing(
-                    &format!("bench-realprogs-agent-{round}-{side}"),
-                    if side == NO_EBPF {
-                        SENSE_NO_EBPF
-                    } else {
-                        crate::footprint::SENSE_ALL
-                    },
+                    &format!("bench-realprogs-agent-{round}"),
+                    crate::footprint::SENSE_ALL,
                     crate::api_load::NODE,
                 )
             });
             // Both sides wait alike: the agent attaches its programs and takes its first
             // pass, and the machine settles after the agent's start or stop.
-            std::thread::sleep(Duration::from_secs(2));
+            std::thread::sleep(SETTLE);
             for (i, p) in programs.iter().enumerate() {
                 if !present[i] {
                     continue;
@@ -323,20 +330,18 @@ pub fn run(opts: &Opts) -> Result<Part> {
     drop(root);
     drop(dir);
 
-    const HEADER: [&str; 13] = [
+    const HEADER: [&str; 11] = [
         "program",
         "command",
         "off median",
         "on median",
-        "on / off",
         "paired on / off",
+        "95 % interval",
+        "paired median",
         "CPU on / off",
-        "no-eBPF median",
-        "on / no-eBPF paired",
         "eBPF runs (on)",
         "agent's CPU (on)",
         "off min–max",
-        "on min–max",
     ];
     let mut t = Table::new(
         "7b. Real programs with the agent on (calm node) against no agent",
@@ -345,25 +350,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     .text_columns(2);
     let mut rows = Vec::new();
     let mut samples = 0;
-    // Each program's paired on / off, middle half: what the rounds can resolve.
-    let mut middles = Vec::new();
     for ((p, ok), sides) in programs.iter().zip(&present).zip(&runs) {
-        let secs = |side: usize| sides[side].iter().map(|r| r.secs).collect::<Vec<f64>>();
-        let cpu = |side: usize| sides[side].iter().map(|r| r.cpu).collect::<Vec<f64>>();
-        // The agent's programs' runs and ns during one side's runs, all rounds together.
-        let ran = |side: usize| {
-            sides[side]
-                .iter()
-                .fold((0u64, 0u64), |(n, ns), r| (n + r.ebpf.0, ns + r.ebpf.1))
-        };
-        let (off, on, no_ebpf) = (secs(OFF), secs(ON), secs(NO_EBPF));
-        let (cpu_off, cpu_on, cpu_no_ebpf) = (cpu(OFF), cpu(ON), cpu(NO_EBPF));
-        let (ebpf_runs, ebpf_ns) = ran(ON);
-        // What the agent did during the on runs, against what the runs used: its process's
-        // CPU time and its programs' time in the kernel, over the runs' CPU time.
-        let agent_ns: u64 = sides[ON].iter().map(|r| r.agent_ns).sum();
-        let on_cpu_ns = sides[ON].iter().map(|r| r.cpu).sum::<f64>() * 1e9;
-        let agent_share = (agent_ns + ebpf_ns) as f64 / on_cpu_ns.max(1.0);
         let command = format!("{} {}", p.tool, p.args.first().map_or("", String::as_str));
         if !ok {
             let mut row = vec![
@@ -375,33 +362,35 @@ pub fn run(opts: &Opts) -> Result<Part> {
             rows.push(json!({"program": p.name, "tool": p.tool, "installed": false}));
             continue;
         }
+        let [off_runs, on_runs] = sides;
+        let secs = |v: &[Run]| v.iter().map(|r| r.secs).collect::<Vec<f64>>();
+        let cpu = |v: &[Run]| v.iter().map(|r| r.cpu).collect::<Vec<f64>>();
+        let (off, on) = (secs(off_runs), secs(on_runs));
+        // The agent's programs' runs and ns during the on runs, all rounds together.
+        let (ebpf_runs, ebpf_ns) = on_runs
+            .iter()
+            .fold((0u64, 0u64), |(n, ns), r| (n + r.ebpf.0, ns + r.ebpf.1));
+        // What the agent did during the on runs, against what the runs used: its process's
+        // CPU time and its programs' time in the kernel, over the runs' CPU time.
+        let agent_ns: u64 = on_runs.iter().map(|r| r.agent_ns).sum();
+        let on_cpu_ns = on_runs.iter().map(|r| r.cpu).sum::<f64>() * 1e9;
+        let agent_share = (agent_ns + ebpf_ns) as f64 / on_cpu_ns.max(1.0);
         samples += off.len().min(on.len());
-        let (m_off, m_on) = (median(&off), median(&on));
-        let spread = |v: &[f64]| {
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(0.0, f64::max);
-            (lo, hi)
-        };
-        let (off_lo, off_hi) = spread(off.as_slice());
-        let (on_lo, on_hi) = spread(on.as_slice());
-        // Each round's on / off, taken in the same round: drift slower than a round cancels.
-        let paired: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
-        let m_paired = median(&paired);
-        let (q1, q3) = quartiles(&paired);
-        middles.push(format!("{} {q1:.3}–{q3:.3}", p.name));
-        let m_cpu = median(&cpu_on) / median(&cpu_off);
-        let eb_paired: Vec<f64> = on.iter().zip(&no_ebpf).map(|(a, b)| a / b).collect();
-        let m_eb_paired = median(&eb_paired);
+        let s = summarise(off_runs, on_runs);
+        let (off_lo, off_hi) = (
+            off.iter().copied().fold(f64::INFINITY, f64::min),
+            off.iter().copied().fold(0.0, f64::max),
+        );
+        let (value, interval) = estimate_text(s.wall);
         t.row(vec![
             p.name.to_string(),
             command,
-            format!("{m_off:.3} s"),
-            format!("{m_on:.3} s"),
-            format!("{:.3}", m_on / m_off),
-            format!("{m_paired:.3}"),
-            format!("{m_cpu:.3}"),
-            format!("{:.3} s", median(&no_ebpf)),
-            format!("{m_eb_paired:.3}"),
+            format!("{:.3} s", median(&off)),
+            format!("{:.3} s", median(&on)),
+            value,
+            interval,
+            format!("{:.3}", median(&s.paired)),
+            estimate_text(s.cpu).0,
             format!("{ebpf_runs} ({:.1} µs)", ebpf_ns as f64 / 1e3),
             format!(
                 "{:.1} ms, {:.3} %",
@@ -409,64 +398,61 @@ pub fn run(opts: &Opts) -> Result<Part> {
                 agent_share * 100.0
             ),
             format!("{off_lo:.3}–{off_hi:.3} s"),
-            format!("{on_lo:.3}–{on_hi:.3} s"),
         ]);
+        let (q1, q3) = quartiles(&s.paired);
+        let est = |e: Option<Estimate>| {
+            e.map(|e| json!({"value": e.value, "low95": e.low, "high95": e.high}))
+        };
         rows.push(json!({
             "program": p.name, "tool": p.tool, "executable": p.exe, "args": p.args,
             "installed": true,
             "off_seconds": off, "on_seconds": on,
-            "off_median_s": m_off, "on_median_s": m_on, "ratio_on_off": m_on / m_off,
-            "off_min_s": off_lo, "off_max_s": off_hi, "on_min_s": on_lo, "on_max_s": on_hi,
-            "paired_ratios": paired, "paired_ratio_median": m_paired,
+            "off_median_s": median(&off), "on_median_s": median(&on),
+            "off_min_s": off_lo, "off_max_s": off_hi,
+            "paired_ratios": s.paired, "paired_ratio": est(s.wall),
+            "paired_ratio_median": median(&s.paired),
             "paired_ratio_q1": q1, "paired_ratio_q3": q3,
-            "off_cpu_seconds": cpu_off, "on_cpu_seconds": cpu_on, "cpu_ratio_on_off": m_cpu,
-            "no_ebpf_seconds": no_ebpf, "no_ebpf_cpu_seconds": cpu_no_ebpf,
-            "no_ebpf_median_s": median(&no_ebpf),
-            "paired_ratios_on_no_ebpf": eb_paired, "paired_ratio_on_no_ebpf_median": m_eb_paired,
+            "off_cpu_seconds": cpu(off_runs), "on_cpu_seconds": cpu(on_runs),
+            "paired_cpu_ratios": s.paired_cpu, "paired_cpu_ratio": est(s.cpu),
             "on_ebpf_runs": ebpf_runs, "on_ebpf_run_ns": ebpf_ns,
             "on_agent_cpu_ns": agent_ns, "on_agent_share_of_run_cpu": agent_share,
-            "off_ebpf_runs": ran(OFF).0, "no_ebpf_side_ebpf_runs": ran(NO_EBPF).0,
+            "off_ebpf_runs": off_runs.iter().map(|r| r.ebpf.0).sum::<u64>(),
         }));
     }
     t.note(format!(
-        "{rounds} rounds, each side taking each place in a round in turn, one run of each \
-         program per round and side; wall time from spawn to exit, each run in its \
-         own 1 GiB-limited memory cgroup of the part's test cgroup"
+        "{rounds} rounds of two sides, off first in even rounds and on first in odd ones, one \
+         run of each program per side; wall time from spawn to exit, each run in its own \
+         1 GiB-limited memory cgroup of the part's test cgroup"
     ));
     t.note(format!(
         "on: the release `reactor run`, every source on (eBPF, PSI, memcg notification, tick), \
          realtimePriority 10, a modelled 512 MiB node with no pods, so its watched cgroups are \
-         far from their levels (calm); off: no agent running; no-eBPF: the same agent with \
-         sense.ebpf false; every side waits 2 s before its runs; compressor: xz -6 -T1 of {XZ_INPUT_MI} MiB of generated text; C compile: \
-         gcc -O2 -c of {} lines; interpreter: python3 (run by its own path, sys.executable), a \
-         2 M-entry dict plus 100 k page-sized bytearrays",
+         far from their levels (calm), started afresh for each on side; off: no agent running; \
+         each side waits {} s before its runs; compressor: xz -6 -T1 of {XZ_INPUT_MI} MiB of \
+         generated text; C compile: gcc -O2 -c of {} lines; interpreter: python3 (run by its \
+         own path, sys.executable), a 2 M-entry dict plus 100 k page-sized bytearrays",
+        SETTLE.as_secs_f64(),
         C_FUNCTIONS * 9
     ));
-    t.note(
-        "on / off: the medians' ratio; paired: the median of each round's on / off (the two \
-         runs of the same round); CPU: the medians of user + system time (getrusage \
-         of the waited-for run, its children included), where the agent's kernel programs, \
-         run in the program's own context, show and other load on the machine does not; \
-         on / no-eBPF: the median of each round's on / no-eBPF, the kernel programs' own share; \
-         eBPF runs: how often any of the agent's programs ran during the on runs, all rounds \
-         together, and their time (kernel statistics, on for every side); agent's CPU: the \
-         agent process's own CPU time during the on runs (every thread, \
+    t.note(format!(
+        "paired on / off: each round's on run over its off run, the two a few seconds apart, \
+         summarised by their {:.0} %-trimmed mean (on the logarithms) with its 95 % interval \
+         (Tukey-McLaughlin); paired median: the same ratios' median; CPU: the same for user + \
+         system time (getrusage of the waited-for run, its children included), where the \
+         agent's kernel programs, run in the program's own context, show and waits for the \
+         CPU do not; eBPF runs: how often any of the agent's programs ran during the on runs, \
+         all rounds together, and their time (kernel statistics, on for both sides); agent's \
+         CPU: the agent process's own CPU time during the on runs (every thread, \
          /proc/<pid>/task/*/schedstat), all rounds together, and it with the eBPF time as a \
          share of the on runs' CPU time: the most the agent can have taken from them \
          directly (cache and memory-bandwidth sharing are not in it)",
-    );
-    if !middles.is_empty() {
-        t.note(format!(
-            "paired on / off, middle half of the rounds (first to third quartile): {}; a \
-             difference inside that spread is not one these rounds resolve",
-            middles.join(", ")
-        ));
-    }
-    t.note("target (issue 26, reported, never judged): each program's on / off within 1.02");
+        TRIM * 100.0
+    ));
+    t.note("target (issue 26, reported, never judged): each program's paired on / off within 1.02");
     Ok(Part {
         key: "realprogs",
         tables: vec![t],
-        json: json!({"rounds": rounds, "programs": rows}),
+        json: json!({"rounds": rounds, "settle_s": SETTLE.as_secs_f64(), "trim": TRIM, "programs": rows}),
         samples,
     })
 }
