@@ -16,7 +16,7 @@
 //!    the eviction records' reaction time, p50/p99 and the ratio.
 //! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
 //!    `realprogs` (7b) — real programs (`xz`, `gcc`, `python3`) with the release agent on a
-//!    calm node against no agent, alternating rounds (8, 2 with `--quick`).
+//!    calm node against no agent, in rounds of the two sides (120, 2 with `--quick`).
 //! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
 //!    victim plus a hog, for the agent's loop and a kubelet-like one that waits for each
 //!    eviction (`--concurrent-reps`, 10 by default, 2 with `--quick`).
