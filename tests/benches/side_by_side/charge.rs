@@ -1,7 +1,8 @@
 //! Part 7: what the in-kernel usage thresholds cost on the charge path. A child process writes
 //! to fresh pages flat out in a child of a watched memory cgroup (every write fault allocates
-//! and charges a page, and `madvise(DONTNEED)` gives them back) under three setups, in
-//! rounds (the order rotated every round, each rate divided by its round's no-eBPF rate):
+//! and charges a page, and `madvise(DONTNEED)` gives them back) under these setups, each run
+//! between two no-eBPF runs (the order rotated every round, each rate divided by the
+//! geometric mean of its two neighbours' no-eBPF rates):
 //!
 //! - no eBPF program attached;
 //! - the agent's programs without the charge programs and with `count_memcg_events` on
@@ -36,6 +37,7 @@ use reactor::sense::ebpf::floor::DispatchFloor;
 use reactor::sense::ebpf::threshold::UsageWatch;
 use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
 use reactor::sense::memcg::Level;
+use reactor_tests::stats::{median, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
@@ -312,38 +314,53 @@ fn one_run(
     Ok((faults, secs, used, all_faults))
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
+/// Rounds in a full run, and each run's length: every setup but no-eBPF runs once per round.
+const ROUNDS: usize = 16;
+const MILLIS: u64 = 500;
 
 /// Run part 7.
 pub fn run(opts: &Opts) -> Result<Part> {
-    let (millis, rounds) = if opts.quick { (300, 1) } else { (1000, 10) };
+    let (millis, rounds) = if opts.quick {
+        (300, 1)
+    } else {
+        (MILLIS, ROUNDS)
+    };
     let parent = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
     let child = parent.child("pod").context("creating the child memcg")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    // Each round runs every setup once, in an order rotated from round to round so no setup
-    // always comes first (a run after a pause, or after a detach, may start slower); the
-    // cost is the ratio to the same round's no-eBPF run, so drift between rounds cancels.
+    // One sequence: no eBPF, a setup, no eBPF, the next setup, ... no eBPF. Each setup's run
+    // sits between two no-eBPF runs a second or so from it, and its cost is its rate over
+    // the geometric mean of theirs: this VM's speed drifts by 10-20 % over seconds, so a
+    // ratio to a run further away measures the drift. The setups' order is rotated every
+    // round, so none always follows the same one. Each no-eBPF run between two others gets
+    // the same ratio to its neighbours: the row that shows what the method resolves.
     let n = Setup::ALL.len();
+    let rate = |setup: Setup| -> Result<f64> {
+        let (faults, secs, _, _) = one_run(&rt, setup, &parent, &child, millis)?;
+        Ok(faults as f64 / secs)
+    };
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut before = rate(Setup::None)?;
+    rates[0].push(before);
     for round in 0..rounds {
-        let mut this = vec![0.0; n];
-        for k in 0..n {
-            let i = (k + round) % n;
-            let (faults, secs, _, _) = one_run(&rt, Setup::ALL[i], &parent, &child, millis)?;
-            this[i] = faults as f64 / secs;
-        }
-        for i in 0..n {
-            rates[i].push(this[i]);
-            ratios[i].push(this[i] / this[0]);
+        for k in 0..n - 1 {
+            let i = 1 + (k + round) % (n - 1);
+            let this = rate(Setup::ALL[i])?;
+            let after = rate(Setup::None)?;
+            rates[i].push(this);
+            ratios[i].push(this / (before * after).sqrt());
+            rates[0].push(after);
+            before = after;
         }
     }
+    ratios[0] = rates[0]
+        .windows(3)
+        .map(|w| w[1] / (w[0] * w[2]).sqrt())
+        .collect();
     // The statistics run, apart (counting costs two clock reads per program run).
     let mut programs: Vec<(Setup, u64, Vec<ProgramStats>)> = Vec::new();
     {
@@ -355,8 +372,9 @@ pub fn run(opts: &Opts) -> Result<Part> {
     }
     drop(child);
     drop(parent);
-    let medians: Vec<f64> = rates.iter().map(|r| median(&mut r.clone())).collect();
-    let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(&mut r.clone())).collect();
+    let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
+    let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(r)).collect();
+    let estimates: Vec<Option<Estimate>> = ratios.iter().map(|r| trimmed_ratio(r)).collect();
     let spread = |r: &[f64]| {
         let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -367,8 +385,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
         &[
             "setup",
             "page faults/s (median)",
-            "× no eBPF (median of rounds)",
-            "× no eBPF, rounds' range",
+            "× no eBPF",
+            "95 % interval",
+            "× no eBPF, median",
+            "× no eBPF, range",
         ],
     )
     .text_columns(1);
@@ -376,6 +396,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
         t.row(vec![
             setup.name().to_string(),
             format!("{:.0}k", medians[i] / 1e3),
+            estimates[i].map_or("-".into(), |e| format!("{:.3}", e.value)),
+            estimates[i].map_or("-".into(), |e| format!("{:.3}–{:.3}", e.low, e.high)),
             format!("{:.3}", ratio_medians[i]),
             spread(&ratios[i]),
         ]);
@@ -383,8 +405,15 @@ pub fn run(opts: &Opts) -> Result<Part> {
     t.note(format!(
         "one process writing to fresh pages flat out in a child of the watched cgroup (each \
          write fault charges a page; the 4 MiB region is dropped and faulted again); {rounds} \
-         round(s) of {millis} ms per setup, the setups' order rotated every round; each \
-         round's rate divided by the same round's no-eBPF rate"
+         round(s) of {millis} ms per setup, each setup's run between two no-eBPF runs, the \
+         setups' order rotated every round"
+    ));
+    t.note(format!(
+        "× no eBPF: each run's rate over the geometric mean of the no-eBPF runs just before and \
+         after it, summarised by the ratios' {:.0} %-trimmed mean (on the logarithms) with its \
+         95 % interval (Tukey-McLaughlin); the no-eBPF row is each no-eBPF run against its own \
+         two neighbours: what the method resolves",
+        TRIM * 100.0
     ));
     let mut p = Table::new(
         "7. Each program's cost under the same workload (BPF_ENABLE_STATS)",
@@ -421,7 +450,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "rounds": rounds,
             "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).enumerate().map(|(i, ((s, r), m))| json!({
                 "setup": s.name(), "faults_per_s": r, "median_faults_per_s": m,
-                "ratios_to_no_ebpf": ratios[i], "ratio_to_no_ebpf": ratio_medians[i],
+                "ratios_to_no_ebpf": ratios[i],
+                "ratio_to_no_ebpf": estimates[i].map(|e| e.value),
+                "ratio_interval": estimates[i].map(|e| [e.low, e.high]),
+                "ratio_median": ratio_medians[i],
             })).collect::<Vec<_>>(),
             "programs": programs.iter().map(|(s, faults, used)| json!({
                 "setup": s.name(), "faults": faults,
