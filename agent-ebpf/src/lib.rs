@@ -244,7 +244,8 @@ pub struct ThresholdEvent {
 /// met now, staged by user space while such a threshold is near ([`StagedVictim::cgroup_id`]
 /// 0 = none). When a slot fires and the task charging the crossing page runs in that pod
 /// (its memory cgroup's ancestor at `level` has the id), the program sends that process
-/// SIGKILL itself, at the crossing, and clears the stage: one kill per staging. User space then completes the eviction (the pod's other processes, its status).
+/// SIGKILL itself, at the crossing, and clears the stage: one kill per staging. User space
+/// then completes the eviction (the pod's other processes, its status).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StagedVictim {

@@ -515,7 +515,8 @@ mod programs {
 
     /// Checks every armed slot that `memcg` (arg 0) is inside of, once per
     /// `CHARGE_BATCH_PAGES` user pages charged on this CPU, or on every one while
-    /// `CHARGE_NEAR` is set (arg 1 the item, arg 2 the pages); moves the following slots' inactive file count on every `NR_INACTIVE_FILE` update.
+    /// `CHARGE_NEAR` is set (arg 1 the item, arg 2 the pages); moves the following slots'
+    /// inactive file count on every `NR_INACTIVE_FILE` update.
     #[inline(always)]
     fn check_thresholds(ctx: &RawTracePointContext) {
         let val: u64 = ctx.arg(2);
@@ -833,9 +834,10 @@ mod programs {
 
     /// At a crossing: SIGKILL to the current process when it runs inside the staged victim
     /// pod (staged no longer than its `max_age_ns` ago), then the stage cleared (one kill per
-    /// staging; user space stages again after its eviction). The current task is the one whose charge crossed the level, so the pod the
-    /// agent would evict first is stopped at the crossing itself, before any wake-up of user
-    /// space; a crossing charged by any other pod is left to the loop, which acts as always.
+    /// staging; user space stages again after its eviction). The current task is the one
+    /// whose charge crossed the level, so the pod the agent would evict first is stopped at
+    /// the crossing itself, before any wake-up of user space; a crossing charged by any other
+    /// pod is left to the loop, which acts as always.
     /// `bpf_send_signal` signals the whole thread group (queued through irq_work when
     /// interrupts are off, as on parts of the charge path).
     #[inline(always)]

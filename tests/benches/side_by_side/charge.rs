@@ -37,7 +37,7 @@ use reactor::sense::ebpf::floor::DispatchFloor;
 use reactor::sense::ebpf::threshold::UsageWatch;
 use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
 use reactor::sense::memcg::Level;
-use reactor_tests::stats::{median, trimmed_ratio, Estimate, TRIM};
+use reactor_tests::stats::{median, range, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
@@ -376,8 +376,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(r)).collect();
     let estimates: Vec<Option<Estimate>> = ratios.iter().map(|r| trimmed_ratio(r)).collect();
     let spread = |r: &[f64]| {
-        let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (lo, hi) = range(r);
         format!("{lo:.3}–{hi:.3}")
     };
     let mut t = Table::new(
@@ -393,11 +392,12 @@ pub fn run(opts: &Opts) -> Result<Part> {
     )
     .text_columns(1);
     for (i, setup) in Setup::ALL.into_iter().enumerate() {
+        let (value, interval) = Estimate::texts(estimates[i]);
         t.row(vec![
             setup.name().to_string(),
             format!("{:.0}k", medians[i] / 1e3),
-            estimates[i].map_or("-".into(), |e| format!("{:.3}", e.value)),
-            estimates[i].map_or("-".into(), |e| format!("{:.3}–{:.3}", e.low, e.high)),
+            value,
+            interval,
             format!("{:.3}", ratio_medians[i]),
             spread(&ratios[i]),
         ]);

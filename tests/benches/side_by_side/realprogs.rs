@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use reactor_tests::agent::TestAgent;
-use reactor_tests::stats::{median, quartiles, trimmed_ratio, Estimate, TRIM};
+use reactor_tests::stats::{median, quartiles, range, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
@@ -241,16 +241,6 @@ fn summarise(off: &[Run], on: &[Run]) -> Summary {
     }
 }
 
-fn estimate_text(e: Option<Estimate>) -> (String, String) {
-    match e {
-        Some(e) => (
-            format!("{:.3}", e.value),
-            format!("{:.3}–{:.3}", e.low, e.high),
-        ),
-        None => ("-".into(), "-".into()),
-    }
-}
-
 /// Run part 7b.
 pub fn run(opts: &Opts) -> Result<Part> {
     let rounds = if opts.quick { 2 } else { ROUNDS };
@@ -377,11 +367,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
         let agent_share = (agent_ns + ebpf_ns) as f64 / on_cpu_ns.max(1.0);
         samples += off.len().min(on.len());
         let s = summarise(off_runs, on_runs);
-        let (off_lo, off_hi) = (
-            off.iter().copied().fold(f64::INFINITY, f64::min),
-            off.iter().copied().fold(0.0, f64::max),
-        );
-        let (value, interval) = estimate_text(s.wall);
+        let (off_lo, off_hi) = range(&off);
+        let (value, interval) = Estimate::texts(s.wall);
         t.row(vec![
             p.name.to_string(),
             command,
@@ -390,7 +377,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             value,
             interval,
             format!("{:.3}", median(&s.paired)),
-            estimate_text(s.cpu).0,
+            Estimate::texts(s.cpu).0,
             format!("{ebpf_runs} ({:.1} µs)", ebpf_ns as f64 / 1e3),
             format!(
                 "{:.1} ms, {:.3} %",
