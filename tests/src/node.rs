@@ -19,8 +19,8 @@ use reactor::decide::backoff::BackOffPolicy;
 use reactor::decide::pod::PodInfo;
 use reactor::observe::{ObserveSettings, Observer};
 use reactor::reactor::{
-    memcg_targets, spawn, Action, ActivePod, Decision, PodContainer, Reactor, ReactorHandle,
-    ReactorSettings, RuntimePods,
+    memcg_targets, spawn, thread::LoopThread, Action, ActivePod, Decision, PodContainer, Reactor,
+    ReactorHandle, ReactorSettings, RuntimePods,
 };
 use reactor::sense::{Sense, SenseOptions, Source};
 use tokio::sync::{broadcast, watch};
@@ -54,6 +54,11 @@ pub struct Node {
     pub attached: Vec<Source>,
     /// Metrics the next loop started keeps up to date (none unless a test sets them).
     pub metrics: Option<Arc<reactor::record::metrics::Metrics>>,
+    /// Run the next loops as `reactor run` does: on a thread of their own
+    /// ([`LoopThread`]) at this `SCHED_FIFO` priority (0: normal scheduling), the node's pod
+    /// manager and runtime staying on the caller's runtime. `None`: the loop is a task on
+    /// the caller's runtime, at whatever scheduling its threads have.
+    pub loop_thread: Option<u8>,
 }
 
 /// A running reactor loop.
@@ -64,6 +69,8 @@ pub struct Loop {
     pub decisions: broadcast::Receiver<Decision>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<reactor::sense::Sense>,
+    /// The loop's own thread, when it has one (dropped after the loop has ended).
+    thread: Option<LoopThread>,
 }
 
 /// How to model the node.
@@ -155,6 +162,7 @@ impl Node {
             ebpf_attached: false,
             attached: Vec::new(),
             metrics: None,
+            loop_thread: None,
         };
         if !spec.deferred {
             node.start_loop();
@@ -191,7 +199,14 @@ impl Node {
         assert!(!targets.is_empty(), "memory thresholds give memcg targets");
         let mut opts = SenseOptions::from_config(config, targets);
         adjust(&mut opts, &mut settings);
-        let sense = Sense::start(&opts).expect("node setup");
+        let thread = self
+            .loop_thread
+            .map(|priority| LoopThread::start(priority).expect("the loop's thread"));
+        let sense = match &thread {
+            Some(t) => t.start_sense(&opts),
+            None => Sense::start(&opts),
+        }
+        .expect("node setup");
         self.ebpf_attached = sense.report().has(Source::Ebpf);
         self.attached = Source::ALL
             .into_iter()
@@ -211,12 +226,16 @@ impl Node {
         let (tx, rx) = watch::channel(false);
         // Subscribed before the loop runs: its first pass, at start, may already evict.
         let decisions = reactor.handle().subscribe();
-        let (handle, task) = spawn(reactor, sense, rx);
+        let (handle, task) = match &thread {
+            Some(t) => t.spawn(reactor, sense, rx),
+            None => spawn(reactor, sense, rx),
+        };
         self.loop_ = Some(Loop {
             handle,
             decisions,
             shutdown: tx,
             task,
+            thread,
         });
     }
 
@@ -232,6 +251,8 @@ impl Node {
         if let Some(mut l) = self.loop_.take() {
             l.shutdown.send_replace(true);
             let _ = l.task.await;
+            // The loop has ended: its thread (if it has one) goes now.
+            drop(l.thread.take());
             loop {
                 match l.decisions.try_recv() {
                     Ok(d) => left.push(d),

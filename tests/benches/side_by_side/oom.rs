@@ -55,7 +55,7 @@ use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::lag::{deployed_runtime, REALTIME_PRIORITY};
+use crate::lag::REALTIME_PRIORITY;
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
 
@@ -143,7 +143,7 @@ pub(crate) const MODES: [Mode; 6] = [
 
 /// What one repetition came to.
 #[derive(Default)]
-struct Rep {
+pub(crate) struct Rep {
     oom_first: bool,
     evicted: Option<String>,
     right: bool,
@@ -154,12 +154,19 @@ struct Rep {
     /// The loop thread's CPU time over the same span (`decide_to_kill_cpu_ns`): near it when
     /// the thread ran throughout, well below it when it waited.
     observe_to_kill_cpu_ns: Option<u64>,
-    crossing_to_released_ns: Option<u64>,
+    pub(crate) crossing_to_released_ns: Option<u64>,
     /// The two halves of it: crossing → the agent's SIGKILL, and SIGKILL → the victim's
     /// cgroup empty (its memory reaped by `process_mrelease` in between, where the kernel
     /// has it).
-    crossing_to_kill_ns: Option<u64>,
+    pub(crate) crossing_to_kill_ns: Option<u64>,
     kill_to_released_ns: Option<u64>,
+    /// SIGKILL → the victim's pod cgroup empty by the bench's own 100 µs watch (begun when
+    /// the eviction's record arrives), timed as the reference row times the victim's exit;
+    /// `released` above is the agent's own record, which also waits for the usage to stop
+    /// falling and looks every `close_poll`.
+    pub(crate) kill_to_empty_ns: Option<u64>,
+    /// The watch's first look already found the cgroup empty (its figure is an upper bound).
+    empty_at_first_look: bool,
     /// SIGKILL − crossing, signed: below 0 the agent killed before the clock's crossing
     /// (the figures above read 0 then).
     kill_after_crossing_ns: Option<i64>,
@@ -199,11 +206,11 @@ pub(crate) struct ClockRep {
 }
 
 /// One mode at one rate.
-struct Row {
-    rate: u64,
-    mode: &'static str,
+pub(crate) struct Row {
+    pub(crate) rate: u64,
+    pub(crate) mode: &'static str,
     attached: Vec<Source>,
-    reps: Vec<Rep>,
+    pub(crate) reps: Vec<Rep>,
 }
 
 /// Makes sure the Guaranteed and Burstable pods run (an eviction or OOM kill of either is
@@ -416,6 +423,15 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
             () = tokio::time::sleep_until(deadline) => break,
         }
     }
+    // The victim's exit by the bench's own watch, as the reference times it: begun now, a
+    // fraction of a millisecond after the kill (the record comes at the end of the pass that
+    // completed it), against an exit of 10 ms or more.
+    let empty_at = match evicted.as_ref().map(|d| &d.action) {
+        Some(Action::Evicted { uid: victim, .. }) if victim == uid => {
+            Some(crate::oom_ref::watch_empty(node, uid)?)
+        }
+        _ => None,
+    };
     // Entries are final once complete, so the record may be read with the hog still running
     // (no eviction, or a kernel kill of another pod).
     let (crossing, clock_rep) = clock.read();
@@ -455,6 +471,10 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
                     rep.kill_to_released_ns = Some(r);
                     // Two CLOCK_MONOTONIC times: their difference fits an i64.
                     rep.kill_after_crossing_ns = Some(k.wrapping_sub(c) as i64);
+                }
+                if let Some((at, first)) = empty_at {
+                    rep.kill_to_empty_ns = Some(at.saturating_sub(k));
+                    rep.empty_at_first_look = first;
                 }
             }
         }
@@ -587,9 +607,19 @@ pub fn run(opts: &Opts) -> Result<Part> {
         }
     });
     let reps = opts.oom_reps.unwrap_or(if opts.quick { 2 } else { 20 });
-    // The loop's threads run as the shipped deployment runs the agent (`realtimePriority:
-    // 10`); the pods keep normal scheduling (reset on fork).
-    let (rt, realtime) = deployed_runtime()?;
+    // As `reactor run` runs the agent with `realtimePriority: 10`: the loop on a thread of
+    // its own at `SCHED_FIFO` 10, the pod manager and the runtime on normal scheduling, as
+    // the pods are. (With the node on the bench's `SCHED_FIFO` runtime, its runtime work
+    // during a victim's teardown held the victim's exit off a CPU.)
+    let realtime =
+        std::thread::spawn(|| reactor::priority::set_realtime(REALTIME_PRIORITY).is_ok())
+            .join()
+            .unwrap_or(false);
+    let _ = reactor::priority::set_normal();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let rows = rt.block_on(async {
         let mut node = Node::start(NodeSpec {
             name: "bench-oom",
@@ -602,6 +632,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             deferred: true,
         })
         .await;
+        node.loop_thread = Some(if realtime { REALTIME_PRIORITY } else { 0 });
         ensure_base_pods(&node).await;
         let mut rows = Vec::new();
         let mut references: BTreeMap<u64, Vec<crate::oom_ref::RefRep>> = BTreeMap::new();
@@ -675,24 +706,12 @@ pub fn run(opts: &Opts) -> Result<Part> {
         opts.memory_reclaim,
         opts.close_watch_always,
     );
-    crate::oom_ref::add_to(&mut part, &rows_full_agent_p99(&rows), &references);
+    crate::oom_ref::add_to(
+        &mut part,
+        &crate::oom_ref::full_agent_p99(&rows),
+        &references,
+    );
     Ok(part)
-}
-
-/// Each rate's full-agent crossing → released p99, ns, for the reference's comparison.
-fn rows_full_agent_p99(rows: &[Row]) -> BTreeMap<u64, u64> {
-    rows.iter()
-        .filter(|r| r.mode == "full agent")
-        .filter_map(|r| {
-            let d = Dist::of(
-                &r.reps
-                    .iter()
-                    .filter_map(|x| x.crossing_to_released_ns)
-                    .collect::<Vec<_>>(),
-            );
-            (d.n > 0).then_some((r.rate, d.p99))
-        })
-        .collect()
 }
 
 /// The slowest crossing → SIGKILL of a row taken apart, for its note: where the time went
@@ -748,6 +767,8 @@ fn summarise(
             "reaction p99",
             "crossing→released p50",
             "crossing→released p99",
+            "SIGKILL→empty p50",
+            "SIGKILL→empty p99",
             "killed at the crossing",
             "woken by",
         ],
@@ -781,10 +802,12 @@ fn summarise(
             |f: fn(&Rep) -> Option<u64>| Dist::of(&r.reps.iter().filter_map(f).collect::<Vec<_>>());
         let to_kill = halves(|x| x.crossing_to_kill_ns);
         let to_released = halves(|x| x.kill_to_released_ns);
+        let to_empty = halves(|x| x.kill_to_empty_ns);
+        let empty_first = r.reps.iter().filter(|x| x.empty_at_first_look).count();
         if r.mode == "full agent" && to_kill.n > 0 {
             halves_notes.push(format!(
-                "{} MiB/s full agent: crossing → SIGKILL p50 {} p99 {}, SIGKILL → cgroup empty \
-                 p50 {} p99 {}{}",
+                "{} MiB/s full agent: crossing → SIGKILL p50 {} p99 {}, SIGKILL → released (the \
+                 agent's record) p50 {} p99 {}{}",
                 r.rate,
                 to_kill.p50_text(),
                 to_kill.p99_text(),
@@ -814,6 +837,8 @@ fn summarise(
             reaction.p99_text(),
             release.p50_text(),
             release.p99_text(),
+            to_empty.p50_text(),
+            to_empty.p99_text(),
             format!("{at_crossing}/{n}"),
             if woken_text.is_empty() {
                 "-".into()
@@ -828,6 +853,7 @@ fn summarise(
             "wrong_pods_evicted": wrong,
             "reaction_lag": reaction.json(), "crossing_to_released": release.json(),
             "crossing_to_kill": to_kill.json(), "kill_to_released": to_released.json(),
+            "kill_to_empty_watched": to_empty.json(), "empty_at_first_look": empty_first,
             "woken_by": woken,
             "killed_at_crossing": at_crossing,
             "crossings": r.reps.iter().map(|x| json!({
@@ -841,6 +867,8 @@ fn summarise(
                 "mean_burst_ns": x.clock.mean_burst_ns,
                 "fraction": x.clock.fraction,
                 "kill_after_crossing_ns": x.kill_after_crossing_ns,
+                "kill_to_empty_watched_ns": x.kill_to_empty_ns,
+                "kill_to_released_ns": x.kill_to_released_ns,
                 "reaction_ns": x.reaction_ns,
                 "observe_to_kill_ns": x.observe_to_kill_ns,
                 "observe_to_kill_cpu_ns": x.observe_to_kill_cpu_ns,
@@ -886,14 +914,19 @@ fn summarise(
     };
     let killed_inside = all().filter(|x| x.clock.incomplete).count();
     let uncrossed = all().filter(|x| x.clock.none.is_some()).count();
+    let first_look = all().filter(|x| x.empty_at_first_look).count();
     let early = all()
         .filter(|x| x.kill_after_crossing_ns.is_some_and(|d| d < 0))
         .count();
     t.note(format!(
         "reaction: the decision's waking kernel event → SIGKILL (decisions the loop's own close \
          watch woke have no kernel event and are left out); crossing→released: the working-set \
-         crossing, where the threshold is met, by the hog's own clock → the victim's pod cgroup \
-         empty. The hog records CLOCK_MONOTONIC before and after touching each 256 KiB piece and \
+         crossing, where the threshold is met, by the hog's own clock → the agent's release \
+         record (the victim's pod cgroup empty and its usage no longer falling, as the loop \
+         looks every close_poll); SIGKILL→empty: the agent's SIGKILL → the victim's pod cgroup \
+         empty by the bench's own 100 µs watch, begun when the eviction's record arrives, as \
+         the reference row times it ({first_look} found it empty at the first look, an upper \
+         bound). The hog records CLOCK_MONOTONIC before and after touching each 256 KiB piece and \
          kubepods' usage after; the crossing is where kubepods' usage reaches 384 MiB + \
          kubepods' inactive_file just before the hog started ({added} \
          added over the repetitions), placed linearly inside the crossing piece's touch burst \
