@@ -69,8 +69,8 @@ pub struct Loop {
     pub decisions: broadcast::Receiver<Decision>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<reactor::sense::Sense>,
-    /// The loop's own thread, when it has one (dropped after the loop has ended).
-    thread: Option<LoopThread>,
+    /// The loop's own thread, when it has one: held only to live as long as the loop.
+    _thread: Option<LoopThread>,
 }
 
 /// How to model the node.
@@ -235,7 +235,7 @@ impl Node {
             decisions,
             shutdown: tx,
             task,
-            thread,
+            _thread: thread,
         });
     }
 
@@ -251,8 +251,6 @@ impl Node {
         if let Some(mut l) = self.loop_.take() {
             l.shutdown.send_replace(true);
             let _ = l.task.await;
-            // The loop has ended: its thread (if it has one) goes now.
-            drop(l.thread.take());
             loop {
                 match l.decisions.try_recv() {
                     Ok(d) => left.push(d),

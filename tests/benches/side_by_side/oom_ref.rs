@@ -179,14 +179,8 @@ pub(crate) fn add_to(
             "full_agent_crossing_to_released_p99_ns": full.record,
             "full_agent_crossing_to_empty_watched_p99_ns": full.watched,
             "bound_1_3x_reference_p99_ns": bound,
-            "within": match (full.record, bound) {
-                (Some(f), Some(b)) => json!(f <= b),
-                _ => serde_json::Value::Null,
-            },
-            "watched_within": match (full.watched, bound) {
-                (Some(f), Some(b)) => json!(f <= b),
-                _ => serde_json::Value::Null,
-            },
+            "within": full.record.zip(bound).map(|(f, b)| f <= b),
+            "watched_within": full.watched.zip(bound).map(|(f, b)| f <= b),
             "no_figure": reps.iter().filter_map(|r| r.none).collect::<Vec<_>>(),
         }));
         part.samples += d.n;
