@@ -43,7 +43,7 @@ use reactor_tests::node::{Node, NodeSpec, MI};
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::lag::deployed_runtime;
+use crate::lag::{node_runtime, REALTIME_PRIORITY};
 use crate::oom::{start_mode_with, Clock, HOG_MI, MODES};
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
@@ -457,7 +457,9 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let reps = opts
         .concurrent_reps
         .unwrap_or(if opts.quick { 2 } else { 10 });
-    let (rt, realtime) = deployed_runtime()?;
+    // As `reactor run` runs the agent: the loop on its own `SCHED_FIFO` thread, the rest at
+    // normal scheduling (see `node_runtime`).
+    let (rt, realtime) = node_runtime()?;
     let mut rows: Vec<(Scenario, &'static str, Vec<Rep>)> = Vec::new();
     for scenario in SCENARIOS {
         if scenario == Scenario::Frozen && !Freezer::available() {
@@ -467,6 +469,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         rt.block_on(async {
             let mut node = Node::start(scenario.spec()).await;
             node.config.eviction_max_pod_grace_period = GRACE_S;
+            node.loop_thread = Some(if realtime { REALTIME_PRIORITY } else { 0 });
             let freezer = match scenario {
                 Scenario::Frozen => Some(Freezer::new(&node.root.name)?),
                 _ => None,
@@ -660,9 +663,13 @@ fn summarise(rows: &[(Scenario, &'static str, Vec<Rep>)], reps: usize, realtime:
         WATCH.as_secs()
     ));
     t.note(if realtime {
-        "the loop's threads SCHED_FIFO (realtimePriority, as deployed); pods normal"
+        format!(
+            "the loop on a thread of its own at SCHED_FIFO {REALTIME_PRIORITY} \
+             (realtimePriority, as deploy/ configures the agent); the pod manager, the runtime \
+             and the pods at normal scheduling"
+        )
     } else {
-        "the loop's threads on normal scheduling (SCHED_FIFO refused)"
+        "the loop's thread on normal scheduling (SCHED_FIFO refused)".to_string()
     });
     Part {
         key: "concurrent",

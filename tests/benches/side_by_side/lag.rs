@@ -292,6 +292,26 @@ pub fn run(opts: &Opts) -> Result<Part> {
 /// The `realtimePriority` the shipped systemd unit's configuration gives the agent.
 pub const REALTIME_PRIORITY: u8 = 10;
 
+/// The runtime a modelled node runs on as `reactor run` runs the agent with
+/// `realtimePriority: 10`: normal scheduling for the pod manager and the process runtime (as
+/// the pods are), the caller then puts the loop on a thread of its own at `SCHED_FIFO`
+/// ([`REALTIME_PRIORITY`] through `Node::loop_thread`). The flag says whether the kernel
+/// allows `SCHED_FIFO` (asked on a throwaway thread, so no thread here keeps it). A node on a
+/// [`deployed_runtime`] instead has its runtime work at `SCHED_FIFO` too, which held a
+/// victim's exit off a CPU during its teardown.
+pub fn node_runtime() -> Result<(tokio::runtime::Runtime, bool)> {
+    let realtime =
+        std::thread::spawn(|| reactor::priority::set_realtime(REALTIME_PRIORITY).is_ok())
+            .join()
+            .unwrap_or(false);
+    let _ = reactor::priority::set_normal();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    Ok((rt, realtime))
+}
+
 /// A runtime whose threads run as the deployed agent's do (`SCHED_FIFO` 10, reset on fork
 /// so the workload stays on normal scheduling); also puts the calling thread there. The
 /// flag says whether the kernel allowed it.

@@ -607,19 +607,9 @@ pub fn run(opts: &Opts) -> Result<Part> {
         }
     });
     let reps = opts.oom_reps.unwrap_or(if opts.quick { 2 } else { 20 });
-    // As `reactor run` runs the agent with `realtimePriority: 10`: the loop on a thread of
-    // its own at `SCHED_FIFO` 10, the pod manager and the runtime on normal scheduling, as
-    // the pods are. (With the node on the bench's `SCHED_FIFO` runtime, its runtime work
-    // during a victim's teardown held the victim's exit off a CPU.)
-    let realtime =
-        std::thread::spawn(|| reactor::priority::set_realtime(REALTIME_PRIORITY).is_ok())
-            .join()
-            .unwrap_or(false);
-    let _ = reactor::priority::set_normal();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    // As `reactor run` runs the agent: the loop on its own `SCHED_FIFO` thread, the rest at
+    // normal scheduling (see `node_runtime`).
+    let (rt, realtime) = crate::lag::node_runtime()?;
     let rows = rt.block_on(async {
         let mut node = Node::start(NodeSpec {
             name: "bench-oom",
@@ -708,7 +698,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     );
     crate::oom_ref::add_to(
         &mut part,
-        &crate::oom_ref::full_agent_p99(&rows),
+        &crate::oom_ref::full_agent_times(&rows),
         &references,
     );
     Ok(part)
@@ -946,9 +936,13 @@ fn summarise(
         });
     }
     t.note(if realtime {
-        format!("the loop's threads SCHED_FIFO {REALTIME_PRIORITY} (realtimePriority, as deploy/ configures the agent); pods normal")
+        format!(
+            "the loop on a thread of its own at SCHED_FIFO {REALTIME_PRIORITY} \
+             (realtimePriority, as deploy/ configures the agent); the pod manager, the runtime \
+             and the pods at normal scheduling"
+        )
     } else {
-        "the loop's threads on normal scheduling (SCHED_FIFO refused)".to_string()
+        "the loop's thread on normal scheduling (SCHED_FIFO refused)".to_string()
     });
     t.note(
         "single-source modes: that source alone plus the loop's own 10 s re-check; poll modes: \
