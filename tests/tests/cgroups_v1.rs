@@ -373,3 +373,53 @@ fn qos_tier_below_usage_is_clamped_to_usage_like_the_kubelet() {
         .unwrap();
     assert!(root.leftovers().is_empty());
 }
+
+/// Removal from async code retries on a blocking thread: while a cgroup stays busy, the
+/// runtime that asked goes on running its other tasks (a one-thread runtime, so a removal
+/// that slept on it would hold every task up until it gave up).
+#[test]
+fn removal_from_async_code_leaves_the_runtime_running() {
+    if !ready() {
+        return;
+    }
+    let root = TestCgroupRoot::v1("cgv1-rmasync").unwrap();
+    let m = manager(&root);
+    let pod = CgroupPath::pod(Some("besteffort"), "44444444-dddd").unwrap();
+    m.create(&pod).unwrap();
+    let mut child = spawn_in(&m, &pod, Command::new("sleep").arg("60"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (removed, ticks) = rt.block_on(async {
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = std::sync::Arc::clone(&ticks);
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let removed = m.remove_off_runtime(&pod, Duration::from_millis(500)).await;
+        ticker.abort();
+        (removed, ticks.load(std::sync::atomic::Ordering::Relaxed))
+    });
+    match removed {
+        Err(CgroupError::Busy { pids, .. }) => assert_eq!(pids, vec![child.id()]),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    // About 50 in the 500 ms; a removal that slept on the runtime's one thread leaves 0.
+    assert!(
+        ticks >= 5,
+        "the runtime ran {ticks} ticks of 10 ms during the removal"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    while !m.is_empty(&pod).unwrap() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    rt.block_on(m.remove_off_runtime(&CgroupPath::kubepods(), Duration::from_secs(2)))
+        .unwrap();
+    assert_eq!(root.leftovers(), Vec::<std::path::PathBuf>::new());
+}

@@ -366,7 +366,10 @@ impl<R: Runtime + 'static> Actor<R> {
         if let Err(e) = started {
             tracing::error!(pod = %uid, "pod could not be started: {e}");
             let _ = self.rt.stop_pod(&uid, Duration::ZERO).await;
-            let _ = self.cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT);
+            let _ = self
+                .cgroups
+                .remove_off_runtime(&cgroup, DEFAULT_REMOVE_WAIT)
+                .await;
             self.pods.remove(&uid);
             let _ = self.update_tiers();
             // The devices allocated to it above go back at once (a runtime that is down must

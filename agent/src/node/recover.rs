@@ -246,7 +246,11 @@ impl<R: Runtime + 'static> Actor<R> {
         let _ = self.rt.stop_pod(uid, Duration::ZERO).await;
         if let Some(cg) = &cgroup {
             stop_processes(&self.cgroups, cg, Duration::ZERO).await;
-            if let Err(err) = self.cgroups.remove_pod_cgroup(cg, DEFAULT_REMOVE_WAIT) {
+            if let Err(err) = self
+                .cgroups
+                .remove_off_runtime(cg, DEFAULT_REMOVE_WAIT)
+                .await
+            {
                 tracing::error!(pod = %name, "pod cgroup not removed: {err}");
             }
         }
@@ -310,7 +314,10 @@ impl<R: Runtime + 'static> Actor<R> {
         for uid in gone {
             if let Some(e) = self.pods.remove(&uid) {
                 if let Some(cg) = &e.record.cgroup {
-                    let _ = self.cgroups.remove_pod_cgroup(cg, DEFAULT_REMOVE_WAIT);
+                    let _ = self
+                        .cgroups
+                        .remove_off_runtime(cg, DEFAULT_REMOVE_WAIT)
+                        .await;
                 }
             }
         }
@@ -385,7 +392,11 @@ impl<R: Runtime + 'static> Actor<R> {
             }
             let procs = self.cgroups.procs_recursive(&cgroup).unwrap_or_default();
             if procs.is_empty() {
-                match self.cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT) {
+                match self
+                    .cgroups
+                    .remove_off_runtime(&cgroup, DEFAULT_REMOVE_WAIT)
+                    .await
+                {
                     Ok(()) => tracing::info!(%cgroup, "empty pod cgroup of no known pod removed"),
                     Err(e) => tracing::warn!(%cgroup, "empty orphaned pod cgroup not removed: {e}"),
                 }
@@ -510,7 +521,10 @@ impl<R: Runtime + 'static> Actor<R> {
         };
         if let Some(cg) = &cgroup {
             stop_processes(&self.cgroups, cg, Duration::ZERO).await;
-            let _ = self.cgroups.remove_pod_cgroup(cg, DEFAULT_REMOVE_WAIT);
+            let _ = self
+                .cgroups
+                .remove_off_runtime(cg, DEFAULT_REMOVE_WAIT)
+                .await;
         }
         self.mark_ended(uid, "ContainerStatusUnknown".into(), message);
     }
@@ -568,7 +582,10 @@ impl<R: Runtime + 'static> Actor<R> {
         let _ = self.rt.stop_pod(&uid, Duration::ZERO).await;
         if let Some(cg) = &entry.record.cgroup {
             stop_processes(&self.cgroups, cg, Duration::ZERO).await;
-            let _ = self.cgroups.remove_pod_cgroup(cg, DEFAULT_REMOVE_WAIT);
+            let _ = self
+                .cgroups
+                .remove_off_runtime(cg, DEFAULT_REMOVE_WAIT)
+                .await;
         }
         self.recovery(
             "orphan-replaced",

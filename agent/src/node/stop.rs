@@ -108,16 +108,9 @@ impl<R: Runtime + 'static> Actor<R> {
             }
             let status = match (status, cgroup) {
                 (Ok(s), Some(cg)) if live => {
-                    let removed = tokio::task::spawn_blocking(move || {
-                        cgroups.remove_pod_cgroup(&cg, DEFAULT_REMOVE_WAIT)
-                    })
-                    .await;
-                    match removed {
-                        Ok(Ok(())) => Ok(s),
-                        Ok(Err(e)) => Err(RuntimeError::Cgroup(e)),
-                        Err(e) => Err(RuntimeError::Unavailable {
-                            reason: format!("cgroup removal task: {e}"),
-                        }),
+                    match cgroups.remove_off_runtime(&cg, DEFAULT_REMOVE_WAIT).await {
+                        Ok(()) => Ok(s),
+                        Err(e) => Err(RuntimeError::Cgroup(e)),
                     }
                 }
                 (s, _) => s,
@@ -254,16 +247,14 @@ impl<R: Runtime + 'static> Actor<R> {
                 }
                 tokio::time::sleep(super::manager::STOP_RETRY).await;
             }
-            let removed = tokio::task::spawn_blocking(move || {
-                cgroups.remove_pod_cgroup(&cgroup, DEFAULT_REMOVE_WAIT)
-            })
-            .await;
-            match removed {
-                Ok(Ok(())) => {
+            match cgroups
+                .remove_off_runtime(&cgroup, DEFAULT_REMOVE_WAIT)
+                .await
+            {
+                Ok(()) => {
                     tracing::info!(pod = %uid, "runtime back: evicted pod stopped and its cgroup removed")
                 }
-                Ok(Err(e)) => tracing::error!(pod = %uid, "removing the evicted pod's cgroup: {e}"),
-                Err(e) => tracing::error!(pod = %uid, "cgroup removal task: {e}"),
+                Err(e) => tracing::error!(pod = %uid, "removing the evicted pod's cgroup: {e}"),
             }
         });
     }

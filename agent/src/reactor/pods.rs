@@ -278,7 +278,9 @@ impl<R: Runtime> PodControl for RuntimePods<R> {
             Ok(_) | Err(RuntimeError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        self.cgroups.remove(&pod.cgroup, Duration::from_secs(2))?;
+        self.cgroups
+            .remove_off_runtime(&pod.cgroup, Duration::from_secs(2))
+            .await?;
         Ok(out)
     }
 

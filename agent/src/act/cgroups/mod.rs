@@ -497,6 +497,25 @@ impl CgroupManager {
     pub fn remove(&self, cgroup: &CgroupPath, wait: Duration) -> Result<(), CgroupError> {
         dispatch!(self, remove(cgroup, wait))
     }
+
+    /// [`remove`](Self::remove) from async code: it runs on a blocking thread, because its
+    /// retries sleep while the kernel drains exiting tasks (5 ms, doubling to 100 ms, for up
+    /// to `wait`), and a sleep on a runtime worker would hold up every task on it meanwhile.
+    pub async fn remove_off_runtime(
+        &self,
+        cgroup: &CgroupPath,
+        wait: Duration,
+    ) -> Result<(), CgroupError> {
+        let (this, target) = (self.clone(), cgroup.clone());
+        tokio::task::spawn_blocking(move || this.remove(&target, wait))
+            .await
+            .unwrap_or_else(|e| {
+                Err(CgroupError::Remove {
+                    path: PathBuf::from(cgroup.to_string()),
+                    source: std::io::Error::other(format!("the removal's thread: {e}")),
+                })
+            })
+    }
 }
 
 /// Removes every directory of `dir`'s subtree leaf first, retrying `EBUSY` until `wait` has

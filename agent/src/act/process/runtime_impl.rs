@@ -152,7 +152,10 @@ impl Runtime for ProcessRuntime {
         }
         for c in &spec.containers {
             let cgroup = Inner::container_cgroup(&spec, c)?;
-            inner.cgroups.remove(&cgroup, DEFAULT_REMOVE_WAIT)?;
+            inner
+                .cgroups
+                .remove_off_runtime(&cgroup, DEFAULT_REMOVE_WAIT)
+                .await?;
         }
         let mut pods = lock(&inner.pods);
         let entry = pods.remove(uid).ok_or_else(|| RuntimeError::NotFound {
