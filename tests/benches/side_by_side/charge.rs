@@ -10,6 +10,12 @@
 //! - calm: the programs as the agent runs them, the parent watched with its level far above
 //!   usage, so the charge programs are off their tracepoint (they attach only near a level)
 //!   and so is `count_memcg_events` (it attaches only on reclaim);
+//! - page cache near the level: the same, in a second parent that also holds 200 MiB of
+//!   file page cache (written to a file on disk from a cgroup of its own there, before the
+//!   rounds) and is watched by a working-set level of 200 MiB: its working set is far from
+//!   the level, but its usage, page cache counted, is within the tripwire's reach (the
+//!   tripwire compares usage, [`reactor::sense::ebpf::near`]), so the charge programs stay
+//!   on: what a calm node whose page cache fills its cgroups pays;
 //! - the kernel's dispatch alone: an empty program on the charge programs' tracepoint
 //!   ([`DispatchFloor`]), the floor under "armed" that no program can go below;
 //! - armed: the charge programs on throughout and the parent watched (the threshold far above
@@ -157,6 +163,7 @@ enum Setup {
     None,
     Programs,
     Calm,
+    CacheNear,
     Floor,
     Thresholds,
     Edge,
@@ -164,10 +171,11 @@ enum Setup {
 }
 
 impl Setup {
-    const ALL: [Setup; 7] = [
+    const ALL: [Setup; 8] = [
         Setup::None,
         Setup::Programs,
         Setup::Calm,
+        Setup::CacheNear,
         Setup::Floor,
         Setup::Thresholds,
         Setup::Edge,
@@ -179,6 +187,10 @@ impl Setup {
             Setup::None => "no eBPF",
             Setup::Programs => "agent programs, memcg events throughout, no charge programs",
             Setup::Calm => "calm: as the agent runs them, parent watched far from its level",
+            Setup::CacheNear => {
+                "page cache near the level: as calm, the parent's working set far from its \
+                 level, its usage (200 MiB of page cache) within reach"
+            }
             Setup::Floor => {
                 "the kernel's dispatch alone: an empty program on the charge tracepoint"
             }
@@ -215,12 +227,8 @@ impl Attached {
     }
 }
 
-/// Attaches what `setup` asks for.
-fn attach(
-    rt: &tokio::runtime::Runtime,
-    setup: Setup,
-    parent: &TestMemcg,
-) -> Result<Option<Attached>> {
+/// Attaches what `setup` asks for, watching `parent`.
+fn attach(rt: &tokio::runtime::Runtime, setup: Setup, parent: &Parent) -> Result<Option<Attached>> {
     match setup {
         Setup::None => return Ok(None),
         Setup::Floor => {
@@ -233,15 +241,19 @@ fn attach(
     }
     let thresholds = matches!(
         setup,
-        Setup::Thresholds | Setup::Edge | Setup::Calm | Setup::Reclaiming
+        Setup::Thresholds | Setup::Edge | Setup::Calm | Setup::CacheNear | Setup::Reclaiming
     );
     // The memcg events program as the agent switches it (on only after a reclaim stall;
     // this workload never stalls), except in the rows that keep it on throughout.
-    let memcg_events_on_reclaim = matches!(setup, Setup::Calm | Setup::Thresholds | Setup::Edge)
-        .then_some(reactor::sense::MEMCG_EVENTS_HOLD);
+    let memcg_events_on_reclaim = matches!(
+        setup,
+        Setup::Calm | Setup::CacheNear | Setup::Thresholds | Setup::Edge
+    )
+    .then_some(reactor::sense::MEMCG_EVENTS_HOLD);
     // Calm: the charge programs come off their tracepoint once the source sees the parent far
     // from its level (the agent's setting); armed: on throughout.
-    let near_level = (setup == Setup::Calm).then(reactor::sense::ebpf::near::NearLevel::default);
+    let near_level = matches!(setup, Setup::Calm | Setup::CacheNear)
+        .then(reactor::sense::ebpf::near::NearLevel::default);
     let mut source = rt
         .block_on(async {
             EbpfSource::attach(EbpfOptions {
@@ -255,17 +267,17 @@ fn attach(
         .context("attaching the eBPF source")?;
     // At the edge the parent's usage (the child's 4 MiB region, dropped and faulted again,
     // and the process: 1.3-4.5 MiB measured) stays below 8 MiB and within the widened zone.
-    let level = if setup == Setup::Edge {
-        8u64 << 20
-    } else {
-        900 << 20
+    let level = match (setup, parent.inactive_file) {
+        (Setup::Edge, _) => Level::usage(8 << 20),
+        (Setup::CacheNear, Some(inactive)) => Level::working_set(CACHE_LEVEL, inactive),
+        _ => Level::usage(900 << 20),
     };
-    let (_keep, bytes) = tokio::sync::watch::channel(Level::usage(level));
+    let (_keep, bytes) = tokio::sync::watch::channel(level);
     if thresholds {
         source
             .watch_usage(UsageWatch {
-                cgroup: parent.cgroup.clone(),
-                dir: parent.path.clone(),
+                cgroup: parent.memcg.cgroup.clone(),
+                dir: parent.memcg.path.clone(),
                 level: bytes,
             })
             .map_err(anyhow::Error::msg)
@@ -287,10 +299,11 @@ fn attach(
 fn one_run(
     rt: &tokio::runtime::Runtime,
     setup: Setup,
-    parent: &TestMemcg,
-    child: &TestMemcg,
+    parents: &Parents,
     millis: u64,
 ) -> Result<(u64, f64, Vec<ProgramStats>, u64)> {
+    let parent = parents.of(setup);
+    let child = &parent.child;
     let attached = attach(rt, setup, parent)?;
     // Let the attach settle before timing.
     std::thread::sleep(Duration::from_millis(100));
@@ -314,6 +327,91 @@ fn one_run(
     Ok((faults, secs, used, all_faults))
 }
 
+/// The page-cache-near setup's working-set level, and how much page cache it writes.
+const CACHE_LEVEL: u64 = 200 << 20;
+const CACHE_BYTES: u64 = 200 << 20;
+
+/// A watched parent with the faulting child in it (and, for the page-cache parent, the
+/// cgroup holding the cache and the file behind it).
+struct Parent {
+    // Dropped in this order: the children before the parent.
+    child: TestMemcg,
+    /// Held for the part: the cache's cgroup and the file's directory (the file goes with
+    /// it, and its page cache with the file).
+    _cache: Option<(TestMemcg, tempfile::TempDir)>,
+    /// The parent's `total_inactive_file` once the cache is written.
+    inactive_file: Option<u64>,
+    memcg: TestMemcg,
+}
+
+/// Part 7's two parents: the plain one and the one with page cache.
+struct Parents {
+    plain: Parent,
+    cached: Parent,
+}
+
+impl Parents {
+    fn new() -> Result<Parents> {
+        let plain = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
+        let cached =
+            TestMemcg::new("bench-charge-cache", 1 << 30).context("creating the test memcg")?;
+        let mut cache = cached
+            .child("cache")
+            .context("creating the cache's memcg")?;
+        // On a disk file system (`/var/tmp`, not a tmpfs: tmpfs pages are shmem, on the
+        // anon lists, and are no inactive file).
+        let dir = tempfile::Builder::new()
+            .prefix("reactor-bench-cache")
+            .tempdir_in("/var/tmp")
+            .context("a directory for the page-cache file")?;
+        let file = dir.path().join("cache");
+        let (status, _) = cache
+            .run(
+                Command::new("dd")
+                    .arg("if=/dev/zero")
+                    .arg(format!("of={}", file.display()))
+                    .arg("bs=1M")
+                    .arg(format!("count={}", CACHE_BYTES >> 20))
+                    .arg("conv=fsync")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+            .context("writing the page-cache file")?;
+        if !status.success() {
+            bail!("writing the page-cache file: dd {status}");
+        }
+        let stat = std::fs::read_to_string(cached.path.join("memory.stat"))
+            .context("reading the page-cache parent's memory.stat")?;
+        let inactive = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("total_inactive_file "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .context("total_inactive_file in the page-cache parent's memory.stat")?;
+        Ok(Parents {
+            plain: Parent {
+                child: plain.child("pod").context("creating the child memcg")?,
+                _cache: None,
+                inactive_file: None,
+                memcg: plain,
+            },
+            cached: Parent {
+                child: cached.child("pod").context("creating the child memcg")?,
+                _cache: Some((cache, dir)),
+                inactive_file: Some(inactive),
+                memcg: cached,
+            },
+        })
+    }
+
+    fn of(&self, setup: Setup) -> &Parent {
+        if setup == Setup::CacheNear {
+            &self.cached
+        } else {
+            &self.plain
+        }
+    }
+}
+
 /// Rounds in a full run, and each run's length: every setup but no-eBPF runs once per round.
 const ROUNDS: usize = 16;
 const MILLIS: u64 = 500;
@@ -325,8 +423,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     } else {
         (MILLIS, ROUNDS)
     };
-    let parent = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
-    let child = parent.child("pod").context("creating the child memcg")?;
+    let parents = Parents::new()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -339,7 +436,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     // the same ratio to its neighbours: the row that shows what the method resolves.
     let n = Setup::ALL.len();
     let rate = |setup: Setup| -> Result<f64> {
-        let (faults, secs, _, _) = one_run(&rt, setup, &parent, &child, millis)?;
+        let (faults, secs, _, _) = one_run(&rt, setup, &parents, millis)?;
         Ok(faults as f64 / secs)
     };
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
@@ -366,12 +463,12 @@ pub fn run(opts: &Opts) -> Result<Part> {
     {
         let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
         for setup in Setup::ALL.into_iter().skip(1) {
-            let (_, _, used, faults) = one_run(&rt, setup, &parent, &child, millis)?;
+            let (_, _, used, faults) = one_run(&rt, setup, &parents, millis)?;
             programs.push((setup, faults, used));
         }
     }
-    drop(child);
-    drop(parent);
+    let cached = parents.cached.inactive_file;
+    drop(parents);
     let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
     let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(r)).collect();
     let estimates: Vec<Option<Estimate>> = ratios.iter().map(|r| trimmed_ratio(r)).collect();
@@ -447,6 +544,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         tables: vec![t, p],
         json: json!({
             "millis_per_round": millis,
+            "page_cache_parent_inactive_file_bytes": cached,
             "rounds": rounds,
             "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).enumerate().map(|(i, ((s, r), m))| json!({
                 "setup": s.name(), "faults_per_s": r, "median_faults_per_s": m,
