@@ -63,6 +63,16 @@ fn spawn_in(m: &CgroupManager, cgroup: &CgroupPath, cmd: &mut Command) -> std::p
         .unwrap()
 }
 
+/// Kills and reaps `child` (by its pid), then waits up to 5 s for `cgroup` to show empty.
+fn kill_and_wait_empty(m: &CgroupManager, cgroup: &CgroupPath, mut child: std::process::Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    while !m.is_empty(cgroup).unwrap() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn builds_the_kubelet_tree_writes_values_and_removes_it() {
     if !ready() {
@@ -195,13 +205,7 @@ fn builds_the_kubelet_tree_writes_values_and_removes_it() {
         other => panic!("expected Busy, got {other:?}"),
     }
     assert!(child.try_wait().unwrap().is_none(), "removal must not kill");
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let start = Instant::now();
-    while !m.is_empty(&CgroupPath::kubepods()).unwrap() && start.elapsed() < Duration::from_secs(5)
-    {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    kill_and_wait_empty(&m, &CgroupPath::kubepods(), child);
     m.remove(&CgroupPath::kubepods(), Duration::from_secs(2))
         .unwrap();
     assert!(!m.exists(&CgroupPath::kubepods()));
@@ -386,7 +390,7 @@ fn removal_from_async_code_leaves_the_runtime_running() {
     let m = manager(&root);
     let pod = CgroupPath::pod(Some("besteffort"), "44444444-dddd").unwrap();
     m.create(&pod).unwrap();
-    let mut child = spawn_in(&m, &pod, Command::new("sleep").arg("60"));
+    let child = spawn_in(&m, &pod, Command::new("sleep").arg("60"));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -413,12 +417,7 @@ fn removal_from_async_code_leaves_the_runtime_running() {
         ticks >= 5,
         "the runtime ran {ticks} ticks of 10 ms during the removal"
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let start = Instant::now();
-    while !m.is_empty(&pod).unwrap() && start.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    kill_and_wait_empty(&m, &pod, child);
     rt.block_on(m.remove_off_runtime(&CgroupPath::kubepods(), Duration::from_secs(2)))
         .unwrap();
     assert_eq!(root.leftovers(), Vec::<std::path::PathBuf>::new());

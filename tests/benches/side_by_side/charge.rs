@@ -39,6 +39,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use reactor::observe::cgroupfs::stat_value;
 use reactor::sense::ebpf::floor::DispatchFloor;
 use reactor::sense::ebpf::threshold::UsageWatch;
 use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
@@ -267,10 +268,10 @@ fn attach(rt: &tokio::runtime::Runtime, setup: Setup, parent: &Parent) -> Result
         .context("attaching the eBPF source")?;
     // At the edge the parent's usage (the child's 4 MiB region, dropped and faulted again,
     // and the process: 1.3-4.5 MiB measured) stays below 8 MiB and within the widened zone.
-    let level = match (setup, parent.inactive_file) {
-        (Setup::Edge, _) => Level::usage(8 << 20),
-        (Setup::CacheNear, Some(inactive)) => Level::working_set(CACHE_LEVEL, inactive),
-        _ => Level::usage(900 << 20),
+    let level = if setup == Setup::Edge {
+        Level::usage(8 << 20)
+    } else {
+        parent.level
     };
     let (_keep, bytes) = tokio::sync::watch::channel(level);
     if thresholds {
@@ -339,8 +340,10 @@ struct Parent {
     /// Held for the part: the cache's cgroup and the file's directory (the file goes with
     /// it, and its page cache with the file).
     _cache: Option<(TestMemcg, tempfile::TempDir)>,
-    /// The parent's `total_inactive_file` once the cache is written.
-    inactive_file: Option<u64>,
+    /// The level it is watched by (the edge setup's own aside): far above usage, or for the
+    /// page-cache parent a working-set level with its `total_inactive_file` once the cache
+    /// is written.
+    level: Level,
     memcg: TestMemcg,
 }
 
@@ -382,22 +385,20 @@ impl Parents {
         }
         let stat = std::fs::read_to_string(cached.path.join("memory.stat"))
             .context("reading the page-cache parent's memory.stat")?;
-        let inactive = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("total_inactive_file "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        let inactive = stat_value(&stat, "total_inactive_file")
+            .map_err(anyhow::Error::msg)?
             .context("total_inactive_file in the page-cache parent's memory.stat")?;
         Ok(Parents {
             plain: Parent {
                 child: plain.child("pod").context("creating the child memcg")?,
                 _cache: None,
-                inactive_file: None,
+                level: Level::usage(900 << 20),
                 memcg: plain,
             },
             cached: Parent {
                 child: cached.child("pod").context("creating the child memcg")?,
                 _cache: Some((cache, dir)),
-                inactive_file: Some(inactive),
+                level: Level::working_set(CACHE_LEVEL, inactive),
                 memcg: cached,
             },
         })
@@ -467,7 +468,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             programs.push((setup, faults, used));
         }
     }
-    let cached = parents.cached.inactive_file;
+    let cached = parents.cached.level.inactive_file_bytes;
     drop(parents);
     let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
     let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(r)).collect();

@@ -43,7 +43,7 @@ use reactor_tests::node::{Node, NodeSpec, MI};
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::lag::{node_runtime, REALTIME_PRIORITY};
+use crate::lag::node_runtime;
 use crate::oom::{start_mode_with, Clock, HOG_MI, MODES};
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
@@ -469,7 +469,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         rt.block_on(async {
             let mut node = Node::start(scenario.spec()).await;
             node.config.eviction_max_pod_grace_period = GRACE_S;
-            node.loop_thread = Some(if realtime { REALTIME_PRIORITY } else { 0 });
+            node.loop_thread = crate::lag::node_loop_thread(realtime);
             let freezer = match scenario {
                 Scenario::Frozen => Some(Freezer::new(&node.root.name)?),
                 _ => None,
@@ -662,15 +662,7 @@ fn summarise(rows: &[(Scenario, &'static str, Vec<Rep>)], reps: usize, realtime:
         CAPACITY_MI - HARD_MI,
         WATCH.as_secs()
     ));
-    t.note(if realtime {
-        format!(
-            "the loop on a thread of its own at SCHED_FIFO {REALTIME_PRIORITY} \
-             (realtimePriority, as deploy/ configures the agent); the pod manager, the runtime \
-             and the pods at normal scheduling"
-        )
-    } else {
-        "the loop's thread on normal scheduling (SCHED_FIFO refused)".to_string()
-    });
+    t.note(crate::lag::node_scheduling_note(realtime));
     Part {
         key: "concurrent",
         tables: vec![t],

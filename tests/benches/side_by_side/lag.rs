@@ -312,6 +312,25 @@ pub fn node_runtime() -> Result<(tokio::runtime::Runtime, bool)> {
     Ok((rt, realtime))
 }
 
+/// The `Node::loop_thread` of a node on [`node_runtime`]: the loop's own thread at
+/// [`REALTIME_PRIORITY`] where the kernel allows it, else at normal scheduling.
+pub fn node_loop_thread(realtime: bool) -> Option<u8> {
+    Some(if realtime { REALTIME_PRIORITY } else { 0 })
+}
+
+/// The table note saying how a node on [`node_runtime`] was scheduled.
+pub fn node_scheduling_note(realtime: bool) -> String {
+    if realtime {
+        format!(
+            "the loop on a thread of its own at SCHED_FIFO {REALTIME_PRIORITY} \
+             (realtimePriority, as deploy/ configures the agent); the pod manager, the runtime \
+             and the pods at normal scheduling"
+        )
+    } else {
+        "the loop's thread on normal scheduling (SCHED_FIFO refused)".to_string()
+    }
+}
+
 /// A runtime whose threads run as the deployed agent's do (`SCHED_FIFO` 10, reset on fork
 /// so the workload stays on normal scheduling); also puts the calling thread there. The
 /// flag says whether the kernel allowed it.

@@ -55,7 +55,6 @@ use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::lag::REALTIME_PRIORITY;
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
 
@@ -622,7 +621,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
             deferred: true,
         })
         .await;
-        node.loop_thread = Some(if realtime { REALTIME_PRIORITY } else { 0 });
+        node.loop_thread = crate::lag::node_loop_thread(realtime);
         ensure_base_pods(&node).await;
         let mut rows = Vec::new();
         let mut references: BTreeMap<u64, Vec<crate::oom_ref::RefRep>> = BTreeMap::new();
@@ -935,15 +934,7 @@ fn summarise(
             format!("{n} (--no-mrelease: the memory comes back through the victim's exit)")
         });
     }
-    t.note(if realtime {
-        format!(
-            "the loop on a thread of its own at SCHED_FIFO {REALTIME_PRIORITY} \
-             (realtimePriority, as deploy/ configures the agent); the pod manager, the runtime \
-             and the pods at normal scheduling"
-        )
-    } else {
-        "the loop's thread on normal scheduling (SCHED_FIFO refused)".to_string()
-    });
+    t.note(crate::lag::node_scheduling_note(realtime));
     t.note(
         "single-source modes: that source alone plus the loop's own 10 s re-check; poll modes: \
          the tick alone with the loop re-reading only on it, as the kubelet does (no 1 ms close \

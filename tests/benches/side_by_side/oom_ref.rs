@@ -104,8 +104,9 @@ pub(crate) async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<
 /// teardown has a long tail (SIGKILL → empty in the agent modes of two full runs of 99ce74d:
 /// 15.2 ms median, 30.5 ms p99 of 240), so of two sets of 20 drawn from that one
 /// distribution, the first's slowest is over 1.3× the second's in about one draw in 18
-/// (resampled); of two sets of 40, in about one in 50. Both rates' repetitions can be pooled: the victim is the same hog,
-/// killed at the same level, and its teardown does not depend on how fast it grew.
+/// (resampled); of two sets of 40, in about one in 50. Both rates' repetitions can be
+/// pooled: the victim is the same hog, killed at the same level, and its teardown does not
+/// depend on how fast it grew.
 pub(crate) fn add_to(
     part: &mut Part,
     full: &BTreeMap<u64, FullTimes>,
@@ -126,13 +127,8 @@ pub(crate) fn add_to(
     for (&rate, reps) in references {
         let n = reps.len();
         let oom = reps.iter().filter(|r| r.oom_first).count();
-        let d = Dist::of(
-            &reps
-                .iter()
-                .filter(|r| !r.oom_first)
-                .filter_map(|r| r.kill_to_empty_ns)
-                .collect::<Vec<_>>(),
-        );
+        let kill_to_empty = kill_to_empty(reps);
+        let d = Dist::of(&kill_to_empty);
         let seen = Dist::of(
             &reps
                 .iter()
@@ -162,8 +158,7 @@ pub(crate) fn add_to(
                 "-".into(),
             ],
         );
-        let times = full.get(&rate).cloned().unwrap_or_default();
-        let kill_to_empty = kill_to_empty(reps);
+        let times = FullTimes::pooled(full.get(&rate));
         let comparison = Comparison::of(&times, &kill_to_empty);
         t.note(comparison.note(&format!("{rate} MiB/s")));
         let mut row = json!({
@@ -176,16 +171,7 @@ pub(crate) fn add_to(
         part.samples += d.n;
     }
     let pooled = if references.len() > 1 {
-        let all = FullTimes {
-            record: full
-                .values()
-                .flat_map(|f| f.record.iter().copied())
-                .collect(),
-            watched: full
-                .values()
-                .flat_map(|f| f.watched.iter().copied())
-                .collect(),
-        };
+        let all = FullTimes::pooled(full.values());
         let reference: Vec<u64> = references.values().flat_map(|r| kill_to_empty(r)).collect();
         let comparison = Comparison::of(&all, &reference);
         t.note(comparison.note(&format!(
@@ -294,10 +280,22 @@ pub(crate) fn full_agent_times(rows: &[Row]) -> BTreeMap<u64, FullTimes> {
 }
 
 /// A rate's full-agent crossing → released times, ns, two ways ([`full_agent_times`]).
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct FullTimes {
     pub(crate) record: Vec<u64>,
     pub(crate) watched: Vec<u64>,
+}
+
+impl FullTimes {
+    /// The times of `rates` together (none for none).
+    fn pooled<'a>(rates: impl IntoIterator<Item = &'a FullTimes>) -> FullTimes {
+        let mut all = FullTimes::default();
+        for f in rates {
+            all.record.extend(&f.record);
+            all.watched.extend(&f.watched);
+        }
+        all
+    }
 }
 
 /// One comparison of the full agent's crossing → released p99 with 1.3 × the reference's
