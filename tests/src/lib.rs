@@ -4,7 +4,7 @@
 //! Tests that need root and a real kernel run in CI (`CI=true`) and must not skip there; on a
 //! developer machine without root they print why they skip and pass.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub mod agent;
 pub mod cgroup_root;
@@ -95,6 +95,50 @@ pub fn spawn_in_cgroup(
 /// The `memhog` helper binary built beside the tests.
 pub fn memhog_bin() -> PathBuf {
     reactor_bin().with_file_name("memhog")
+}
+
+/// Fills `memcg` with page cache: `dd` writes `bytes` to a file on `/var/tmp` (a disk file
+/// system: tmpfs pages are shmem, on the anon lists, never inactive file) from a child
+/// cgroup `cache` of it, then exits, so what it leaves behind is clean inactive file cache
+/// charged to `memcg`. Written past `memcg`'s limit, the cgroup ends at its limit full of it.
+/// Returns the cache's cgroup and the file's directory: drop them (the file goes with its
+/// directory, and its page cache with the file) before `memcg`.
+pub fn fill_page_cache(
+    memcg: &TestMemcg,
+    bytes: u64,
+) -> std::io::Result<(TestMemcg, tempfile::TempDir)> {
+    let mut cache = memcg.child("cache")?;
+    let dir = tempfile::Builder::new()
+        .prefix("reactor-test-cache")
+        .tempdir_in("/var/tmp")?;
+    let file = dir.path().join("cache");
+    let (status, _) = cache.run(
+        std::process::Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", file.display()))
+            .arg("bs=1M")
+            .arg(format!("count={}", bytes >> 20))
+            .arg("conv=fsync")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    )?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!(
+            "writing {} MiB of page cache with dd: {status}",
+            bytes >> 20
+        )));
+    }
+    Ok((cache, dir))
+}
+
+/// A memory cgroup's usage from its directory: v1 `memory.usage_in_bytes`, v2
+/// `memory.current`.
+pub fn memcg_usage(dir: &Path) -> std::io::Result<u64> {
+    let text = std::fs::read_to_string(dir.join("memory.usage_in_bytes"))
+        .or_else(|_| std::fs::read_to_string(dir.join("memory.current")))?;
+    text.trim()
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("usage {text:?} in {}: {e}", dir.display())))
 }
 
 /// A cgroup v1 memory cgroup with a limit, unique to one test, removed on drop (after the

@@ -649,10 +649,13 @@ struct NearSource {
 }
 
 impl NearSource {
-    fn start(memcg: &TestMemcg, near: reactor::sense::ebpf::near::NearLevel) -> NearSource {
+    fn start(
+        memcg: &TestMemcg,
+        near: reactor::sense::ebpf::near::NearLevel,
+        level: reactor::sense::memcg::Level,
+    ) -> NearSource {
         use reactor::sense::ebpf::threshold::UsageWatch;
         use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
-        use reactor::sense::memcg::Level;
 
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -668,7 +671,7 @@ impl NearSource {
                 })
             })
             .expect("the eBPF source");
-        let (keep, level) = tokio::sync::watch::channel(Level::usage(THRESHOLD));
+        let (keep, level) = tokio::sync::watch::channel(level);
         source
             .watch_usage(UsageWatch {
                 cgroup: memcg.cgroup.clone(),
@@ -744,6 +747,7 @@ fn the_charge_programs_attach_only_near_a_level_and_catch_a_fast_ramp() {
             reach_floor_bytes: 32 * MIB,
             ..NearLevel::default()
         },
+        reactor::sense::memcg::Level::usage(THRESHOLD),
     );
     assert_eq!(
         source.wait_attached(false),
@@ -800,6 +804,7 @@ fn a_v1_tripwire_registered_off_the_runtime_attaches_the_programs_without_the_po
             poll_interval: Duration::from_secs(3600),
             ..NearLevel::default()
         },
+        reactor::sense::memcg::Level::usage(THRESHOLD),
     );
     assert_eq!(
         source.wait_attached(false),
@@ -827,5 +832,74 @@ fn a_v1_tripwire_registered_off_the_runtime_attaches_the_programs_without_the_po
         "usage at the crossing {} should be just past {THRESHOLD}",
         crossings[0]
     );
+    memcg.kill_all();
+}
+
+/// Issue 42: a cgroup full of page cache is calm. Its usage sits at its limit, far past the
+/// tripwire a usage comparison would place, yet its working set is far from its level: the
+/// charge programs stay off their tracepoint. A hog that then grows by reclaiming the cache
+/// (usage flat at the limit, the working set rising) is seen by the reclaim it causes, the
+/// programs attach, and the kernel's record comes at the working-set crossing.
+#[test]
+fn a_cgroup_full_of_page_cache_keeps_the_programs_off_until_its_working_set_nears_the_level() {
+    use reactor::observe::cgroupfs::stat_value;
+    use reactor::sense::ebpf::near::NearLevel;
+    use reactor::sense::memcg::Level;
+
+    if !can_run() {
+        return;
+    }
+    const FULL_LIMIT: u64 = 256 * MIB;
+    const WS_LEVEL: u64 = 150 * MIB;
+    let mut memcg = TestMemcg::new("ebpf-cache-full", FULL_LIMIT).expect("test memcg");
+    let (_cache, _file) = reactor_tests::fill_page_cache(&memcg, FULL_LIMIT + FULL_LIMIT / 2)
+        .expect("filling the cgroup with page cache");
+    let read_stat = |key: &str| {
+        let stat = std::fs::read_to_string(memcg.path.join("memory.stat")).expect("memory.stat");
+        stat_value(&stat, &format!("total_{key}"))
+            .ok()
+            .flatten()
+            .or_else(|| stat_value(&stat, key).ok().flatten())
+            .unwrap_or_else(|| panic!("{key} in memory.stat"))
+    };
+    let usage = reactor_tests::memcg_usage(&memcg.path).expect("usage");
+    let inactive = read_stat("inactive_file");
+    assert!(
+        usage >= FULL_LIMIT * 9 / 10 && inactive >= usage * 8 / 10,
+        "the cgroup should be full of inactive page cache: usage {usage}, inactive file {inactive}"
+    );
+    let mut source = NearSource::start(
+        &memcg,
+        NearLevel::default(),
+        Level::working_set(WS_LEVEL, inactive),
+    );
+    assert_eq!(
+        source.wait_attached(false),
+        Some(false),
+        "a cgroup full of page cache, its working set far from the level, keeps the programs on"
+    );
+    // A second of cache looks (every 100 ms) finds nothing to arm for.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        source.switch.attached(),
+        Some(false),
+        "the programs came on with only page cache near the level"
+    );
+
+    // 100 MiB/s to 50 MiB past the level, every page of it taken from the page cache.
+    let mut pod = memcg.child("pod").expect("the hog's cgroup");
+    pod.spawn(Command::new(memhog_bin()).args(["200", "100", "600"]))
+        .expect("memhog");
+    let crossings = source.first_crossing(Duration::from_secs(30));
+    let working_set = reactor_tests::memcg_usage(&memcg.path)
+        .expect("usage")
+        .saturating_sub(read_stat("inactive_file"));
+    assert_eq!(crossings.len(), 1, "the kernel event for the crossing");
+    assert!(
+        (WS_LEVEL - 4 * MIB..WS_LEVEL + 24 * MIB).contains(&working_set),
+        "the working set just after the record, {working_set}, should be just past \
+         {WS_LEVEL}: the programs attached late"
+    );
+    pod.kill_all();
     memcg.kill_all();
 }

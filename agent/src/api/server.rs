@@ -75,6 +75,8 @@ pub struct NodeFacts {
     /// The reactor loop's view of the node's pressure (signals, thresholds, conditions), as
     /// of its last pass: the status reports exactly what the decisions were based on.
     pub pressure: Option<tokio::sync::watch::Receiver<Option<crate::reactor::NodePressure>>>,
+    /// What the in-kernel usage thresholds watch, and whether the charge program is on.
+    pub charge: Option<crate::sense::ebpf::kernel_watch::KernelWatch>,
 }
 
 /// The service.
@@ -470,6 +472,12 @@ impl Agent for AgentService {
                 crate::decide::cgroups::CgroupVersion::V2 => "v2".into(),
             },
             cgroup_root: self.facts.cgroup_root.clone(),
+            charge_watches: self
+                .facts
+                .charge
+                .as_ref()
+                .map(charge_watches)
+                .unwrap_or_default(),
         }))
     }
 
@@ -657,6 +665,24 @@ pub async fn serve(
 fn unix_nanos(t: std::time::SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Each watched cgroup's arming as the charge program's last look found it.
+fn charge_watches(watch: &crate::sense::ebpf::kernel_watch::KernelWatch) -> Vec<pb::ChargeWatch> {
+    let on = watch.attached();
+    watch
+        .arming()
+        .into_iter()
+        .map(|w| pb::ChargeWatch {
+            cgroup: w.cgroup,
+            on,
+            state: w.report.arming.as_str().to_string(),
+            usage_bytes: w.report.usage_bytes,
+            inactive_file_bytes: w.report.inactive_file_bytes,
+            level_bytes: w.report.level_bytes,
+            reach_bytes: w.report.reach_bytes,
+        })
+        .collect()
 }
 
 /// The signals with their thresholds, and the conditions, from the loop's last pass.

@@ -27,6 +27,7 @@ use reactor::node::manager::PodManagerConfig;
 use reactor::node::{notices_to, static_pods, EventHub, NodeEventKind, NodePlan, PodManager};
 use reactor::reactor::{NodeReclaim, ReactorHandle};
 use reactor::record::metrics::{Admission, Metrics};
+use reactor::sense::ebpf::kernel_watch::KernelWatch;
 use reactor::sense::AttachReport;
 use tokio::sync::{broadcast, oneshot};
 
@@ -156,6 +157,7 @@ impl NodeParts {
         config: &Config,
         report: &AttachReport,
         reactor: &ReactorHandle,
+        charge: KernelWatch,
     ) -> anyhow::Result<()> {
         let socket = ApiSocket::bind(&config.api_socket)?;
         tracing::info!(socket = %config.api_socket.display(), "serving the agent API");
@@ -174,6 +176,7 @@ impl NodeParts {
             sources,
             cgroup_root: config.cgroup_root.clone(),
             pressure: Some(reactor.pressure()),
+            charge: Some(charge),
         };
         let service = AgentService::new(self.pods.clone(), Some(Arc::clone(&self.devices)), facts);
         let (stop_server, stopped) = oneshot::channel();

@@ -181,7 +181,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
             }
         });
         let handle = reactor.handle();
-        node.serve_api(&config, sense.report(), &handle)?;
+        node.serve_api(&config, sense.report(), &handle, sense.kernel_watch())?;
         let forwarder = tokio::spawn(forward_decisions(handle.subscribe(), events));
         let (_, mut task) = loop_thread.spawn(reactor, sense, shutdown.subscribe());
         tracing::info!(pid = std::process::id(), "reactor running");

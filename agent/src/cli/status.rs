@@ -103,6 +103,11 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                     })).collect::<Vec<_>>()})).collect::<Vec<_>>(),
                 "sources": s.sources.iter().map(|x| json!({
                     "name": x.name, "attached": x.attached, "reason": x.reason})).collect::<Vec<_>>(),
+                "chargeProgram": s.charge_watches.iter().map(|w| json!({
+                    "cgroup": w.cgroup, "on": w.on, "state": w.state, "why": charge_why(w),
+                    "usageBytes": w.usage_bytes, "inactiveFileBytes": w.inactive_file_bytes,
+                    "levelBytes": w.level_bytes, "reachBytes": w.reach_bytes,
+                })).collect::<Vec<_>>(),
                 "capacity": to_map(sorted(&resources.capacity)),
                 "allocatable": to_map(sorted(&resources.allocatable)),
                 "nextToEvict": next.iter().map(|(rank, n)| json!({
@@ -154,6 +159,14 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                 x.reason
             );
         }
+        for w in &s.charge_watches {
+            println!(
+                "charge program {}: {} ({})",
+                w.cgroup,
+                if w.on { "on" } else { "off" },
+                charge_why(w)
+            );
+        }
         for (k, v) in sorted(&resources.allocatable) {
             let cap = resources.capacity.get(&k).cloned().unwrap_or_default();
             println!(
@@ -176,4 +189,36 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
         }
         Ok(())
     })
+}
+
+/// Why the charge program is on or off for one watched cgroup, in kubectl's units.
+fn charge_why(w: &pb::ChargeWatch) -> String {
+    let b = |v: u64| human::bytes(i128::from(v));
+    let floor = w.level_bytes.saturating_sub(w.reach_bytes);
+    let working_set = w.usage_bytes.saturating_sub(w.inactive_file_bytes);
+    match w.state.as_str() {
+        "far" => format!(
+            "usage {} is below {} (level {} - reach {})",
+            b(w.usage_bytes),
+            b(floor),
+            b(w.level_bytes),
+            b(w.reach_bytes)
+        ),
+        "cached" => format!(
+            "working set {} is below {} (level {} - reach {}); usage {} is within reach only \
+             by {} of inactive page cache, which never arms it",
+            b(working_set),
+            b(floor),
+            b(w.level_bytes),
+            b(w.reach_bytes),
+            b(w.usage_bytes),
+            b(w.inactive_file_bytes)
+        ),
+        _ => format!(
+            "working set {} is within reach {} of its level {}",
+            b(working_set),
+            b(w.reach_bytes),
+            b(w.level_bytes)
+        ),
+    }
 }

@@ -106,10 +106,17 @@ impl EbpfSource {
                                         tracing::warn!(pid, error, "eBPF: the staged victim's process was not killed at the crossing (bpf_send_signal failed); the loop evicts it");
                                     }
                                 }
-                                if let (Some(s), Record::Stall(_)) = (&events_switch, &rec) {
-                                    if told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL) {
-                                        s.reclaim_seen();
-                                        told_reclaim = Some(std::time::Instant::now());
+                                if let Record::Stall(_) = &rec {
+                                    // A cgroup within reach only by its page cache may be
+                                    // reclaiming it for a hog: look again.
+                                    if let Some(u) = usage.as_mut() {
+                                        u.reclaim_seen();
+                                    }
+                                    if let Some(s) = &events_switch {
+                                        if told_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_TELL) {
+                                            s.reclaim_seen();
+                                            told_reclaim = Some(std::time::Instant::now());
+                                        }
                                     }
                                 }
                                 // Written during this pass: it did not wait for a wake-up.

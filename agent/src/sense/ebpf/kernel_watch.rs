@@ -31,6 +31,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use agent_ebpf::MAX_THRESHOLDS;
 
+use super::near::Arming;
+
 /// Shared view of the kernel's usage watches (cheap to clone). The default watches nothing.
 #[derive(Clone, Debug, Default)]
 pub struct KernelWatch {
@@ -54,6 +56,33 @@ struct Slot {
     cgroup: String,
     working_set_bytes: Option<u64>,
     armed: bool,
+    /// Where the last look found it, when the programs are armed only near a level.
+    arming: Option<ArmingReport>,
+}
+
+/// What the last look found for one watched cgroup: why the charge programs are on or off
+/// for it ([`super::near`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArmingReport {
+    /// Far, cached or near.
+    pub arming: Arming,
+    /// Its usage, bytes.
+    pub usage_bytes: u64,
+    /// Its inactive file pages as last read (or followed by the kernel), bytes.
+    pub inactive_file_bytes: u64,
+    /// The level it is watched at: a working set, or a usage for a usage level.
+    pub level_bytes: u64,
+    /// How far below the level the programs attach.
+    pub reach_bytes: u64,
+}
+
+/// One watched cgroup's arming, for `reactor status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchedArming {
+    /// The cgroup (`/kubepods`).
+    pub cgroup: String,
+    /// What the last look found.
+    pub report: ArmingReport,
 }
 
 impl KernelWatch {
@@ -117,11 +146,50 @@ impl KernelWatch {
         if slots.len() <= index {
             slots.resize(index + 1, Slot::default());
         }
+        let arming = slots[index]
+            .arming
+            .filter(|_| slots[index].cgroup == cgroup);
         slots[index] = Slot {
             cgroup: cgroup.to_string(),
             working_set_bytes,
             armed,
+            arming,
         };
+    }
+
+    /// The last look found slot `index`'s cgroup as `report` says.
+    pub(crate) fn set_arming(&self, index: usize, report: ArmingReport) {
+        let mut slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = slots.get_mut(index) {
+            slot.arming = Some(report);
+        }
+    }
+
+    /// Each watched cgroup's arming as the last look found it (none where the programs are
+    /// not armed only near a level), one per cgroup: its nearest slot.
+    pub fn arming(&self) -> Vec<WatchedArming> {
+        let slots = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut out: Vec<WatchedArming> = Vec::new();
+        for slot in slots.iter() {
+            let Some(report) = slot.arming else { continue };
+            match out.iter_mut().find(|w| w.cgroup == slot.cgroup) {
+                Some(w) if report.arming > w.report.arming => w.report = report,
+                Some(_) => {}
+                None => out.push(WatchedArming {
+                    cgroup: slot.cgroup.clone(),
+                    report,
+                }),
+            }
+        }
+        out
     }
 
     /// The kernel says each slot's `armed` flag is now as given (index order).

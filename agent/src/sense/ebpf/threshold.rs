@@ -38,12 +38,12 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{StreamExt as _, StreamMap};
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::btf::Btf;
 use super::charge_switch::ChargeSwitch;
-use super::kernel_watch::KernelWatch;
-use super::near::{self, NearLevel, Tripwire};
+use super::kernel_watch::{ArmingReport, KernelWatch};
+use super::near::{self, Arming, NearLevel, Tripwire, Woke};
 use crate::sense::memcg::Level;
 
 /// A slot that fired re-arms once usage falls this far below its level: at least 4 MiB (16
@@ -186,10 +186,16 @@ struct Near {
     /// One per placed watch.
     wires: Vec<Tripwire>,
     tick: tokio::time::Interval,
+    /// The cache look: while a cgroup is within reach only by its page cache.
+    cache_tick: tokio::time::Interval,
     /// Whether the programs are wanted on now.
     on: bool,
     /// Whether the first look was taken (the drain calls `follow` anew after each record).
     looked: bool,
+    /// A reclaim stall seen since the last look that read the page cache.
+    reclaim: bool,
+    /// When a look last read every watched cgroup's page cache.
+    deep_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for UsageThresholds {
@@ -222,14 +228,19 @@ impl UsageThresholds {
     pub(crate) fn arm_near(&mut self, opts: NearLevel, switch: ChargeSwitch) {
         let mut tick = tokio::time::interval(opts.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut cache_tick = tokio::time::interval(opts.cache_look);
+        cache_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.near = Some(Near {
             wires: self.placed.iter().map(|_| Tripwire::default()).collect(),
             opts,
             switch,
             tick,
+            cache_tick,
             // As loaded: attached; the first look decides.
             on: true,
             looked: false,
+            reclaim: false,
+            deep_at: None,
         });
     }
 
@@ -266,7 +277,7 @@ impl UsageThresholds {
         if let Some(near) = &mut self.near {
             near.wires.push(Tripwire::default());
         }
-        self.arm(slot, level_now)
+        self.arm(slot, level_now, false)
             .inspect_err(|_| {
                 self.placed.pop();
             })
@@ -295,8 +306,11 @@ impl UsageThresholds {
 
     /// Rewrites slot `index` at `level`, keeping the other slots as the kernel left them. A
     /// working-set level whose working-set part has not moved is left alone: the kernel
-    /// follows its page cache more closely than a new `memory.stat` reading would.
-    fn arm(&mut self, index: usize, level: Level) -> Result<(), String> {
+    /// follows its page cache more closely than a new `memory.stat` reading would. With
+    /// `armed`, the slot is armed even where the working set is past its level already (the
+    /// programs coming on after a time off: the next charge writes the record); otherwise
+    /// only where it is below, as a v1 eventfd registration does.
+    fn arm(&mut self, index: usize, level: Level, armed: bool) -> Result<(), String> {
         self.placed[index].now = level;
         let written = Written::of(&level);
         if self.placed[index].written == Some(written) && matches!(written, Written::WorkingSet(_))
@@ -305,13 +319,16 @@ impl UsageThresholds {
         }
         let placed = &self.placed[index];
         let usage = read_usage(&placed.dir);
-        let slot = match written {
+        let mut slot = match written {
             Written::Usage(bytes) => slot_for(placed.id, placed.level, bytes, usage, self.page),
             Written::WorkingSet(ws) => {
                 let inactive = read_inactive_file(&placed.dir).unwrap_or(0);
                 following_slot(placed.id, placed.level, ws, usage, inactive, self.page)
             }
         };
+        if armed {
+            slot.armed = 1;
+        }
         let mut table = self.map.get(&0, 0).unwrap_or_default();
         table.slots[index] = slot;
         table.count = u32::try_from(self.placed.len()).unwrap_or(0);
@@ -343,92 +360,156 @@ impl UsageThresholds {
         Ok(())
     }
 
+    /// A reclaim stall record arrived (the drain's): while a watched cgroup is within reach
+    /// only by its page cache, reclaim is how its working set rises with usage at the limit,
+    /// so the next look reads the page cache again (at most one such look per poll
+    /// interval).
+    pub(crate) fn reclaim_seen(&mut self) {
+        if let Some(near) = &mut self.near {
+            near.reclaim = near.wires.iter().any(|w| w.arming == Arming::Cached);
+        }
+    }
+
     /// Moves slots as their levels move; returns when every level's sender is gone.
     ///
-    /// Arming near a level, it also wakes on the tripwires (and the poll) and attaches or
-    /// detaches the charge programs. Cancel-safe: every wait is, and the state is written
-    /// before the next one.
+    /// Arming near a level, it also wakes on the tripwires, the poll, the cache look and
+    /// reclaim, and attaches or detaches the charge programs. Cancel-safe: every wait is, and
+    /// the state is written before the next one.
     pub(crate) async fn follow(&mut self) {
         if self.near.as_ref().is_some_and(|n| !n.looked) {
-            self.look_near();
+            self.look_near(Woke::Deep);
         }
         loop {
-            let poll = self
-                .near
-                .as_ref()
-                .is_some_and(|n| n.on || n.wires.iter().any(Tripwire::polled));
-            tokio::select! {
+            let (poll, reclaim_in) = match &self.near {
+                Some(n) => (
+                    n.on || n.wires.iter().any(Tripwire::polled),
+                    n.reclaim.then(|| {
+                        let due = n.deep_at.map(|at| at + n.opts.poll_interval);
+                        due.map_or(Duration::ZERO, |d| {
+                            d.saturating_duration_since(Instant::now())
+                        })
+                    }),
+                ),
+                None => (false, None),
+            };
+            let woke = tokio::select! {
                 Some((index, level)) = self.moves.next() => {
-                    if let Err(e) = self.arm(index, level) {
+                    if let Err(e) = self.arm(index, level, false) {
                         let cgroup = &self.placed[index].cgroup;
                         let bytes = level.usage_bytes;
                         tracing::warn!(%cgroup, bytes, error = %e, "eBPF usage threshold not moved");
                     }
+                    Woke::Deep
                 }
-                () = wake_near(self.near.as_mut(), poll) => {}
-                else => std::future::pending::<()>().await,
-            }
-            self.look_near();
+                () = tokio::time::sleep(reclaim_in.unwrap_or_default()), if reclaim_in.is_some() => Woke::Deep,
+                woke = wake_near(self.near.as_mut(), poll) => woke,
+                else => std::future::pending::<Woke>().await,
+            };
+            self.look_near(woke);
         }
     }
 
-    /// Reads each watched cgroup's usage, places its tripwire, and attaches or detaches the
-    /// charge programs as some cgroup is near its level or none is.
-    fn look_near(&mut self) {
+    /// Reads each watched cgroup's usage (and, where it must, its page cache), places its
+    /// tripwire, and attaches or detaches the charge programs as some cgroup's working set is
+    /// near its level or none is.
+    fn look_near(&mut self, woke: Woke) {
         let Some(near) = &mut self.near else {
             return;
         };
         near.looked = true;
+        let now = Instant::now();
+        let deep = woke == Woke::Deep || near.reclaim;
+        if deep {
+            near.reclaim = false;
+            near.deep_at = Some(now);
+        }
         // A fired slot re-arms in the kernel, silently, once usage has fallen below its
         // re-arm level: read the flags back while the programs are on (each look then, every
-        // poll interval), so the loop's close watch relaxes again only once it has.
-        if near.on {
-            if let Ok(table) = self.map.get(&0, 0) {
-                self.kernel_watch.set_armed(
-                    table.slots[..self.placed.len().min(MAX_THRESHOLDS)]
-                        .iter()
-                        .map(|s| s.armed == 1),
-                );
-            }
+        // poll interval), so the loop's close watch relaxes again only once it has. The page
+        // cache the kernel follows in each slot is read from the same table.
+        let table = if near.on {
+            self.map.get(&0, 0).ok()
+        } else {
+            None
+        };
+        if let Some(table) = &table {
+            self.kernel_watch.set_armed(
+                table.slots[..self.placed.len().min(MAX_THRESHOLDS)]
+                    .iter()
+                    .map(|s| s.armed == 1),
+            );
         }
-        let now = Instant::now();
         let mut any = false;
-        for (placed, wire) in self.placed.iter().zip(near.wires.iter_mut()) {
-            // Usage is never below the working set, so the working-set level itself is the
-            // usage the tripwire counts back from.
-            let level = placed
-                .now
-                .working_set_bytes()
-                .unwrap_or(placed.now.usage_bytes);
+        for (index, (placed, wire)) in self.placed.iter().zip(near.wires.iter_mut()).enumerate() {
+            let level = placed.now.working_set_bytes();
             let Some(usage) = read_usage(&placed.dir) else {
                 any = true; // unreadable: stay on, the safe side
+                wire.arming = Arming::Near;
                 continue;
             };
-            let rate = wire.sample(usage, now);
-            let tripwire = level.saturating_sub(near::reach(rate, &near.opts));
-            // Near once usage reaches either the tripwire computed now or the one the kernel
-            // watches (it moves only by a step): its eventfd wakes this look at that one, and
-            // a look that then compared a computed tripwire even a byte above would leave the
-            // programs off with no further signal to come.
-            let is_near = near::is_near(usage, wire.lowest(tripwire), near.on);
-            // Placed only while calm (see `near`), on a blocking thread. The kernel signals only
+            let reach = near::reach(wire.rate(), &near.opts);
+            let level_bytes = level.unwrap_or(placed.now.usage_bytes);
+            // A usage level leaves no page cache out; a working-set level's page cache is
+            // read only once usage is within reach (below that the working set cannot be).
+            let inactive = match level {
+                None => 0,
+                Some(_) if !near::is_near(usage, level_bytes.saturating_sub(reach), near.on) => {
+                    wire.inactive
+                }
+                Some(_) => {
+                    let followed = table
+                        .as_ref()
+                        .filter(|_| placed.level != 0)
+                        .and_then(|t| t.slots.get(index))
+                        .filter(|s| s.follow == 1)
+                        .map(|s| u64::try_from(s.inactive_pages.max(0)).unwrap_or(0) * self.page);
+                    let stale = usage
+                        >= near::usage_tripwire(Arming::Cached, level_bytes, reach, wire.inactive);
+                    match followed {
+                        Some(f) => f,
+                        // While on, the detach rests on it: never a stale count then.
+                        None if deep || stale || near.on || wire.arming == Arming::Far => {
+                            read_inactive_file(&placed.dir).unwrap_or(0)
+                        }
+                        None => wire.inactive,
+                    }
+                }
+            };
+            wire.inactive = inactive;
+            wire.sample(usage.saturating_sub(inactive), now);
+            let arming = near::assess(usage, inactive, level_bytes, reach, near.on);
+            wire.arming = arming;
+            // Placed only while off (see `near`), on a blocking thread. The kernel signals only
             // crossings after a registration lands, so the look its landing wakes reads usage
             // again; until then usage is polled (`Tripwire::polled`), as with no eventfd.
-            if !near.on && !is_near {
-                wire.place(&placed.dir, tripwire);
+            if !near.on && arming != Arming::Near {
+                let tripwire = near::usage_tripwire(arming, level_bytes, reach, inactive);
+                wire.place(&placed.dir, tripwire, usage);
             }
-            any |= is_near;
+            self.kernel_watch.set_arming(
+                index,
+                ArmingReport {
+                    arming,
+                    usage_bytes: usage,
+                    inactive_file_bytes: inactive,
+                    level_bytes,
+                    reach_bytes: reach,
+                },
+            );
+            any |= arming == Arming::Near;
         }
         if any == near.on {
             return;
         }
         near.on = any;
         if any {
-            // The programs followed no page cache while off: read it anew first.
+            // The programs followed no page cache while off: read it anew first, and arm every
+            // slot, even one whose working set passed its level while they were off: the next
+            // charge then writes the record that wakes the loop.
             for index in 0..self.placed.len() {
                 self.placed[index].written = None;
                 let level = self.placed[index].now;
-                if let Err(e) = self.arm(index, level) {
+                if let Err(e) = self.arm(index, level, true) {
                     tracing::warn!(cgroup = %self.placed[index].cgroup, error = %e, "eBPF usage threshold not rewritten");
                 }
             }
@@ -440,10 +521,16 @@ impl UsageThresholds {
     }
 }
 
-/// Waits for a tripwire or the poll (never returns without arming near a level).
-async fn wake_near(near: Option<&mut Near>, poll: bool) {
+/// Waits for a tripwire, the poll or the cache look (never returns without arming near a
+/// level). The cache look runs while the programs are off and some cgroup is within reach
+/// only by its page cache.
+async fn wake_near(near: Option<&mut Near>, poll: bool) -> Woke {
     match near {
-        Some(n) => near::wake(&mut n.wires, &mut n.tick, poll).await,
+        Some(n) => {
+            let cached = !n.on && n.wires.iter().any(|w| w.arming == Arming::Cached);
+            let cache = cached.then_some(&mut n.cache_tick);
+            near::wake(&mut n.wires, &mut n.tick, poll, cache).await
+        }
         None => std::future::pending().await,
     }
 }
