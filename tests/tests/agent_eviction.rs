@@ -624,3 +624,118 @@ fn a_crossing_recorded_while_the_agent_was_held_off_wakes_its_own_pass() {
     );
     assert_ne!(fields["detection_lag"], "-", "{decision}");
 }
+
+/// Issue 42: a node whose kubepods has filled with page cache is a calm node. A file written
+/// once (768 MiB through a 512 MiB kubepods) leaves kubepods at its limit, nearly all of it
+/// inactive file, its working set far from the level: the charge program stays off its
+/// tracepoint, and `reactor status` says why. A BestEffort hog then grows by reclaiming
+/// that cache (usage flat at the limit, the working set rising): the program comes on as the
+/// working set nears the level and the hog is evicted before any kernel OOM kill.
+#[test]
+fn a_node_full_of_page_cache_is_calm_and_its_hog_is_still_evicted_before_the_oom_killer() {
+    if !ready()
+        || !require(
+            Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "kernel BTF at /sys/kernel/btf/vmlinux (eBPF)",
+        )
+    {
+        return;
+    }
+    let agent = TestAgent::start(
+        "agent-cache-full",
+        "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 128Mi}\n\
+         sense: {ebpf: true, psi: false, memcgThreshold: true}\n",
+    );
+    // The cache's writer runs in a cgroup of its own under kubepods and exits: what it
+    // leaves is clean page cache charged to kubepods.
+    let writer_dir = agent.cgroup_dir("memory", "kubepods/cache-writer");
+    std::fs::create_dir(&writer_dir).expect("the writer's cgroup");
+    let file_dir = tempfile::Builder::new()
+        .prefix("reactor-test-cache")
+        .tempdir_in("/var/tmp")
+        .expect("a directory for the page-cache file");
+    let file = file_dir.path().join("cache");
+    let mut writer = spawn_in_cgroup(
+        &writer_dir,
+        Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", file.display()))
+            .args(["bs=1M", "count=768", "conv=fsync"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("start dd");
+    assert!(writer.wait().expect("dd").success(), "dd failed");
+    let _ = std::fs::remove_dir(&writer_dir);
+    let stat = agent.read("memory", "kubepods", "memory.stat");
+    let value = |key: &str| {
+        reactor::observe::cgroupfs::stat_value(&stat, key)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("{key} in kubepods' memory.stat: {stat}"))
+    };
+    let (usage, inactive) = (
+        agent
+            .read("memory", "kubepods", "memory.usage_in_bytes")
+            .trim()
+            .parse::<u64>()
+            .expect("kubepods' usage"),
+        value("total_inactive_file"),
+    );
+    assert!(
+        usage >= 480 << 20 && inactive >= usage * 8 / 10,
+        "kubepods should be full of page cache: usage {usage}, inactive file {inactive}"
+    );
+
+    // The status says the program is off for kubepods, and why; it stays off.
+    let charge = || {
+        let out = agent.cli(&["status", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        status["chargeProgram"].as_array().and_then(|a| {
+            a.iter()
+                .find(|w| {
+                    w["cgroup"]
+                        .as_str()
+                        .is_some_and(|c| c.ends_with("/kubepods"))
+                })
+                .cloned()
+        })
+    };
+    agent.wait("the status to report kubepods' charge program", || {
+        charge().is_some_and(|w| w["state"] == "cached")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let watch = charge().expect("kubepods watched");
+    assert_eq!(
+        (&watch["on"], &watch["state"]),
+        (&json!(false), &json!("cached")),
+        "a kubepods full of page cache armed the charge program: {watch}"
+    );
+    let out = agent.cli(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("charge program /")
+            && l.contains("/kubepods: off (")
+            && l.contains("inactive page cache")),
+        "{text}"
+    );
+
+    // 600 MiB at 350 MiB/s, every page of it reclaimed from the cache.
+    agent.apply_ok(&pod("hog", json!({}), &["600", "350"]));
+    agent.wait("the BestEffort pod to be evicted", || {
+        agent
+            .pod("default/hog")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    let hog = agent.pod("default/hog").unwrap();
+    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    let oom = agent.read("memory", "kubepods", "memory.oom_control");
+    assert!(
+        oom.lines().any(|l| l == "oom_kill 0"),
+        "the kernel's OOM killer ran before the agent evicted: {oom}\n{}",
+        agent.log()
+    );
+}
