@@ -139,10 +139,48 @@ fn run(extra: &[String]) -> Result<()> {
     sh(cargo().args(["build", "--release", "-p", "reactor"]))?;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let bin = root.join("target/release/reactor");
-    let args: Vec<String> = if extra.is_empty() {
+    sh(Command::new(bin).args(reactor_args(extra)))
+}
+
+/// What `cargo xtask run ARGS` passes to `reactor`: `run` when there is nothing, else the
+/// arguments without a leading `--` (the README's `cargo xtask run -- ARGS`: cargo hands the
+/// separator on to xtask, and `reactor` would take it as an argument).
+fn reactor_args(extra: &[String]) -> Vec<String> {
+    let extra = match extra.split_first() {
+        Some((first, rest)) if first == "--" => rest,
+        _ => extra,
+    };
+    if extra.is_empty() {
         vec!["run".into()]
     } else {
         extra.to_vec()
-    };
-    sh(Command::new(bin).args(args))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reactor_args;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_separator_before_reactor_s_arguments_is_not_passed_on() {
+        assert_eq!(reactor_args(&[]), args(&["run"]));
+        assert_eq!(reactor_args(&args(&["--"])), args(&["run"]));
+        assert_eq!(
+            reactor_args(&args(&["--", "--version"])),
+            args(&["--version"])
+        );
+        assert_eq!(
+            reactor_args(&args(&["status", "--json"])),
+            args(&["status", "--json"])
+        );
+        assert_eq!(
+            reactor_args(&args(&["--", "plan", "--", "x"])),
+            args(&["plan", "--", "x"]),
+            "only the first separator is cargo's"
+        );
+    }
 }
