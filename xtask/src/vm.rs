@@ -488,21 +488,25 @@ fn find_file(dir: &Path, matches: &dyn Fn(&str) -> bool) -> Option<PathBuf> {
     None
 }
 
-/// Size of the file the guest reads over 9p: clean page cache the kernel can reclaim, as a
-/// real node's file cache (the guest's own filesystems are all in memory, never reclaimable).
-const CACHE_FILE_MIB: u64 = 96;
+/// The files the guest reads over 9p, and their sizes: clean page cache the kernel can
+/// reclaim, as a real node's file cache (the guest's own filesystems are all in memory, never
+/// reclaimable). `cache.bin` is a reader's file; `cache-full.bin`, larger than the suite's
+/// 256 MiB nodes, fills a kubepods with page cache up to its limit.
+const CACHE_FILES_MIB: [(&str, u64); 2] = [("cache.bin", 96), ("cache-full.bin", 320)];
 
 /// The host directory shared read-only with the guest (`/mnt/host` there), holding
-/// `cache.bin` (sparse: it costs the host no disk).
+/// [`CACHE_FILES_MIB`] (sparse: they cost the host no disk).
 fn page_cache_share(work: &Path) -> Result<PathBuf> {
     let share = work.join("share");
     std::fs::create_dir_all(&share)?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(share.join("cache.bin"))?;
-    file.set_len(CACHE_FILE_MIB << 20)?;
+    for (name, mib) in CACHE_FILES_MIB {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(share.join(name))?;
+        file.set_len(mib << 20)?;
+    }
     Ok(share)
 }
 

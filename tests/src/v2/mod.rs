@@ -80,6 +80,10 @@ pub const CHECKS: &[Entry] = &[
         pressure::eviction_before_oom_woken_by_ebpf_threshold,
     ),
     on(
+        "cache_full_kubepods_keeps_the_charge_program_off_and_evicts_the_hog",
+        pressure::cache_full_kubepods_is_calm,
+    ),
+    on(
         "memory_reclaim_off_evicts_the_cache_reader",
         reclaim::file_cache_evicted_kubelet_exact,
     ),

@@ -15,6 +15,9 @@ use crate::{memhog_bin, reactor_bin, ChildGuard};
 /// The file the guest reads over 9p (see `xtask/src/vm.rs`): clean, reclaimable page cache.
 pub const CACHE_FILE: &str = "/mnt/host/cache.bin";
 
+/// A 320 MiB file beside it: read once, it fills a 256 MiB kubepods with page cache.
+pub const CACHE_FULL_FILE: &str = "/mnt/host/cache-full.bin";
+
 /// A 256 MiB node (kubepods `memory.max` = allocatable = 256 MiB) evicting below 96 MiB
 /// available, eBPF off: PSI on `kubepods/memory.pressure` and `memory.events` wake the loop;
 /// the tick is off, so no poll can take the credit. A Burstable pod keeps re-reading a 96 MiB
@@ -208,4 +211,116 @@ pub fn ebpf_usage_threshold() -> String {
         }
     }
     panic!("no threshold-crossed event from ebpf; saw {seen:?}");
+}
+
+/// Issue 42 on a real v2 memory controller: a 256 MiB node whose kubepods a pod filled with
+/// page cache (a 320 MiB file read once: kubepods at `memory.max`, nearly all of it inactive
+/// file) is calm: `reactor status` shows the charge program off for kubepods, its usage
+/// within reach only by page cache. Then, with eBPF the only source (no PSI, no
+/// `memory.events`, no tick), a BestEffort hog that grows by reclaiming that cache is
+/// evicted before the kernel's OOM killer, by a decision the eBPF source woke.
+pub fn cache_full_kubepods_is_calm() -> String {
+    assert!(
+        std::path::Path::new(CACHE_FULL_FILE).exists(),
+        "{CACHE_FULL_FILE} is missing: the guest's 9p share is not mounted"
+    );
+    let lru = super::reclaim::ClassicLru::new();
+    let agent = start(
+        "v2-cache-full",
+        "log: {level: info, format: json}\n\
+         node: {memoryCapacity: 256Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 96Mi}\n\
+         sense: {ebpf: true, psi: false, memcgThreshold: false, poll: false}\n",
+    );
+    // Pages cached by an earlier check stay charged to its (removed) cgroups: drop them so
+    // the file's cache is charged here (the guest is the suite's machine).
+    std::fs::write("/proc/sys/vm/drop_caches", "1").expect("drop the guest's page cache");
+    let filler = vec![
+        "/bin/sh".to_string(),
+        "-c".into(),
+        format!("cat {CACHE_FULL_FILE} > /dev/null; exec sleep 3600"),
+    ];
+    apply(
+        &agent,
+        &pod(
+            "filler",
+            &[("app", filler, json!({"requests": {"memory": "16Mi"}}))],
+        ),
+    );
+    let kubepods = agent.v2_dir("kubepods");
+    let stat = kubepods.join("memory.stat");
+    let usage = || {
+        super::read(&kubepods.join("memory.current"))
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    wait_until(
+        "kubepods full of the filler's page cache",
+        300,
+        || usage() >= 240 << 20 && counter(&stat, "inactive_file") >= 200 << 20,
+        || super::read(&stat),
+    );
+    let charge = || {
+        let out = agent.cli(&["status", "--json"]);
+        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        status["chargeProgram"].as_array().and_then(|a| {
+            a.iter()
+                .find(|w| {
+                    w["cgroup"]
+                        .as_str()
+                        .is_some_and(|c| c.ends_with("/kubepods"))
+                })
+                .cloned()
+        })
+    };
+    wait_until(
+        "the status to show kubepods within reach only by page cache",
+        120,
+        || charge().is_some_and(|w| w["state"] == "cached"),
+        || format!("{:?}\n{}", charge(), agent.log()),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let calm = charge().unwrap_or(Value::Null);
+    assert_eq!(
+        (&calm["on"], &calm["state"]),
+        (&json!(false), &json!("cached")),
+        "a kubepods full of page cache armed the charge program: {calm}\n{}",
+        super::read(&stat)
+    );
+    let hog = vec![
+        memhog_bin().display().to_string(),
+        "400".into(),
+        "32".into(),
+    ];
+    apply(&agent, &pod("hog", &[("app", hog, json!({}))]));
+    wait_until(
+        "the BestEffort hog to be evicted or OOM-killed",
+        300,
+        || {
+            agent
+                .pod("default/hog")
+                .is_some_and(|p| p["phase"] == "Failed")
+        },
+        || agent.log(),
+    );
+    let hog = agent.pod("default/hog").unwrap_or(Value::Null);
+    let oom_kills = counter(&kubepods.join("memory.events"), "oom_kill");
+    assert_eq!(
+        oom_kills,
+        0,
+        "the kernel's OOM killer acted first in kubepods; hog: {hog}\nlog:\n{}",
+        agent.log()
+    );
+    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    let log = agent.log();
+    let decision = log
+        .lines()
+        .find(|l| l.contains("eviction decision") && l.contains("evicted"))
+        .unwrap_or_else(|| panic!("no eviction decision in the log:\n{log}"));
+    let source = serde_json::from_str::<Value>(decision)
+        .map(|v| v["fields"]["source"].clone())
+        .unwrap_or(Value::Null);
+    assert_eq!(source, "ebpf", "the eviction's wake-up: {decision}");
+    format!("calm: {calm}\ndecision: {decision}\n{}", lru.note())
 }

@@ -73,10 +73,10 @@ const LRU_GEN: &str = "/sys/kernel/mm/lru_gen/enabled";
 /// (file pages read with `read(2)` stay in the old ones until reclaim ages them), so page
 /// cache does not reach the working set the way kubernetes#43916 describes; the checks
 /// model the LRU that issue is about. The guest is the suite's own machine.
-struct ClassicLru(Option<String>);
+pub(super) struct ClassicLru(Option<String>);
 
 impl ClassicLru {
-    fn new() -> ClassicLru {
+    pub(super) fn new() -> ClassicLru {
         let was = std::fs::read_to_string(LRU_GEN)
             .ok()
             .map(|s| s.trim().to_string());
@@ -88,7 +88,7 @@ impl ClassicLru {
         ClassicLru(was)
     }
 
-    fn note(&self) -> String {
+    pub(super) fn note(&self) -> String {
         match &self.0 {
             None => "no lru_gen in this kernel".to_string(),
             Some(w) => format!("lru_gen was {w}, off for the check"),

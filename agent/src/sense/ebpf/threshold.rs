@@ -294,7 +294,7 @@ impl UsageThresholds {
                 crate::human::bytes(i128::from(level_now.usage_bytes)),
                 watch.cgroup,
                 if self.near.is_some() {
-                    " while usage is near it"
+                    " while its working set is near it"
                 } else {
                     ""
                 }
