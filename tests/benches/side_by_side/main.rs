@@ -14,7 +14,8 @@
 //! 5. `footprint` — the release `reactor run`: RSS and CPU idle and during a storm.
 //! 6. `api-load` — the same eviction with the API idle and under 50 gRPC clients' load:
 //!    the eviction records' reaction time, p50/p99 and the ratio.
-//! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
+//! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process, on a
+//!    calm node, near a level, and beside a watched cgroup full of page cache.
 //!    `realprogs` (7b) — real programs (`xz`, `gcc`, `python3`) with the release agent on a
 //!    calm node against no agent, in rounds of the two sides (120, 2 with `--quick`).
 //! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
@@ -54,6 +55,7 @@ mod footprint;
 mod lag;
 mod oom;
 mod oom_ref;
+mod page_cache;
 mod read_floor;
 mod realprogs;
 mod report;
