@@ -7,7 +7,9 @@
 //!    (`dmesg -n 1`, restored afterwards), and what one error-level kernel line costs.
 //! 2. `oom` — OOM avoidance: a BestEffort hog beside a Guaranteed and a Burstable pod on a
 //!    modelled 512 MiB node, the reactor loop with every source and with each one alone,
-//!    and a reference with no agent: the bench's own SIGKILL at the crossing → exit.
+//!    and a reference with no agent: the bench's own SIGKILL at the crossing → exit; and a
+//!    cache-full variant (kubepods filled with page cache up to its limit before each hog,
+//!    which grows by reclaiming it) for the full agent and eBPF only (`--oom-variants`).
 //! 3. `cost` — ranking, preemption and image-GC planning at 100 … 100,000 pods/images.
 //! 4. `ring` — the eBPF ring buffer: the highest event rate with no drops, and drop
 //!    accounting when it overflows.
@@ -34,6 +36,7 @@
 //!     [--markdown PATH]
 //!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
 //!     [--oom-rates 350,150] [--oom-reps 20] [--oom-modes full,ebpf,memcg,psi,poll1,poll10]
+//!     [--oom-variants plain,cache-full]
 //!     [--no-mrelease] [--memory-reclaim]
 //!     [--close-watch-always]
 //!     [--concurrent-reps 10]
@@ -82,6 +85,9 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
     /// The OOM part's modes to run, by short name ([`oom::MODE_KEYS`]); all when `None`.
     pub oom_modes: Option<Vec<String>>,
+    /// The OOM part's variants to run ([`oom::VARIANT_KEYS`]: the node as it is, and full of
+    /// page cache); both when `None`.
+    pub oom_variants: Option<Vec<String>>,
     /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
     pub no_mrelease: bool,
     /// The OOM part's loops run with `memoryReclaim.enabled` (on v1 the agent turns it off
@@ -116,6 +122,7 @@ const ONLY_ASKED: [&str; 1] = ["soak"];
 const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
     [--oom-rates 350,150] [--oom-reps 20] [--oom-modes full,ebpf,memcg,psi,poll1,poll10]
+    [--oom-variants plain,cache-full]
     [--no-mrelease] [--memory-reclaim]
     [--close-watch-always]
     [--concurrent-reps 10]
@@ -131,6 +138,7 @@ fn parse_args() -> Result<Opts> {
         oom_rates: None,
         oom_reps: None,
         oom_modes: None,
+        oom_variants: None,
         no_mrelease: false,
         memory_reclaim: false,
         close_watch_always: false,
@@ -191,6 +199,20 @@ fn parse_args() -> Result<Opts> {
                     );
                 }
                 opts.oom_modes = Some(modes);
+            }
+            "--oom-variants" => {
+                let v = list(args.next(), "--oom-variants")?;
+                let variants: Vec<String> = v.split(',').map(str::to_string).collect();
+                if let Some(bad) = variants
+                    .iter()
+                    .find(|m| !oom::VARIANT_KEYS.contains(&m.as_str()))
+                {
+                    bail!(
+                        "--oom-variants: unknown variant {bad:?} (variants: {})",
+                        oom::VARIANT_KEYS.join(",")
+                    );
+                }
+                opts.oom_variants = Some(variants);
             }
             "--concurrent-reps" => {
                 let v = list(args.next(), "--concurrent-reps")?;

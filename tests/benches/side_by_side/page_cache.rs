@@ -127,6 +127,11 @@ impl MemStat {
         self.inactive_file as f64 / self.usage.max(1) as f64
     }
 
+    /// `usage - inactive_file`: the kubelet's working set.
+    pub(crate) fn working_set(&self) -> u64 {
+        self.usage.saturating_sub(self.inactive_file)
+    }
+
     pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "usage_bytes": self.usage,
@@ -160,4 +165,68 @@ pub(crate) fn stat(memcg: &Path) -> Result<MemStat> {
         inactive_file: field("total_inactive_file")?,
         active_file: field("total_active_file")?,
     })
+}
+
+/// A v1 memory cgroup's `memory.limit_in_bytes`.
+pub(crate) fn limit(memcg: &Path) -> Result<u64> {
+    let text = std::fs::read_to_string(memcg.join("memory.limit_in_bytes"))
+        .with_context(|| format!("reading {}/memory.limit_in_bytes", memcg.display()))?;
+    text.trim().parse().with_context(|| {
+        format!(
+            "{}/memory.limit_in_bytes is not a number: {text:?}",
+            memcg.display()
+        )
+    })
+}
+
+/// A memory cgroup of the bench's own (no pod: the loops rank pods only, and the agent's
+/// recovery looks only at `pod*` names) that holds page cache inside a node's cgroup tree,
+/// with the file whose cache it holds. The file goes first on drop (its cache with it),
+/// then the cgroup.
+pub(crate) struct CacheCgroup {
+    pub(crate) dir: PathBuf,
+    file: Option<CacheFile>,
+}
+
+impl CacheCgroup {
+    /// Makes the cgroup `name` in the v1 memory cgroup at `parent`.
+    pub(crate) fn new(parent: &Path, name: &str) -> Result<CacheCgroup> {
+        let dir = parent.join(name);
+        if !dir.exists() {
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("creating the cache cgroup {}", dir.display()))?;
+        }
+        Ok(CacheCgroup { dir, file: None })
+    }
+
+    /// Frees the cache held now (removes its file), then fills `bytes` afresh ([`fill`]).
+    pub(crate) fn fill(&mut self, bytes: u64) -> Result<&CacheFile> {
+        self.empty();
+        Ok(self.file.insert(fill(&self.dir, bytes)?))
+    }
+
+    /// Removes the file, which frees its page cache.
+    pub(crate) fn empty(&mut self) {
+        self.file = None;
+    }
+}
+
+impl Drop for CacheCgroup {
+    fn drop(&mut self) {
+        self.empty();
+        // Nothing runs in it once `dd` has exited; the rmdir may wait for the charges.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err()
+            && self.dir.exists()
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if self.dir.exists() {
+            eprintln!(
+                "warning: could not remove the cache cgroup {}",
+                self.dir.display()
+            );
+        }
+    }
 }
