@@ -19,7 +19,8 @@
 //! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process, on a
 //!    calm node, near a level, and beside a watched cgroup full of page cache.
 //!    `realprogs` (7b) — real programs (`xz`, `gcc`, `python3`) with the release agent on a
-//!    calm node against no agent, in rounds of the two sides (120, 2 with `--quick`).
+//!    calm node and on a node whose kubepods is full of page cache, each against no agent,
+//!    in rounds of the sides (120, 2 with `--quick`).
 //! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
 //!    victim plus a hog, for the agent's loop and a kubelet-like one that waits for each
 //!    eviction (`--concurrent-reps`, 10 by default, 2 with `--quick`).
