@@ -394,6 +394,13 @@ impl Clock {
         })
     }
 
+    /// Adds `bytes` to the working set the record's usage leaves out ([`Basis::WorkingSet`]):
+    /// page cache another pod activated during the hog (moved from the inactive list to the
+    /// active one, so into the working set, with no charge the record could see).
+    pub(crate) fn add_working_set(&mut self, bytes: u64) {
+        self.offset = self.offset.saturating_add(bytes);
+    }
+
     /// The hog's environment for this record: where it is and kubepods' usage file.
     pub(crate) fn hog_env(&self) -> Result<[(&'static str, String); 2]> {
         let text = |p: &std::path::Path, what: &str| {
