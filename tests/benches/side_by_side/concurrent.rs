@@ -17,8 +17,10 @@
 //!   by the eviction's `process_mrelease`); then a hog starts (hard threshold only).
 //! - **activation burst** (issue 42): pod C (a memhog holding 1 MiB) has a 200 MiB file in
 //!   page cache, filled from its container's memory cgroup ([`page_cache::fill`]: written
-//!   to `/var/tmp`, its cache dropped and read once: inactive file pages); hog H starts, and 0.5 s later (H near 100 MiB) C
-//!   reads the file twice from the same cgroup, which moves its pages to the active list:
+//!   to `/var/tmp`, its cache dropped and read once: inactive file pages); hog H starts,
+//!   and once H's pod cgroup has charged 100 MiB (its usage read every ms) C reads the file
+//!   twice from the same cgroup (`dd` processes in C's container cgroup), which moves its
+//!   pages to the active list:
 //!   kubepods' working set grows by 200 MiB with no change of usage, so a threshold armed on
 //!   usage alone, or a tripwire placed for the page cache before it, cannot see it; H's
 //!   growth then crosses the level (hard threshold only). Its crossing is clocked on the
@@ -73,11 +75,16 @@ const GRACE_S: i64 = 60;
 const EARLY_NS: i64 = 50_000_000;
 /// How long a repetition watches at most once its hogs started.
 const WATCH: Duration = Duration::from_secs(20);
-/// The activation burst's file, MiB, and how long after the hog's start C reads it.
+/// The activation burst's file, MiB, and how far the hog has grown when C reads it, MiB.
+/// A timer from the hog's spawn started the reads anywhere from 100 to 300 MiB into its
+/// growth (the spawn returns when the pod runs, not when it starts to grow): past about
+/// 200 MiB the activation itself crosses the level.
 const ACTIVATED_MI: u64 = 200;
-const READ_AFTER: Duration = Duration::from_millis(500);
+const READ_AT_MI: u64 = 100;
+/// How long C waits for the hog to reach [`READ_AT_MI`] before it gives up on the reads.
+const READ_WAIT: Duration = Duration::from_secs(10);
 
-/// The three scenarios.
+/// The scenarios.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Scenario {
     SoftThenHard,
@@ -397,26 +404,37 @@ async fn repetition(
             let before = page_cache::stat(&c_pod)?;
             let hog = Pod::new("H", format!("h-{tag}"), true)?;
             let clock = Clock::arm_on(node, &hog.uid, level_mi, Basis::WorkingSet)?;
+            // The two reads once H has grown READ_AT_MI, on a blocking thread beside the
+            // watch (started before H, so H's start cannot delay it); C's pod cgroup is read
+            // again as soon as they end.
+            let h_usage = hog.cgroup.under(&memory).join("memory.usage_in_bytes");
+            let path = file.path.clone();
+            let task = tokio::task::spawn_blocking(move || {
+                let deadline = Instant::now() + READ_WAIT;
+                loop {
+                    let usage = std::fs::read_to_string(&h_usage)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<u64>().ok())
+                        .unwrap_or(0);
+                    if usage >= READ_AT_MI * MI {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        bail!("H's pod cgroup never reached {READ_AT_MI} MiB: no reads");
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let took = page_cache::read(&c_app, &path)? + page_cache::read(&c_app, &path)?;
+                let ended = monotonic_ns();
+                Ok((took, page_cache::stat(&c_pod)?, ended))
+            });
+            reads = Some((task, before));
+            cache_file = Some(file);
             pods.push(c);
             hogs_started = monotonic_ns();
             run_hog(node, &hog, &clock).await?;
             pods.push(hog);
             clocks.push(clock);
-            // The two reads, READ_AFTER into H's growth, on a blocking thread beside the
-            // watch; C's pod cgroup is read again as soon as they end.
-            let path = file.path.clone();
-            let task = tokio::spawn(async move {
-                tokio::time::sleep(READ_AFTER).await;
-                tokio::task::spawn_blocking(move || {
-                    let took = page_cache::read(&c_app, &path)? + page_cache::read(&c_app, &path)?;
-                    let ended = monotonic_ns();
-                    Ok((took, page_cache::stat(&c_pod)?, ended))
-                })
-                .await
-                .context("the activation reads' thread")?
-            });
-            reads = Some((task, before));
-            cache_file = Some(file);
         }
     }
     for p in &mut pods {
@@ -799,15 +817,15 @@ fn summarise(rows: &[(Scenario, &'static str, Vec<Rep>)], reps: usize, realtime:
         t.note(format!(
             "activation burst: C holds 1 MiB and a {ACTIVATED_MI} MiB file filled from its \
              container's memory cgroup (written to /var/tmp with dd conv=fsync, its cache \
-             dropped and read once: inactive file pages); H starts, \
-             and {} ms later C reads the file twice from the same cgroup, moving it to the active \
-             list ({}–{} MiB of C's file pages activated over the repetitions, read right after \
-             the reads), so kubepods' working set grows with no change of usage; its clock is H's \
-             own usage plus kubepods' working set without H before it plus what the reads \
-             activated; {after_crossing} repetitions' reads ended after the clock's crossing \
-             (that crossing is then placed early by what was not yet activated), {failed} \
-             repetitions' reads failed",
-            READ_AFTER.as_millis(),
+             dropped and read once: inactive file pages); H starts, and once H's pod cgroup has \
+             charged {READ_AT_MI} MiB C reads the file twice from the same cgroup, moving it to \
+             the active list ({}–{} MiB of C's file pages activated over the repetitions, read \
+             right after the reads), so kubepods' working set grows with no change of usage; \
+             its clock is H's own usage plus kubepods' working set without H before it plus \
+             what the reads activated; {after_crossing} repetitions' reads ended after the \
+             clock's crossing (the activation itself then crossed, and the clock placed the \
+             crossing early, where H alone would have met the level with the activation done), \
+             {failed} repetitions' reads failed or did not run",
             mib(activated.iter().min()),
             mib(activated.iter().max()),
         ));

@@ -214,7 +214,8 @@ pub(crate) struct ClockRep {
     /// What the clock compared.
     basis: Basis,
     /// The usage the threshold is met at: [`working_set_level`]`(384 MiB, inactive_file)`;
-    /// for [`Basis::WorkingSet`], the working set it is met at (384 MiB).
+    /// for [`Basis::WorkingSet`], the working set it is met at (384 MiB here, 412 MiB in
+    /// part 8).
     level: u64,
     /// [`Basis::WorkingSet`]: kubepods' working set without the hog, added to its usage.
     offset: u64,
