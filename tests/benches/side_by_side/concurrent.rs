@@ -232,9 +232,21 @@ struct Rep {
     activation: Option<Activation>,
 }
 
-/// The activation burst's two reads under way: how long they took, C's pod cgroup just
-/// after them, and when they ended (CLOCK_MONOTONIC ns).
-type ActivationReads = tokio::task::JoinHandle<Result<(Duration, MemStat, u64)>>;
+/// The activation burst's two reads under way ([`ReadsDone`]).
+type ActivationReads = tokio::task::JoinHandle<Result<ReadsDone>>;
+
+/// What the activation burst's reads came to.
+struct ReadsDone {
+    /// How long the two reads took.
+    took: Duration,
+    /// C's pod cgroup just after them.
+    after: MemStat,
+    /// When they began and ended (CLOCK_MONOTONIC ns), and H's pod cgroup usage when they
+    /// began.
+    began: u64,
+    ended: u64,
+    hog_usage_at_start: u64,
+}
 
 /// What the activation burst's two reads did.
 struct Activation {
@@ -243,6 +255,12 @@ struct Activation {
     reads: Result<Duration, String>,
     /// The reads' end against the clock's crossing, signed, ns.
     ended_after_crossing_ns: Option<i64>,
+    /// The clock's working set without H (C's activated pages added) and kubepods' usage
+    /// and inactive file pages when it was armed, bytes.
+    clock_armed_at: Option<(u64, u64, u64)>,
+    /// When the reads began after H's spawn, ns, with H's usage then.
+    began_after_hog_ns: Option<u64>,
+    hog_usage_at_start: Option<u64>,
     ended_at: Option<u64>,
 }
 
@@ -261,6 +279,12 @@ impl Activation {
             "reads_seconds": self.reads.as_ref().ok().map(Duration::as_secs_f64),
             "reads_error": self.reads.as_ref().err(),
             "reads_ended_after_crossing_ns": self.ended_after_crossing_ns,
+            "reads_began_after_hog_spawn_ns": self.began_after_hog_ns,
+            "clock_working_set_without_hog_bytes": self.clock_armed_at.map(|c| c.0),
+            "kubepods_when_clock_armed": self.clock_armed_at.map(|c| json!({
+                "usage_bytes": c.1, "inactive_file_bytes": c.2,
+            })),
+            "hog_usage_when_reads_began_bytes": self.hog_usage_at_start,
         })
     }
 }
@@ -402,6 +426,8 @@ async fn repetition(
             let (c_pod, c_app) = (c.cgroup.under(&memory), c.container.under(&memory));
             let file = page_cache::fill(&c_app, ACTIVATED_MI * MI)?;
             let before = page_cache::stat(&c_pod)?;
+            // kubepods' statistics hold C's cache before the clock reads them.
+            page_cache::settled(&memory.join("kubepods"), &c_pod)?;
             let hog = Pod::new("H", format!("h-{tag}"), true)?;
             let clock = Clock::arm_on(node, &hog.uid, level_mi, Basis::WorkingSet)?;
             // The two reads once H has grown READ_AT_MI, on a blocking thread beside the
@@ -411,22 +437,29 @@ async fn repetition(
             let path = file.path.clone();
             let task = tokio::task::spawn_blocking(move || {
                 let deadline = Instant::now() + READ_WAIT;
-                loop {
+                let hog_usage_at_start = loop {
                     let usage = std::fs::read_to_string(&h_usage)
                         .ok()
                         .and_then(|t| t.trim().parse::<u64>().ok())
                         .unwrap_or(0);
                     if usage >= READ_AT_MI * MI {
-                        break;
+                        break usage;
                     }
                     if Instant::now() > deadline {
                         bail!("H's pod cgroup never reached {READ_AT_MI} MiB: no reads");
                     }
                     std::thread::sleep(Duration::from_millis(1));
-                }
+                };
+                let began = monotonic_ns();
                 let took = page_cache::read(&c_app, &path)? + page_cache::read(&c_app, &path)?;
                 let ended = monotonic_ns();
-                Ok((took, page_cache::stat(&c_pod)?, ended))
+                Ok(ReadsDone {
+                    took,
+                    after: page_cache::stat(&c_pod)?,
+                    began,
+                    ended,
+                    hog_usage_at_start,
+                })
             });
             reads = Some((task, before));
             cache_file = Some(file);
@@ -472,11 +505,12 @@ async fn repetition(
     }
     let watch_end = monotonic_ns();
     if let Some((task, before)) = reads.take() {
-        let (reads, after, ended_at) = match task.await {
-            Ok(Ok((took, after, ended))) => (Ok(took), Some(after), Some(ended)),
-            Ok(Err(e)) => (Err(format!("{e:#}")), None, None),
-            Err(e) => (Err(format!("the activation reads' task: {e}")), None, None),
+        let (reads, done) = match task.await {
+            Ok(Ok(done)) => (Ok(done.took), Some(done)),
+            Ok(Err(e)) => (Err(format!("{e:#}")), None),
+            Err(e) => (Err(format!("the activation reads' task: {e}")), None),
         };
+        let after = done.as_ref().map(|d| d.after);
         // C's pages the reads activated joined the working set H's record cannot see.
         if let (Some(after), Some(clock)) = (after, clocks.first_mut()) {
             clock.add_working_set(after.active_file.saturating_sub(before.active_file));
@@ -486,7 +520,10 @@ async fn repetition(
             after,
             reads,
             ended_after_crossing_ns: None,
-            ended_at,
+            clock_armed_at: clocks.first().map(Clock::armed_at),
+            began_after_hog_ns: done.as_ref().map(|d| d.began.saturating_sub(hogs_started)),
+            hog_usage_at_start: done.as_ref().map(|d| d.hog_usage_at_start),
+            ended_at: done.as_ref().map(|d| d.ended),
         });
     }
     rep.left_running = pods

@@ -402,6 +402,12 @@ impl Clock {
         self.offset = self.offset.saturating_add(bytes);
     }
 
+    /// What the record's usage leaves out of the figure the level is on (see `offset`), and
+    /// kubepods' usage and inactive file pages when the clock was armed, bytes.
+    pub(crate) fn armed_at(&self) -> (u64, u64, u64) {
+        (self.offset, self.base, self.inactive_file)
+    }
+
     /// The hog's environment for this record: where it is and kubepods' usage file.
     pub(crate) fn hog_env(&self) -> Result<[(&'static str, String); 2]> {
         let text = |p: &std::path::Path, what: &str| {
@@ -917,7 +923,8 @@ async fn cache_full_rounds(
                 let j = (k + rep) % modes.len();
                 let mode = &MODES[modes[j]];
                 let took = cache.fill(bytes)?.took;
-                let filled = crate::page_cache::stat(&kubepods)?;
+                // kubepods' statistics hold the cache before the clock reads them.
+                let filled = crate::page_cache::settled(&kubepods, &cache.dir)?;
                 start_mode_with(node, mode, |s| {
                     if opts.memory_reclaim {
                         s.memory_reclaim = Some(MEMORY_RECLAIM_TIMEOUT);
