@@ -414,7 +414,8 @@ impl FullParent {
             .child("cache")
             .context("creating the full parent's cache memcg")?;
         let file = page_cache::fill(&cache.path, FULL_WRITE)?;
-        let stat = page_cache::stat(&memcg.path)?;
+        // The parent's statistics hold the cache before its share is judged.
+        let stat = page_cache::settled(&memcg.path, &cache.path)?;
         if stat.inactive_share() < FULL_MIN_SHARE {
             bail!(
                 "the page-cache-full parent holds {} MiB of inactive file pages in {} MiB of \

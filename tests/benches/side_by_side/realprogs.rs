@@ -302,7 +302,8 @@ impl CacheNode {
         }
         let mut cache = CacheCgroup::new(&kubepods, "bench-cache-writer")?;
         cache.fill((limit / MI) * MI + CACHE_EXTRA)?;
-        let filled = crate::page_cache::stat(&kubepods)?;
+        // kubepods' statistics hold the cache before its share is judged.
+        let filled = crate::page_cache::settled(&kubepods, &cache.dir)?;
         if filled.inactive_share() < CACHE_MIN_SHARE {
             bail!(
                 "the page-cache node's kubepods holds {} MiB of inactive file pages in {} MiB \
