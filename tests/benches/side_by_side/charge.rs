@@ -16,6 +16,16 @@
 //!   the level, but its usage, page cache counted, is within the tripwire's reach (the
 //!   tripwire compares usage, [`reactor::sense::ebpf::near`]), so the charge programs stay
 //!   on: what a calm node whose page cache fills its cgroups pays;
+//! - a node full of page cache: as calm, with a second watched parent beside the plain one,
+//!   as a node watches both its root and kubepods: a 512 MiB-limited parent at its limit with
+//!   at least 80 % of its usage inactive file pages (a file larger than the limit written to
+//!   disk from a cgroup of its own there, its cache dropped and read back once, before the
+//!   rounds, [`crate::page_cache::fill`]; the share is read from
+//!   `memory.stat` and the part fails below 80 %), watched by a working-set level of 300 MiB
+//!   far above its working set. The faulting child stays in the plain parent: a child of the
+//!   full parent would reclaim on every fault, and the figure would be the kernel's reclaim.
+//!   What a node whose page cache fills its cgroups pays while nothing nears a level (the
+//!   tripwire compares usage, so with today's agent the charge programs stay on);
 //! - the kernel's dispatch alone: an empty program on the charge programs' tracepoint
 //!   ([`DispatchFloor`]), the floor under "armed" that no program can go below;
 //! - armed: the charge programs on throughout and the parent watched (the threshold far above
@@ -39,7 +49,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use reactor::observe::cgroupfs::stat_value;
 use reactor::sense::ebpf::floor::DispatchFloor;
 use reactor::sense::ebpf::threshold::UsageWatch;
 use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
@@ -48,6 +57,7 @@ use reactor_tests::stats::{median, range, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
+use crate::page_cache::{self, CacheFile, MemStat};
 use crate::report::{Part, Table};
 use crate::Opts;
 
@@ -165,6 +175,7 @@ enum Setup {
     Programs,
     Calm,
     CacheNear,
+    CacheFull,
     Floor,
     Thresholds,
     Edge,
@@ -172,11 +183,12 @@ enum Setup {
 }
 
 impl Setup {
-    const ALL: [Setup; 8] = [
+    const ALL: [Setup; 9] = [
         Setup::None,
         Setup::Programs,
         Setup::Calm,
         Setup::CacheNear,
+        Setup::CacheFull,
         Setup::Floor,
         Setup::Thresholds,
         Setup::Edge,
@@ -191,6 +203,10 @@ impl Setup {
             Setup::CacheNear => {
                 "page cache near the level: as calm, the parent's working set far from its \
                  level, its usage (200 MiB of page cache) within reach"
+            }
+            Setup::CacheFull => {
+                "node full of page cache: as calm, a second watched parent at its 512 MiB \
+                 limit, mostly inactive file, its working set far from a 300 MiB level"
             }
             Setup::Floor => {
                 "the kernel's dispatch alone: an empty program on the charge tracepoint"
@@ -228,8 +244,12 @@ impl Attached {
     }
 }
 
-/// Attaches what `setup` asks for, watching `parent`.
-fn attach(rt: &tokio::runtime::Runtime, setup: Setup, parent: &Parent) -> Result<Option<Attached>> {
+/// Attaches what `setup` asks for, watching `watched` (each parent with its level).
+fn attach(
+    rt: &tokio::runtime::Runtime,
+    setup: Setup,
+    watched: &[(&TestMemcg, Level)],
+) -> Result<Option<Attached>> {
     match setup {
         Setup::None => return Ok(None),
         Setup::Floor => {
@@ -242,18 +262,23 @@ fn attach(rt: &tokio::runtime::Runtime, setup: Setup, parent: &Parent) -> Result
     }
     let thresholds = matches!(
         setup,
-        Setup::Thresholds | Setup::Edge | Setup::Calm | Setup::CacheNear | Setup::Reclaiming
+        Setup::Thresholds
+            | Setup::Edge
+            | Setup::Calm
+            | Setup::CacheNear
+            | Setup::CacheFull
+            | Setup::Reclaiming
     );
     // The memcg events program as the agent switches it (on only after a reclaim stall;
     // this workload never stalls), except in the rows that keep it on throughout.
     let memcg_events_on_reclaim = matches!(
         setup,
-        Setup::Calm | Setup::CacheNear | Setup::Thresholds | Setup::Edge
+        Setup::Calm | Setup::CacheNear | Setup::CacheFull | Setup::Thresholds | Setup::Edge
     )
     .then_some(reactor::sense::MEMCG_EVENTS_HOLD);
     // Calm: the charge programs come off their tracepoint once the source sees the parent far
     // from its level (the agent's setting); armed: on throughout.
-    let near_level = matches!(setup, Setup::Calm | Setup::CacheNear)
+    let near_level = matches!(setup, Setup::Calm | Setup::CacheNear | Setup::CacheFull)
         .then(reactor::sense::ebpf::near::NearLevel::default);
     let mut source = rt
         .block_on(async {
@@ -266,23 +291,30 @@ fn attach(rt: &tokio::runtime::Runtime, setup: Setup, parent: &Parent) -> Result
             })
         })
         .context("attaching the eBPF source")?;
-    // At the edge the parent's usage (the child's 4 MiB region, dropped and faulted again,
-    // and the process: 1.3-4.5 MiB measured) stays below 8 MiB and within the widened zone.
-    let level = if setup == Setup::Edge {
-        Level::usage(8 << 20)
-    } else {
-        parent.level
-    };
-    let (_keep, bytes) = tokio::sync::watch::channel(level);
+    // The levels' senders, kept for as long as the source runs (a watch whose sender is
+    // gone stops following).
+    let mut _keep = Vec::new();
     if thresholds {
-        source
-            .watch_usage(UsageWatch {
-                cgroup: parent.memcg.cgroup.clone(),
-                dir: parent.memcg.path.clone(),
-                level: bytes,
-            })
-            .map_err(anyhow::Error::msg)
-            .context("arming the usage threshold")?;
+        for (memcg, level) in watched {
+            // At the edge the parent's usage (the child's 4 MiB region, dropped and faulted
+            // again, and the process: 1.3-4.5 MiB measured) stays below 8 MiB and within the
+            // widened zone.
+            let level = if setup == Setup::Edge {
+                Level::usage(8 << 20)
+            } else {
+                *level
+            };
+            let (keep, bytes) = tokio::sync::watch::channel(level);
+            _keep.push(keep);
+            source
+                .watch_usage(UsageWatch {
+                    cgroup: memcg.cgroup.clone(),
+                    dir: memcg.path.clone(),
+                    level: bytes,
+                })
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("arming the usage threshold on {}", memcg.cgroup))?;
+        }
     }
     let stats = source.stats();
     let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 14);
@@ -303,9 +335,8 @@ fn one_run(
     parents: &Parents,
     millis: u64,
 ) -> Result<(u64, f64, Vec<ProgramStats>, u64)> {
-    let parent = parents.of(setup);
-    let child = &parent.child;
-    let attached = attach(rt, setup, parent)?;
+    let child = &parents.of(setup).child;
+    let attached = attach(rt, setup, &parents.watched(setup))?;
     // Let the attach settle before timing.
     std::thread::sleep(Duration::from_millis(100));
     let before = attached.as_ref().map(Attached::stats).unwrap_or_default();
@@ -337,9 +368,8 @@ const CACHE_BYTES: u64 = 200 << 20;
 struct Parent {
     // Dropped in this order: the children before the parent.
     child: TestMemcg,
-    /// Held for the part: the cache's cgroup and the file's directory (the file goes with
-    /// it, and its page cache with the file).
-    _cache: Option<(TestMemcg, tempfile::TempDir)>,
+    /// Held for the part: the cache's cgroup and the file (its page cache goes with it).
+    _cache: Option<(TestMemcg, CacheFile)>,
     /// The level it is watched by (the edge setup's own aside): far above usage, or for the
     /// page-cache parent a working-set level with its `total_inactive_file` once the cache
     /// is written.
@@ -347,10 +377,62 @@ struct Parent {
     memcg: TestMemcg,
 }
 
-/// Part 7's two parents: the plain one and the one with page cache.
+/// The node-full-of-page-cache setup's parent: its limit, how much it writes (more than
+/// the limit, so the cache fills it), its working-set level, and the least share of its
+/// usage that must be inactive file pages for the setup to be what it says.
+const FULL_LIMIT: u64 = 512 << 20;
+const FULL_WRITE: u64 = 640 << 20;
+const FULL_LEVEL: u64 = 300 << 20;
+const FULL_MIN_SHARE: f64 = 0.8;
+
+/// Part 7's parents: the plain one, the one with page cache near its level, and the one
+/// full of page cache (watched beside the plain one, with no faulting child of its own).
 struct Parents {
     plain: Parent,
     cached: Parent,
+    full: FullParent,
+}
+
+/// A watched parent at its limit with page cache, no process in it.
+struct FullParent {
+    // Dropped before the parent: the cache's cgroup, then the file (its cache with it).
+    _cache: (TestMemcg, CacheFile),
+    level: Level,
+    /// Its usage and file pages once written.
+    stat: MemStat,
+    memcg: TestMemcg,
+}
+
+impl FullParent {
+    /// Fills a new 512 MiB-limited parent with page cache and checks that at least
+    /// [`FULL_MIN_SHARE`] of its usage is inactive file pages: below that the setup would
+    /// measure something else, so it fails saying what it found.
+    fn new() -> Result<FullParent> {
+        let memcg =
+            TestMemcg::new("bench-charge-full", FULL_LIMIT).context("creating the test memcg")?;
+        let cache = memcg
+            .child("cache")
+            .context("creating the full parent's cache memcg")?;
+        let file = page_cache::fill(&cache.path, FULL_WRITE)?;
+        // The parent's statistics hold the cache before its share is judged.
+        let stat = page_cache::settled(&memcg.path, &cache.path)?;
+        if stat.inactive_share() < FULL_MIN_SHARE {
+            bail!(
+                "the page-cache-full parent holds {} MiB of inactive file pages in {} MiB of \
+                 usage ({:.1} %), under the {:.0} % the setup needs",
+                stat.inactive_file >> 20,
+                stat.usage >> 20,
+                stat.inactive_share() * 100.0,
+                FULL_MIN_SHARE * 100.0
+            );
+        }
+        Ok(FullParent {
+            _cache: (cache, file),
+            level: Level::working_set(FULL_LEVEL, stat.inactive_file),
+            stat,
+            memcg,
+        })
+    }
 }
 
 impl Parents {
@@ -358,36 +440,12 @@ impl Parents {
         let plain = TestMemcg::new("bench-charge", 1 << 30).context("creating the test memcg")?;
         let cached =
             TestMemcg::new("bench-charge-cache", 1 << 30).context("creating the test memcg")?;
-        let mut cache = cached
+        let cache = cached
             .child("cache")
             .context("creating the cache's memcg")?;
-        // On a disk file system (`/var/tmp`, not a tmpfs: tmpfs pages are shmem, on the
-        // anon lists, and are no inactive file).
-        let dir = tempfile::Builder::new()
-            .prefix("reactor-bench-cache")
-            .tempdir_in("/var/tmp")
-            .context("a directory for the page-cache file")?;
-        let file = dir.path().join("cache");
-        let (status, _) = cache
-            .run(
-                Command::new("dd")
-                    .arg("if=/dev/zero")
-                    .arg(format!("of={}", file.display()))
-                    .arg("bs=1M")
-                    .arg(format!("count={}", CACHE_BYTES >> 20))
-                    .arg("conv=fsync")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null()),
-            )
-            .context("writing the page-cache file")?;
-        if !status.success() {
-            bail!("writing the page-cache file: dd {status}");
-        }
-        let stat = std::fs::read_to_string(cached.path.join("memory.stat"))
-            .context("reading the page-cache parent's memory.stat")?;
-        let inactive = stat_value(&stat, "total_inactive_file")
-            .map_err(anyhow::Error::msg)?
-            .context("total_inactive_file in the page-cache parent's memory.stat")?;
+        let file = page_cache::write(&cache.path, CACHE_BYTES)?;
+        let inactive = page_cache::stat(&cached.path)?.inactive_file;
+        let full = FullParent::new()?;
         Ok(Parents {
             plain: Parent {
                 child: plain.child("pod").context("creating the child memcg")?,
@@ -397,11 +455,26 @@ impl Parents {
             },
             cached: Parent {
                 child: cached.child("pod").context("creating the child memcg")?,
-                _cache: Some((cache, dir)),
+                _cache: Some((cache, file)),
                 level: Level::working_set(CACHE_LEVEL, inactive),
                 memcg: cached,
             },
+            full,
         })
+    }
+
+    /// The cgroups `setup`'s source watches, each with its level: the plain parent, and
+    /// beside it the full one for the page-cache-full setup (a node watches its root and
+    /// kubepods both); the page-cache-near parent alone for its setup.
+    fn watched(&self, setup: Setup) -> Vec<(&TestMemcg, Level)> {
+        match setup {
+            Setup::CacheNear => vec![(&self.cached.memcg, self.cached.level)],
+            Setup::CacheFull => vec![
+                (&self.plain.memcg, self.plain.level),
+                (&self.full.memcg, self.full.level),
+            ],
+            _ => vec![(&self.plain.memcg, self.plain.level)],
+        }
     }
 
     fn of(&self, setup: Setup) -> &Parent {
@@ -469,6 +542,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
         }
     }
     let cached = parents.cached.level.inactive_file_bytes;
+    let full = parents.full.stat;
     drop(parents);
     let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
     let ratio_medians: Vec<f64> = ratios.iter().map(|r| median(r)).collect();
@@ -537,6 +611,20 @@ pub fn run(opts: &Opts) -> Result<Part> {
         }
     }
     p.note(format!(
+        "node full of page cache: the faulting child in the plain parent (as calm), the \
+         source watching it and a second parent limited to {} MiB, filled by a {} MiB file \
+         written from a cgroup of its own (dd, conv=fsync, on /var/tmp), its cache dropped \
+         and the file read back once (no buffer heads): {} MiB of usage, \
+         {} MiB of it inactive file ({:.1} %, total_inactive_file), watched by a working-set \
+         level of {} MiB",
+        FULL_LIMIT >> 20,
+        FULL_WRITE >> 20,
+        full.usage >> 20,
+        full.inactive_file >> 20,
+        full.inactive_share() * 100.0,
+        FULL_LEVEL >> 20
+    ));
+    p.note(format!(
         "one run of {millis} ms per setup after the timed rounds, with the kernel's per-program \
          statistics on (off again after); programs that did not run are left out"
     ));
@@ -546,6 +634,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
         json: json!({
             "millis_per_round": millis,
             "page_cache_parent_inactive_file_bytes": cached,
+            "page_cache_full_parent": {
+                "limit_bytes": FULL_LIMIT, "written_bytes": FULL_WRITE,
+                "working_set_level_bytes": FULL_LEVEL, "after_writing": full.json(),
+            },
             "rounds": rounds,
             "setups": Setup::ALL.into_iter().zip(&rates).zip(&medians).enumerate().map(|(i, ((s, r), m))| json!({
                 "setup": s.name(), "faults_per_s": r, "median_faults_per_s": m,

@@ -1,7 +1,8 @@
 //! Part 8: concurrent pressure (issue 23). Evictions that overlap: the loop must keep
 //! observing and deciding while an eviction is in flight, a hard threshold must not wait
-//! behind a soft eviction's grace period, and a victim that will not die must not leave the
-//! node unguarded. Three scenarios on the OOM part's modelled 512 MiB node
+//! behind a soft eviction's grace period, a victim that will not die must not leave the
+//! node unguarded, and page cache turning into working set must not go unseen. Four
+//! scenarios on the OOM part's modelled 512 MiB node
 //! ([`reactor_tests::node`], kubepods limited to it, every pod BestEffort, the hogs growing at
 //! 200 MiB/s — the issue's 10 MiB per 50 ms, paced per 1 MiB chunk — toward 600 MiB):
 //!
@@ -14,6 +15,18 @@
 //! - **frozen victim**: pod F holds 230 MiB and is frozen in a v1 freezer cgroup under the
 //!   node's own root, so its SIGKILL cannot complete (its anonymous memory is still reaped
 //!   by the eviction's `process_mrelease`); then a hog starts (hard threshold only).
+//! - **activation burst** (issue 42): pod C (a memhog holding 1 MiB) has a 200 MiB file in
+//!   page cache, filled from its container's memory cgroup ([`page_cache::fill`]: written
+//!   to `/var/tmp`, its cache dropped and read once: inactive file pages); hog H starts,
+//!   and once H's pod cgroup has charged 100 MiB (its usage read every ms) C reads the file
+//!   twice from the same cgroup (`dd` processes in C's container cgroup), which moves its
+//!   pages to the active list:
+//!   kubepods' working set grows by 200 MiB with no change of usage, so a threshold armed on
+//!   usage alone, or a tripwire placed for the page cache before it, cannot see it; H's
+//!   growth then crosses the level (hard threshold only). Its crossing is clocked on the
+//!   working set (part 2's [`Basis::WorkingSet`]: H's own usage plus kubepods' working set
+//!   without it before H, plus C's active file pages the reads added, read right after
+//!   them).
 //!
 //! The allocatable signal is the one the bench's node can use: `memory.available` is read
 //! on the machine's root cgroup, whose usage the modelled 512 MiB node does not bound.
@@ -44,7 +57,8 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::lag::node_runtime;
-use crate::oom::{start_mode_with, Clock, HOG_MI, MODES};
+use crate::oom::{start_mode_with, Basis, Clock, HOG_MI, MODES};
+use crate::page_cache::{self, CacheFile, MemStat};
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
 
@@ -61,16 +75,30 @@ const GRACE_S: i64 = 60;
 const EARLY_NS: i64 = 50_000_000;
 /// How long a repetition watches at most once its hogs started.
 const WATCH: Duration = Duration::from_secs(20);
+/// The activation burst's file, MiB, and how far the hog has grown when C reads it, MiB.
+/// A timer from the hog's spawn started the reads anywhere from 100 to 300 MiB into its
+/// growth (the spawn returns when the pod runs, not when it starts to grow): past about
+/// 200 MiB the activation itself crosses the level.
+const ACTIVATED_MI: u64 = 200;
+const READ_AT_MI: u64 = 100;
+/// How long C waits for the hog to reach [`READ_AT_MI`] before it gives up on the reads.
+const READ_WAIT: Duration = Duration::from_secs(10);
 
-/// The three scenarios.
+/// The scenarios.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Scenario {
     SoftThenHard,
     TwoHogs,
     Frozen,
+    ActivationBurst,
 }
 
-const SCENARIOS: [Scenario; 3] = [Scenario::SoftThenHard, Scenario::TwoHogs, Scenario::Frozen];
+const SCENARIOS: [Scenario; 4] = [
+    Scenario::SoftThenHard,
+    Scenario::TwoHogs,
+    Scenario::Frozen,
+    Scenario::ActivationBurst,
+];
 
 impl Scenario {
     fn name(self) -> &'static str {
@@ -78,6 +106,7 @@ impl Scenario {
             Scenario::SoftThenHard => "soft then hard",
             Scenario::TwoHogs => "two hogs 100 ms apart",
             Scenario::Frozen => "frozen victim + hog",
+            Scenario::ActivationBurst => "activation burst: 200 MiB of cache activated + hog",
         }
     }
 
@@ -86,6 +115,7 @@ impl Scenario {
             Scenario::SoftThenHard => "soft_then_hard",
             Scenario::TwoHogs => "two_hogs",
             Scenario::Frozen => "frozen_victim",
+            Scenario::ActivationBurst => "activation_burst",
         }
     }
 
@@ -99,6 +129,7 @@ impl Scenario {
                 Scenario::SoftThenHard => "bench-soft-hard",
                 Scenario::TwoHogs => "bench-two-hogs",
                 Scenario::Frozen => "bench-frozen",
+                Scenario::ActivationBurst => "bench-activation",
             },
             capacity_mi: CAPACITY_MI,
             hard: &[("allocatableMemory.available", "100Mi")],
@@ -196,6 +227,66 @@ struct Rep {
     /// The hogs still running when the watch ended (killed by the bench).
     left_running: Vec<&'static str>,
     seconds: f64,
+    /// Activation burst: C's pod cgroup before the reads and just after them, and how long
+    /// the two reads took (or why they failed).
+    activation: Option<Activation>,
+}
+
+/// The activation burst's two reads under way ([`ReadsDone`]).
+type ActivationReads = tokio::task::JoinHandle<Result<ReadsDone>>;
+
+/// What the activation burst's reads came to.
+struct ReadsDone {
+    /// How long the two reads took.
+    took: Duration,
+    /// C's pod cgroup just after them.
+    after: MemStat,
+    /// When they began and ended (CLOCK_MONOTONIC ns), and H's pod cgroup usage when they
+    /// began.
+    began: u64,
+    ended: u64,
+    hog_usage_at_start: u64,
+}
+
+/// What the activation burst's two reads did.
+struct Activation {
+    before: MemStat,
+    after: Option<MemStat>,
+    reads: Result<Duration, String>,
+    /// The reads' end against the clock's crossing, signed, ns.
+    ended_after_crossing_ns: Option<i64>,
+    /// The clock's working set without H (C's activated pages added) and kubepods' usage
+    /// and inactive file pages when it was armed, bytes.
+    clock_armed_at: Option<(u64, u64, u64)>,
+    /// When the reads began after H's spawn, ns, with H's usage then.
+    began_after_hog_ns: Option<u64>,
+    hog_usage_at_start: Option<u64>,
+    ended_at: Option<u64>,
+}
+
+impl Activation {
+    /// C's active file pages the reads added, bytes.
+    fn activated(&self) -> Option<u64> {
+        self.after
+            .map(|a| a.active_file.saturating_sub(self.before.active_file))
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "c_pod_before_reads": self.before.json(),
+            "c_pod_after_reads": self.after.map(|a| a.json()),
+            "activated_bytes": self.activated(),
+            "reads_seconds": self.reads.as_ref().ok().map(Duration::as_secs_f64),
+            "reads_error": self.reads.as_ref().err(),
+            "reads_ended_after_crossing_ns": self.ended_after_crossing_ns,
+            "reads_began_after_hog_spawn_ns": self.began_after_hog_ns,
+            "clock_working_set_without_hog_bytes": self.clock_armed_at.map(|c| c.0),
+            "kubepods_when_clock_armed": self.clock_armed_at.map(|c| json!({
+                "usage_bytes": c.1, "inactive_file_bytes": c.2,
+            })),
+            "hog_usage_when_reads_began_bytes": self.hog_usage_at_start,
+        })
+    }
 }
 
 /// Whether process `pid` has SIGTERM pending (blocked by `MEMHOG_BLOCK_TERM`).
@@ -276,6 +367,10 @@ async fn repetition(
     let mut clocks: Vec<Clock> = Vec::new();
     let level_mi = CAPACITY_MI - HARD_MI;
     let hogs_started;
+    // Activation burst: C's file (removed, its cache with it, before the node settles) and
+    // the reads under way with C's pod cgroup before them.
+    let mut cache_file: Option<CacheFile> = None;
+    let mut reads: Option<(ActivationReads, MemStat)> = None;
     match scenario {
         Scenario::SoftThenHard => {
             let a = Pod::new("A", format!("a-{tag}"), false)?;
@@ -323,6 +418,57 @@ async fn repetition(
             hogs_started =
                 add_hog(node, f, "H", format!("h-{tag}"), &mut pods, &mut clocks).await?;
         }
+        Scenario::ActivationBurst => {
+            let c = Pod::new("C", format!("c-{tag}"), false)?;
+            run_pod(node, &c, &["1", "0"], &[]).await;
+            node.wait_usage(&c.uid, Some("besteffort"), MI).await;
+            let memory = std::path::Path::new(reactor_tests::MEMCG_V1_ROOT).join(&node.root.name);
+            let (c_pod, c_app) = (c.cgroup.under(&memory), c.container.under(&memory));
+            let file = page_cache::fill(&c_app, ACTIVATED_MI * MI)?;
+            let before = page_cache::stat(&c_pod)?;
+            // kubepods' statistics hold C's cache before the clock reads them.
+            page_cache::settled(&memory.join("kubepods"), &c_pod)?;
+            let hog = Pod::new("H", format!("h-{tag}"), true)?;
+            let clock = Clock::arm_on(node, &hog.uid, level_mi, Basis::WorkingSet)?;
+            // The two reads once H has grown READ_AT_MI, on a blocking thread beside the
+            // watch (started before H, so H's start cannot delay it); C's pod cgroup is read
+            // again as soon as they end.
+            let h_usage = hog.cgroup.under(&memory).join("memory.usage_in_bytes");
+            let path = file.path.clone();
+            let task = tokio::task::spawn_blocking(move || {
+                let deadline = Instant::now() + READ_WAIT;
+                let hog_usage_at_start = loop {
+                    let usage = std::fs::read_to_string(&h_usage)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<u64>().ok())
+                        .unwrap_or(0);
+                    if usage >= READ_AT_MI * MI {
+                        break usage;
+                    }
+                    if Instant::now() > deadline {
+                        bail!("H's pod cgroup never reached {READ_AT_MI} MiB: no reads");
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                };
+                let began = monotonic_ns();
+                let took = page_cache::read(&c_app, &path)? + page_cache::read(&c_app, &path)?;
+                let ended = monotonic_ns();
+                Ok(ReadsDone {
+                    took,
+                    after: page_cache::stat(&c_pod)?,
+                    began,
+                    ended,
+                    hog_usage_at_start,
+                })
+            });
+            reads = Some((task, before));
+            cache_file = Some(file);
+            pods.push(c);
+            hogs_started = monotonic_ns();
+            run_hog(node, &hog, &clock).await?;
+            pods.push(hog);
+            clocks.push(clock);
+        }
     }
     for p in &mut pods {
         p.oom0 = node.cgroups.oom_kills(&p.container).unwrap_or(0);
@@ -358,6 +504,28 @@ async fn repetition(
         }
     }
     let watch_end = monotonic_ns();
+    if let Some((task, before)) = reads.take() {
+        let (reads, done) = match task.await {
+            Ok(Ok(done)) => (Ok(done.took), Some(done)),
+            Ok(Err(e)) => (Err(format!("{e:#}")), None),
+            Err(e) => (Err(format!("the activation reads' task: {e}")), None),
+        };
+        let after = done.as_ref().map(|d| d.after);
+        // C's pages the reads activated joined the working set H's record cannot see.
+        if let (Some(after), Some(clock)) = (after, clocks.first_mut()) {
+            clock.add_working_set(after.active_file.saturating_sub(before.active_file));
+        }
+        rep.activation = Some(Activation {
+            before,
+            after,
+            reads,
+            ended_after_crossing_ns: None,
+            clock_armed_at: clocks.first().map(Clock::armed_at),
+            began_after_hog_ns: done.as_ref().map(|d| d.began.saturating_sub(hogs_started)),
+            hog_usage_at_start: done.as_ref().map(|d| d.hog_usage_at_start),
+            ended_at: done.as_ref().map(|d| d.ended),
+        });
+    }
     rep.left_running = pods
         .iter()
         .filter(|p| p.hog && p.gone_at.is_none())
@@ -384,6 +552,8 @@ async fn repetition(
     for p in &pods {
         let _ = node.cgroups.remove(&p.cgroup, Duration::from_secs(2));
     }
+    // C's cache was reparented to kubepods with its cgroup: removing the file frees it.
+    drop(cache_file);
     let statuses = node.pods.evictions();
 
     // What the repetition came to.
@@ -427,6 +597,10 @@ async fn repetition(
     }
     if crossing.is_some() {
         rep.no_crossing = None;
+    }
+    if let (Some(a), Some(c)) = (rep.activation.as_mut(), crossing) {
+        // Two CLOCK_MONOTONIC times: their difference fits an i64.
+        a.ended_after_crossing_ns = a.ended_at.map(|e| e.wrapping_sub(c) as i64);
     }
     if let (Some(c), Some((r, _))) = (crossing, first_release) {
         // Two CLOCK_MONOTONIC times: their difference fits an i64.
@@ -608,6 +782,7 @@ fn summarise(rows: &[(Scenario, &'static str, Vec<Rep>)], reps: usize, realtime:
                 "soft_eviction_started_before_hog": r.soft_started,
                 "hogs_left_running": r.left_running,
                 "seconds": r.seconds,
+                "activation": r.activation.as_ref().map(Activation::json),
             })).collect::<Vec<_>>(),
         });
     }
@@ -662,6 +837,36 @@ fn summarise(rows: &[(Scenario, &'static str, Vec<Rep>)], reps: usize, realtime:
         CAPACITY_MI - HARD_MI,
         WATCH.as_secs()
     ));
+    let activations: Vec<&Activation> = rows
+        .iter()
+        .flat_map(|(_, _, rs)| rs)
+        .filter_map(|r| r.activation.as_ref())
+        .collect();
+    if !activations.is_empty() {
+        let activated: Vec<u64> = activations.iter().filter_map(|a| a.activated()).collect();
+        let failed = activations.iter().filter(|a| a.reads.is_err()).count();
+        let after_crossing = activations
+            .iter()
+            .filter(|a| a.ended_after_crossing_ns.is_some_and(|d| d > 0))
+            .count();
+        let mib =
+            |b: Option<&u64>| b.map_or("-".into(), |b| format!("{:.0}", *b as f64 / MI as f64));
+        t.note(format!(
+            "activation burst: C holds 1 MiB and a {ACTIVATED_MI} MiB file filled from its \
+             container's memory cgroup (written to /var/tmp with dd conv=fsync, its cache \
+             dropped and read once: inactive file pages); H starts, and once H's pod cgroup has \
+             charged {READ_AT_MI} MiB C reads the file twice from the same cgroup, moving it to \
+             the active list ({}–{} MiB of C's file pages activated over the repetitions, read \
+             right after the reads), so kubepods' working set grows with no change of usage; \
+             its clock is H's own usage plus kubepods' working set without H before it plus \
+             what the reads activated; {after_crossing} repetitions' reads ended after the \
+             clock's crossing (the activation itself then crossed, and the clock placed the \
+             crossing early, where H alone would have met the level with the activation done), \
+             {failed} repetitions' reads failed or did not run",
+            mib(activated.iter().min()),
+            mib(activated.iter().max()),
+        ));
+    }
     t.note(crate::lag::node_scheduling_note(realtime));
     Part {
         key: "concurrent",

@@ -7,19 +7,24 @@
 //!    (`dmesg -n 1`, restored afterwards), and what one error-level kernel line costs.
 //! 2. `oom` — OOM avoidance: a BestEffort hog beside a Guaranteed and a Burstable pod on a
 //!    modelled 512 MiB node, the reactor loop with every source and with each one alone,
-//!    and a reference with no agent: the bench's own SIGKILL at the crossing → exit.
+//!    and a reference with no agent: the bench's own SIGKILL at the crossing → exit; and a
+//!    cache-full variant (kubepods filled with page cache up to its limit before each hog,
+//!    which grows by reclaiming it) for the full agent and eBPF only (`--oom-variants`).
 //! 3. `cost` — ranking, preemption and image-GC planning at 100 … 100,000 pods/images.
 //! 4. `ring` — the eBPF ring buffer: the highest event rate with no drops, and drop
 //!    accounting when it overflows.
 //! 5. `footprint` — the release `reactor run`: RSS and CPU idle and during a storm.
 //! 6. `api-load` — the same eviction with the API idle and under 50 gRPC clients' load:
 //!    the eviction records' reaction time, p50/p99 and the ratio.
-//! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process.
+//! 7. `charge` — what the in-kernel usage thresholds cost a page-faulting process, on a
+//!    calm node, near a level, and beside a watched cgroup full of page cache.
 //!    `realprogs` (7b) — real programs (`xz`, `gcc`, `python3`) with the release agent on a
-//!    calm node against no agent, in rounds of the two sides (120, 2 with `--quick`).
+//!    calm node and on a node whose kubepods is full of page cache, each against no agent,
+//!    in rounds of the sides (120, 2 with `--quick`).
 //! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
-//!    victim plus a hog, for the agent's loop and a kubelet-like one that waits for each
-//!    eviction (`--concurrent-reps`, 10 by default, 2 with `--quick`).
+//!    victim plus a hog, 200 MiB of a pod's page cache activated while a hog grows, for the
+//!    agent's loop and a kubelet-like one that waits for each eviction
+//!    (`--concurrent-reps`, 10 by default, 2 with `--quick`).
 //! 9. `soak` — the release agent for `--soak-minutes` (10 by default) under 50 API clients
 //!    with a hog every 30 s: its RSS over time and each eviction's reaction. **Not in the
 //!    default run** (it takes about 10 minutes): only with `--only soak`.
@@ -33,6 +38,7 @@
 //!     [--markdown PATH]
 //!     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
 //!     [--oom-rates 350,150] [--oom-reps 20] [--oom-modes full,ebpf,memcg,psi,poll1,poll10]
+//!     [--oom-variants plain,cache-full]
 //!     [--no-mrelease] [--memory-reclaim]
 //!     [--close-watch-always]
 //!     [--concurrent-reps 10]
@@ -54,6 +60,7 @@ mod footprint;
 mod lag;
 mod oom;
 mod oom_ref;
+mod page_cache;
 mod read_floor;
 mod realprogs;
 mod report;
@@ -80,6 +87,9 @@ pub struct Opts {
     pub oom_reps: Option<usize>,
     /// The OOM part's modes to run, by short name ([`oom::MODE_KEYS`]); all when `None`.
     pub oom_modes: Option<Vec<String>>,
+    /// The OOM part's variants to run ([`oom::VARIANT_KEYS`]: the node as it is, and full of
+    /// page cache); both when `None`.
+    pub oom_variants: Option<Vec<String>>,
     /// Leave the victims' memory to their exit paths (no `process_mrelease`), to compare.
     pub no_mrelease: bool,
     /// The OOM part's loops run with `memoryReclaim.enabled` (on v1 the agent turns it off
@@ -114,6 +124,7 @@ const ONLY_ASKED: [&str; 1] = ["soak"];
 const USAGE: &str = "usage: side_by_side [--quick] [--json PATH] [--markdown PATH]
     [--only lag,console,oom,cost,ring,footprint,api-load,charge,realprogs,concurrent,soak]
     [--oom-rates 350,150] [--oom-reps 20] [--oom-modes full,ebpf,memcg,psi,poll1,poll10]
+    [--oom-variants plain,cache-full]
     [--no-mrelease] [--memory-reclaim]
     [--close-watch-always]
     [--concurrent-reps 10]
@@ -129,6 +140,7 @@ fn parse_args() -> Result<Opts> {
         oom_rates: None,
         oom_reps: None,
         oom_modes: None,
+        oom_variants: None,
         no_mrelease: false,
         memory_reclaim: false,
         close_watch_always: false,
@@ -189,6 +201,20 @@ fn parse_args() -> Result<Opts> {
                     );
                 }
                 opts.oom_modes = Some(modes);
+            }
+            "--oom-variants" => {
+                let v = list(args.next(), "--oom-variants")?;
+                let variants: Vec<String> = v.split(',').map(str::to_string).collect();
+                if let Some(bad) = variants
+                    .iter()
+                    .find(|m| !oom::VARIANT_KEYS.contains(&m.as_str()))
+                {
+                    bail!(
+                        "--oom-variants: unknown variant {bad:?} (variants: {})",
+                        oom::VARIANT_KEYS.join(",")
+                    );
+                }
+                opts.oom_variants = Some(variants);
             }
             "--concurrent-reps" => {
                 let v = list(args.next(), "--concurrent-reps")?;

@@ -40,6 +40,20 @@
 //! the kernel checks v1 thresholds only every 128 charged pages per CPU (about 1.4 ms at
 //! 350 MiB/s): an eBPF-woken SIGKILL (its threshold checked every 16 pages) often came
 //! first, and crossing → SIGKILL read 0 or the reference fired only on the way down.
+//!
+//! The cache-full variant (issue 42; `--oom-variants cache-full`, in the default run, both
+//! rates even with `--quick`): before each repetition a cgroup of the bench's own inside
+//! kubepods (no pod) writes a file 128 MiB larger than kubepods' limit to `/var/tmp`, drops
+//! its cache and reads it back once ([`crate::page_cache::fill`]: no buffer heads, whose
+//! kernel memory would leave the working set as the cache is reclaimed) and idles, so
+//! kubepods sits at its limit with mostly inactive file pages and the hog grows by
+//! reclaiming them; the file is removed after the repetition and written afresh for the
+//! next. The full agent and eBPF only take turns as the modes do above. kubepods' usage
+//! stays at the limit there, so the crossing is clocked on its working set instead
+//! ([`Basis::WorkingSet`]): the hog's record holds its own pod cgroup's usage, and the
+//! crossing is where that plus kubepods' working set without the hog just before it reaches
+//! 384 MiB. Its own table gives, per mode and rate, the OOM killer first, crossing →
+//! SIGKILL p50/p99 and the kills at the crossing.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -52,13 +66,21 @@ use reactor::sense::memcg::working_set_level;
 use reactor::sense::{monotonic_ns, Kind, Source};
 use reactor_tests::hog_record::{self, layout, RecordFile};
 use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::page_cache::{CacheCgroup, MemStat};
 use crate::report::{Dist, Part, Table};
 use crate::Opts;
 
 const CAPACITY_MI: u64 = 512;
+/// The variants' short names for `--oom-variants`: the node as it is, and full of page cache.
+pub(crate) const VARIANT_KEYS: [&str; 2] = ["plain", "cache-full"];
+/// The modes the cache-full variant runs, by index into [`MODES`]: the full agent and eBPF
+/// only, the two whose eBPF threshold and its tripwire the page cache concerns.
+const CACHE_FULL_MODES: [usize; 2] = [0, 1];
+/// How much more than kubepods' limit the cache-full variant writes, so the cache fills it.
+const CACHE_EXTRA_MI: u64 = 128;
 const HARD_MI: u64 = 128;
 /// What the BestEffort hog allocates, MiB (the node has 512).
 pub(crate) const HOG_MI: u64 = 600;
@@ -181,13 +203,22 @@ pub(crate) struct Rep {
     at_crossing: bool,
     /// The crossing as the hog's record placed it (see [`Clock`]).
     clock: ClockRep,
+    /// The cache-full variant: kubepods just after its cache was written, and how long the
+    /// writing took.
+    filled: Option<(MemStat, Duration)>,
 }
 
 /// One repetition's crossing clock: what it was set from and what the hog's record gave.
 #[derive(Default)]
 pub(crate) struct ClockRep {
-    /// The usage the threshold is met at: [`working_set_level`]`(384 MiB, inactive_file)`.
+    /// What the clock compared.
+    basis: Basis,
+    /// The usage the threshold is met at: [`working_set_level`]`(384 MiB, inactive_file)`;
+    /// for [`Basis::WorkingSet`], the working set it is met at (384 MiB here, 412 MiB in
+    /// part 8).
     level: u64,
+    /// [`Basis::WorkingSet`]: kubepods' working set without the hog, added to its usage.
+    offset: u64,
     /// kubepods' inactive file pages just before the hog started, added to the 384 MiB.
     inactive_file: u64,
     /// kubepods' usage then (the Guaranteed and Burstable pods and the rest), U0.
@@ -233,18 +264,52 @@ pub(crate) async fn ensure_base_pods(node: &Node) {
     }
 }
 
+/// What a crossing clock compares, and so which usage file the hog reads after each piece.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Basis {
+    /// kubepods' own usage against the usage the working-set threshold is met at, given
+    /// kubepods' inactive file pages just before the hog: right while the page cache stays
+    /// put during the hog (a few MiB of it here).
+    #[default]
+    Usage,
+    /// kubepods' working set as the hog's own pod cgroup usage plus kubepods' working set
+    /// without it just before the hog (and whatever the caller adds to it after, with
+    /// [`Clock::add_working_set`]), against the working-set level itself. For a node full
+    /// of page cache: the hog's growth reclaims the cache, usage stays at the limit, and a
+    /// usage level set from the cache before the hog would never be met. Its error is what
+    /// the rest of kubepods' working set moves during the hog: kernel memory that leaves with
+    /// the reclaimed cache (ext4's buffer heads moved it by 8 MiB until the cache was filled
+    /// by reading, [`crate::page_cache::fill`]; about 1 MiB is left), active file pages
+    /// reclaim moves to the inactive list (the JSON keeps kubepods' file pages before).
+    WorkingSet,
+}
+
+impl Basis {
+    fn key(self) -> &'static str {
+        match self {
+            Basis::Usage => "kubepods_usage",
+            Basis::WorkingSet => "hog_usage_plus_working_set_before",
+        }
+    }
+}
+
 /// The bench's clock for one repetition's crossing, set just before its hog starts: the
 /// level the threshold is met at given kubepods' inactive file pages now, and kubepods'
-/// usage file the hog reads after each piece. Read from the hog's progress record afterwards
-/// ([`hog_record::crossing`]), it gives when the hog charged the crossing page, a clock no
-/// sensing mode under test has a part in.
+/// usage file the hog reads after each piece ([`Basis::Usage`]), or the working-set level
+/// and the hog's own usage file ([`Basis::WorkingSet`]). Read from the hog's progress record
+/// afterwards ([`hog_record::crossing`]), it gives when the hog charged the crossing page, a
+/// clock no sensing mode under test has a part in.
 pub(crate) struct Clock {
     record: RecordFile,
     level: u64,
     inactive_file: u64,
     /// kubepods' usage just before the hog started, kept for the JSON.
     base: u64,
-    /// kubepods' usage file, which the hog reads after each piece.
+    /// What the record's usage leaves out of the figure the level is on: 0 for
+    /// [`Basis::Usage`]; kubepods' working set without the hog for [`Basis::WorkingSet`].
+    offset: u64,
+    basis: Basis,
+    /// The usage file the hog reads after each piece.
     usage_file: std::path::PathBuf,
 }
 
@@ -259,6 +324,16 @@ impl Clock {
     /// by 256 KiB per mkdir); made after the settled check, they could push kubepods past
     /// the level unseen. (The runtime keeps cgroups that exist.)
     pub(crate) fn arm(node: &Node, uid: &str, working_set_mi: u64) -> Result<Clock> {
+        Clock::arm_on(node, uid, working_set_mi, Basis::Usage)
+    }
+
+    /// [`Clock::arm`] comparing `basis` (see [`Basis`]).
+    pub(crate) fn arm_on(
+        node: &Node,
+        uid: &str,
+        working_set_mi: u64,
+        basis: Basis,
+    ) -> Result<Clock> {
         let record = RecordFile::create(HOG_MI).context("the hog's progress record")?;
         let container = CgroupPath::pod(Some("besteffort"), uid)
             .and_then(|p| p.join("app"))
@@ -271,19 +346,42 @@ impl Clock {
             .memory_usage(&CgroupPath::kubepods())
             .context("kubepods' usage and inactive file pages")?;
         let inactive_file = now.inactive_file_bytes;
-        // The node is a v1 one (`Node::start`): kubepods' counter in the memory hierarchy.
-        let usage_file = std::path::Path::new("/sys/fs/cgroup/memory")
-            .join(&node.root.name)
-            .join("kubepods/memory.usage_in_bytes");
+        // The node is a v1 one (`Node::start`): the counters in the memory hierarchy.
+        let memory = std::path::Path::new(reactor_tests::MEMCG_V1_ROOT).join(&node.root.name);
+        let (usage_file, level, offset) = match basis {
+            Basis::Usage => {
+                let level = working_set_level(working_set_mi * MI, inactive_file);
+                if now.usage_bytes >= level {
+                    bail!(
+                        "kubepods at {} bytes, already past the crossing at {level}: the node \
+                         did not settle",
+                        now.usage_bytes
+                    );
+                }
+                (memory.join("kubepods/memory.usage_in_bytes"), level, 0)
+            }
+            Basis::WorkingSet => {
+                let level = working_set_mi * MI;
+                if now.working_set_bytes >= level {
+                    bail!(
+                        "kubepods' working set at {} bytes, already past the crossing at \
+                         {level}: the node did not settle",
+                        now.working_set_bytes
+                    );
+                }
+                let pod = CgroupPath::pod(Some("besteffort"), uid)
+                    .context("the hog's pod cgroup")?
+                    .under(&memory);
+                let hog =
+                    crate::page_cache::stat(&pod).context("the hog's pod cgroup before the hog")?;
+                let offset = now.working_set_bytes.saturating_sub(hog.working_set());
+                (pod.join("memory.usage_in_bytes"), level, offset)
+            }
+        };
         if !usage_file.exists() {
-            bail!("no kubepods usage file at {}", usage_file.display());
-        }
-        let level = working_set_level(working_set_mi * MI, inactive_file);
-        if now.usage_bytes >= level {
             bail!(
-                "kubepods at {} bytes, already past the crossing at {level}: the node did not \
-                 settle",
-                now.usage_bytes
+                "no usage file for the hog to read at {}",
+                usage_file.display()
             );
         }
         Ok(Clock {
@@ -291,8 +389,23 @@ impl Clock {
             level,
             inactive_file,
             base: now.usage_bytes,
+            offset,
+            basis,
             usage_file,
         })
+    }
+
+    /// Adds `bytes` to the working set the record's usage leaves out ([`Basis::WorkingSet`]):
+    /// page cache another pod activated during the hog (moved from the inactive list to the
+    /// active one, so into the working set, with no charge the record could see).
+    pub(crate) fn add_working_set(&mut self, bytes: u64) {
+        self.offset = self.offset.saturating_add(bytes);
+    }
+
+    /// What the record's usage leaves out of the figure the level is on (see `offset`), and
+    /// kubepods' usage and inactive file pages when the clock was armed, bytes.
+    pub(crate) fn armed_at(&self) -> (u64, u64, u64) {
+        (self.offset, self.base, self.inactive_file)
     }
 
     /// The hog's environment for this record: where it is and kubepods' usage file.
@@ -315,7 +428,9 @@ impl Clock {
     /// repetition keeps of it.
     pub(crate) fn read(&self) -> (Option<u64>, ClockRep) {
         let mut rep = ClockRep {
+            basis: self.basis,
             level: self.level,
+            offset: self.offset,
             inactive_file: self.inactive_file,
             base: self.base,
             ..ClockRep::default()
@@ -328,9 +443,9 @@ impl Clock {
             }
         };
         rep.mean_burst_ns = hog_record::mean_burst_ns(&slots);
-        // The record holds kubepods' own usage: nothing to add to it.
+        // For the usage basis the record holds kubepods' own usage: nothing to add to it.
         let piece = layout::PIECE_BYTES as u64;
-        match hog_record::crossing(&slots, 0, self.level, piece) {
+        match hog_record::crossing(&slots, self.offset, self.level, piece) {
             Ok(c) => {
                 rep.piece = Some(c.piece);
                 rep.incomplete = c.incomplete;
@@ -354,14 +469,15 @@ fn kill_at(d: &Decision) -> u64 {
     }
 }
 
-/// Starts one repetition's hog (600 MiB at `rate` MiB/s, BestEffort, its clock armed just
-/// before) and returns the clock and a reader of the pods' OOM kills so far.
+/// Starts one repetition's hog (600 MiB at `rate` MiB/s, BestEffort, its clock armed on
+/// `basis` just before) and returns the clock and a reader of the pods' OOM kills so far.
 pub(crate) async fn start_hog(
     node: &mut Node,
     uid: &str,
     rate: u64,
+    basis: Basis,
 ) -> Result<(Clock, impl Fn() -> u64 + Send + Sync)> {
-    let clock = Clock::arm(node, uid, CAPACITY_MI - HARD_MI)?;
+    let clock = Clock::arm_on(node, uid, CAPACITY_MI - HARD_MI, basis)?;
     let env = clock.hog_env()?;
     node.run_env(
         uid,
@@ -392,8 +508,20 @@ pub(crate) async fn start_hog(
     Ok((clock, ooms))
 }
 
-async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
-    let (clock, ooms) = start_hog(node, uid, rate).await?;
+/// One repetition; with `cache` (the cache-full variant) the crossing is clocked on
+/// kubepods' working set ([`Basis::WorkingSet`]) and the cache is freed before the node is
+/// settled again.
+async fn repetition(
+    node: &mut Node,
+    uid: &str,
+    rate: u64,
+    cache: Option<&mut CacheCgroup>,
+) -> Result<Rep> {
+    let basis = match cache {
+        Some(_) => Basis::WorkingSet,
+        None => Basis::Usage,
+    };
+    let (clock, ooms) = start_hog(node, uid, rate, basis).await?;
     let mut rep = Rep::default();
     let mut oom_at: Option<u64> = None;
     let mut evicted: Option<Decision> = None;
@@ -502,6 +630,10 @@ async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<Rep> {
     } else {
         rep.oom_first = oom_at.is_some() || ooms() > oom0;
     }
+    // The cache goes first: kubepods full of it would keep the settle below waiting.
+    if let Some(cache) = cache {
+        cache.empty();
+    }
     clean_up(node, uid).await;
     while node.lp().decisions.try_recv().is_ok() {}
     Ok(rep)
@@ -606,6 +738,15 @@ pub fn run(opts: &Opts) -> Result<Part> {
         }
     });
     let reps = opts.oom_reps.unwrap_or(if opts.quick { 2 } else { 20 });
+    let variant = |k: &str| {
+        opts.oom_variants
+            .as_ref()
+            .is_none_or(|v| v.iter().any(|x| x == k))
+    };
+    let (plain, cache_full) = (variant(VARIANT_KEYS[0]), variant(VARIANT_KEYS[1]));
+    // The cache-full variant runs both rates even with --quick (with its 2 repetitions).
+    let cache_rates = opts.oom_rates.clone().unwrap_or_else(|| vec![350, 150]);
+    let rates = if plain { rates } else { Vec::new() };
     // As `reactor run` runs the agent: the loop on its own `SCHED_FIFO` thread, the rest at
     // normal scheduling (see `node_runtime`).
     let (rt, realtime) = crate::lag::node_runtime()?;
@@ -662,7 +803,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
                     }
                     tokio::time::sleep(Duration::from_millis(500) + tick_phase(mode, rep)).await;
                     let uid = format!("be-{rate}-{mi}-{rep}");
-                    let result = repetition(&mut node, &uid, rate).await;
+                    let result = repetition(&mut node, &uid, rate, None).await;
                     node.stop_loop().await;
                     row.reps.push(result?);
                 }
@@ -680,27 +821,283 @@ pub fn run(opts: &Opts) -> Result<Part> {
             }
             rows.extend(rate_rows.into_iter().filter(|r| !r.reps.is_empty()));
         }
+        let cache_rows = if cache_full {
+            cache_full_rounds(&mut node, opts, &cache_rates, reps).await?
+        } else {
+            Vec::new()
+        };
         for p in node.pods.pods().iter() {
             let _ = node.runtime.stop_pod(&p.info.uid, Duration::ZERO).await;
         }
         node.finish().await;
-        Ok::<_, anyhow::Error>((rows, references))
+        Ok::<_, anyhow::Error>((rows, references, cache_rows))
     })?;
-    let (rows, references) = rows;
-    let mut part = summarise(
-        &rows,
-        reps,
-        realtime,
-        !opts.no_mrelease,
-        opts.memory_reclaim,
-        opts.close_watch_always,
-    );
-    crate::oom_ref::add_to(
-        &mut part,
-        &crate::oom_ref::full_agent_times(&rows),
-        &references,
-    );
+    let (rows, references, cache_rows) = rows;
+    let mut part = if plain {
+        let mut part = summarise(
+            &rows,
+            reps,
+            realtime,
+            !opts.no_mrelease,
+            opts.memory_reclaim,
+            opts.close_watch_always,
+        );
+        crate::oom_ref::add_to(
+            &mut part,
+            &crate::oom_ref::full_agent_times(&rows),
+            &references,
+        );
+        part
+    } else {
+        Part {
+            key: "oom",
+            tables: Vec::new(),
+            json: json!({"capacity_mib": CAPACITY_MI, "repetitions": reps, "rows": []}),
+            samples: 0,
+        }
+    };
+    if cache_full {
+        let (table, json, samples) = summarise_cache_full(&cache_rows, reps, realtime);
+        part.tables.push(table);
+        part.samples += samples;
+        if let Some(obj) = part.json.as_object_mut() {
+            obj.insert("cache_full".into(), json);
+        }
+    }
     Ok(part)
+}
+
+/// The cache-full variant: before each repetition kubepods of the modelled node is filled
+/// with page cache up to its limit (a cgroup of the bench's own in kubepods fills a file
+/// [`CACHE_EXTRA_MI`] larger than the limit on `/var/tmp`, [`crate::page_cache::fill`], then
+/// idles), so the hog grows by
+/// reclaiming it; its crossing is clocked on kubepods' working set ([`Basis::WorkingSet`]).
+/// The modes of [`CACHE_FULL_MODES`] (those `--oom-modes` leaves) take turns as in the plain
+/// variant; the cache is written afresh for each repetition (a file read again would be
+/// activated, and a hog leaves part of it reclaimed).
+async fn cache_full_rounds(
+    node: &mut Node,
+    opts: &Opts,
+    rates: &[u64],
+    reps: usize,
+) -> Result<Vec<Row>> {
+    let kubepods = std::path::Path::new(reactor_tests::MEMCG_V1_ROOT)
+        .join(&node.root.name)
+        .join("kubepods");
+    let limit = crate::page_cache::limit(&kubepods)?;
+    if limit > (CAPACITY_MI + 64) * MI {
+        bail!(
+            "kubepods' memory limit is {limit} bytes, not the modelled node's {CAPACITY_MI} \
+             MiB: page cache could not fill it"
+        );
+    }
+    let bytes = (limit / MI + CACHE_EXTRA_MI) * MI;
+    let modes: Vec<usize> = CACHE_FULL_MODES
+        .into_iter()
+        .filter(|&mi| {
+            opts.oom_modes
+                .as_ref()
+                .is_none_or(|m| m.iter().any(|k| k == MODE_KEYS[mi]))
+        })
+        .collect();
+    if modes.is_empty() {
+        bail!(
+            "--oom-variants cache-full runs the modes {}; --oom-modes left none of them",
+            CACHE_FULL_MODES.map(|mi| MODE_KEYS[mi]).join(",")
+        );
+    }
+    let mut cache = CacheCgroup::new(&kubepods, "bench-cache-writer")?;
+    let mut rows = Vec::new();
+    for &rate in rates {
+        let mut rate_rows: Vec<Row> = modes
+            .iter()
+            .map(|&mi| Row {
+                rate,
+                mode: MODES[mi].name,
+                attached: Vec::new(),
+                reps: Vec::new(),
+            })
+            .collect();
+        for rep in 0..reps {
+            for k in 0..modes.len() {
+                let j = (k + rep) % modes.len();
+                let mode = &MODES[modes[j]];
+                let took = cache.fill(bytes)?.took;
+                // kubepods' statistics hold the cache before the clock reads them.
+                let filled = crate::page_cache::settled(&kubepods, &cache.dir)?;
+                start_mode_with(node, mode, |s| {
+                    if opts.memory_reclaim {
+                        s.memory_reclaim = Some(MEMORY_RECLAIM_TIMEOUT);
+                    }
+                    if opts.close_watch_always {
+                        s.kernel_watched_poll = s.close_poll;
+                    }
+                });
+                let row = &mut rate_rows[j];
+                if rep == 0 {
+                    row.attached = node.attached.clone();
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let uid = format!("bc-{rate}-{}-{rep}", modes[j]);
+                let result = repetition(node, &uid, rate, Some(&mut cache)).await;
+                node.stop_loop().await;
+                let mut r = result.with_context(|| {
+                    format!("cache-full {rate} MiB/s {} repetition {rep}", mode.name)
+                })?;
+                r.filled = Some((filled, took));
+                row.reps.push(r);
+            }
+        }
+        for row in &rate_rows {
+            eprintln!(
+                "bench: oom cache-full {rate} MiB/s {}: {} of {reps} evicted before any OOM kill",
+                row.mode,
+                row.reps.iter().filter(|r| r.right && !r.oom_first).count()
+            );
+        }
+        rows.extend(rate_rows);
+    }
+    Ok(rows)
+}
+
+/// The cache-full variant's table and JSON, and its sample count.
+fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Value, usize) {
+    let mut t = Table::new(
+        "2b. OOM avoidance on a node full of page cache: the hog grows by reclaiming it",
+        &[
+            "rate",
+            "mode",
+            "OOM killer first",
+            "right pod evicted",
+            "crossing→SIGKILL p50",
+            "crossing→SIGKILL p99",
+            "killed at the crossing",
+            "woken by",
+            "kubepods before the hog: usage / inactive file (median)",
+        ],
+    )
+    .text_columns(2);
+    let mib = |b: u64| b as f64 / MI as f64;
+    let median_of = |v: Vec<u64>| {
+        let mut v = v;
+        v.sort_unstable();
+        v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+    };
+    let mut out = Vec::new();
+    let mut samples = 0;
+    for r in rows {
+        let n = r.reps.len();
+        samples += n;
+        let oom = r.reps.iter().filter(|x| x.oom_first).count();
+        let right = r.reps.iter().filter(|x| x.right && !x.oom_first).count();
+        let at_crossing = r.reps.iter().filter(|x| x.at_crossing).count();
+        let to_kill = Dist::of(
+            &r.reps
+                .iter()
+                .filter_map(|x| x.crossing_to_kill_ns)
+                .collect::<Vec<_>>(),
+        );
+        let mut woken: BTreeMap<&str, usize> = BTreeMap::new();
+        for w in r.reps.iter().filter_map(|x| x.woken_by.as_deref()) {
+            *woken.entry(w).or_default() += 1;
+        }
+        let woken_text = woken
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let usage = median_of(r.reps.iter().map(|x| x.clock.base).collect());
+        let inactive = median_of(r.reps.iter().map(|x| x.clock.inactive_file).collect());
+        t.row(vec![
+            format!("{} MiB/s", r.rate),
+            r.mode.to_string(),
+            format!("{oom}/{n}"),
+            format!("{right}/{n}"),
+            to_kill.p50_text(),
+            to_kill.p99_text(),
+            format!("{at_crossing}/{n}"),
+            if woken_text.is_empty() {
+                "-".into()
+            } else {
+                woken_text
+            },
+            format!("{:.0} / {:.0} MiB", mib(usage), mib(inactive)),
+        ]);
+        out.push(json!({
+            "rate_mib_s": r.rate, "mode": r.mode,
+            "attached": r.attached.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            "repetitions": n, "oom_killer_first": oom, "right_pod_evicted_first": right,
+            "crossing_to_kill": to_kill.json(),
+            "killed_at_crossing": at_crossing,
+            "woken_by": woken,
+            "crossings": r.reps.iter().map(|x| json!({
+                "clock_basis": x.clock.basis.key(),
+                "working_set_level_bytes": x.clock.level,
+                "working_set_without_hog_bytes": x.clock.offset,
+                "kubepods_before_hog_bytes": x.clock.base,
+                "inactive_file_bytes": x.clock.inactive_file,
+                "kubepods_after_filling": x.filled.map(|(m, _)| m.json()),
+                "filling_seconds": x.filled.map(|(_, d)| d.as_secs_f64()),
+                "oom_killer_first": x.oom_first,
+                "evicted": x.evicted,
+                "killed_at_crossing": x.at_crossing,
+                "piece": x.clock.piece,
+                "killed_inside_piece": x.clock.incomplete,
+                "no_crossing": x.clock.none,
+                "kill_after_crossing_ns": x.kill_after_crossing_ns,
+                "reaction_ns": x.reaction_ns,
+                "event_after_crossing_ns": x.event_after_crossing_ns,
+                "woken_by": x.woken_by,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    let all = || rows.iter().flat_map(|r| &r.reps);
+    let uncrossed = all().filter(|x| x.clock.none.is_some()).count();
+    let early = all()
+        .filter(|x| x.kill_after_crossing_ns.is_some_and(|d| d < 0))
+        .count();
+    let shares: Vec<f64> = all()
+        .filter_map(|x| x.filled.map(|(m, _)| m.inactive_share()))
+        .collect();
+    let share_text = match (
+        shares.iter().copied().reduce(f64::min),
+        shares.iter().copied().reduce(f64::max),
+    ) {
+        (Some(lo), Some(hi)) => format!("{:.0}–{:.0} %", lo * 100.0, hi * 100.0),
+        _ => "-".into(),
+    };
+    t.note(format!(
+        "{reps} repetitions per mode and rate, the modes taking turns; the node of the table \
+         above (Guaranteed and Burstable pods at 48 MiB each, the BestEffort hog allocating \
+         {HOG_MI} MiB); before each repetition a cgroup of the bench's own in kubepods (no \
+         pod) writes a file {CACHE_EXTRA_MI} MiB larger than kubepods' limit to /var/tmp (dd, \
+         conv=fsync: clean cache), drops its cache and reads it back once (no buffer heads, \
+         whose kernel memory would leave the working set with the cache) and idles, so \
+         kubepods is at its limit with mostly inactive \
+         file pages ({share_text} of its usage after writing), and the hog grows by reclaiming \
+         them; the file is removed after the repetition"
+    ));
+    t.note(format!(
+        "crossing→SIGKILL: kubepods' working set passing {} MiB, clocked as the hog's own pod \
+         cgroup usage (read by the hog after each 256 KiB piece) plus kubepods' working set \
+         without it just before the hog (usage stays at the limit while the cache is \
+         reclaimed, so kubepods' usage cannot clock it) → the agent's SIGKILL; its error is \
+         what the rest of kubepods' working set moves meanwhile (kernel memory leaving with \
+         the reclaimed cache, per-CPU charge batches: about 1 MiB in the runs seen, a few ms \
+         at 350 MiB/s, so a SIGKILL at the crossing itself can read a few ms, and a hog killed \
+         there just short of the clock's level leaves no crossing in its record); {uncrossed} repetitions had no crossing in the record, \
+         {early} SIGKILLs came before the clock's crossing and read 0; OOM killer first, \
+         right pod evicted and killed at the crossing as in the table above",
+        CAPACITY_MI - HARD_MI
+    ));
+    t.note(crate::lag::node_scheduling_note(realtime));
+    let json = json!({
+        "modes": CACHE_FULL_MODES.map(|mi| MODES[mi].name),
+        "extra_written_mib": CACHE_EXTRA_MI,
+        "repetitions": reps,
+        "rows": out,
+    });
+    (t, json, samples)
 }
 
 /// The slowest crossing → SIGKILL of a row taken apart, for its note: where the time went

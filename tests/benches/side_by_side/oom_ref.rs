@@ -20,7 +20,7 @@ use reactor::sense::monotonic_ns;
 use reactor_tests::node::Node;
 use serde_json::json;
 
-use crate::oom::{clean_up, start_hog, Row};
+use crate::oom::{clean_up, start_hog, Basis, Row};
 use crate::read_floor::{Probe, Read};
 use crate::report::{Dist, Part};
 
@@ -44,7 +44,7 @@ pub(crate) const POLL: Duration = Duration::from_micros(100);
 
 /// One reference repetition; the node must have no loop running.
 pub(crate) async fn repetition(node: &mut Node, uid: &str, rate: u64) -> Result<RefRep> {
-    let (clock, ooms) = start_hog(node, uid, rate).await?;
+    let (clock, ooms) = start_hog(node, uid, rate, Basis::Usage).await?;
     let probe = Probe::start(node.observer(), &node.pods.pods(), uid);
     let pod = CgroupPath::pod(Some("besteffort"), uid)?;
     let cgroups = node.cgroups.clone();

@@ -26,6 +26,20 @@
 //! difference the run could tell, and it widens when the machine is noisy. The kernel
 //! programs' own share is not timed on a third side: their runs and time during the on runs
 //! are counted exactly (kernel statistics), and so is the agent process's CPU time.
+//!
+//! A node full of page cache (issue 42): every round also runs the two sides against a
+//! second modelled node, the same config in a cgroup root of its own that lasts the whole
+//! part, whose kubepods is filled with page cache up to its limit before the rounds (a
+//! cgroup of the bench's own in kubepods writes a file 128 MiB larger than the limit to
+//! `/var/tmp`, flushed, drops its cache and reads it back once, [`crate::page_cache::fill`],
+//! and idles; the part fails if under 80 % of kubepods' usage is then
+//! inactive file). Its agent is the same `reactor run`, started again for each on side in
+//! that root (so the cache outlives it) and stopped (SIGTERM) after; its off side runs with
+//! the cache in place and no agent. Its watched cgroups' working set is far from their
+//! levels, their usage at them: the agent's tripwire then decides whether the charge
+//! programs run on every page the programs fault. The programs themselves run where the
+//! calm node's do, outside both nodes. The two nodes' pairs take turns within each round
+//! (calm first in even rounds), and each is summarised as above in a table of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -35,8 +49,9 @@ use anyhow::{bail, Context, Result};
 use reactor_tests::agent::TestAgent;
 use reactor_tests::stats::{median, quartiles, range, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
-use serde_json::json;
+use serde_json::{json, Value};
 
+use crate::page_cache::{CacheCgroup, MemStat};
 use crate::report::{Part, Table};
 use crate::Opts;
 
@@ -56,6 +71,13 @@ const ROUNDS: usize = 120;
 /// What each side waits before its runs: the agent's start (attaching its programs, its
 /// first pass) or stop is over, and on the off side the same time passes.
 const SETTLE: Duration = Duration::from_millis(500);
+/// The two nodes' pairs of a round: the calm node, and the node full of page cache.
+const NODES: [&str; 2] = ["calm", "page cache full"];
+const CACHE_NODE: usize = 1;
+/// How much more than kubepods' limit the page-cache node's writer writes.
+const CACHE_EXTRA: u64 = 128 * MI;
+/// The least share of kubepods' usage on the inactive file list for that node to be one.
+const CACHE_MIN_SHARE: f64 = 0.8;
 const PYTHON: &str = "d = {i: i for i in range(2_000_000)}\n\
                       b = [bytearray(b'\\x01') * 4096 for _ in range(100_000)]\n";
 
@@ -241,85 +263,73 @@ fn summarise(off: &[Run], on: &[Run]) -> Summary {
     }
 }
 
-/// Run part 7b.
-pub fn run(opts: &Opts) -> Result<Part> {
-    let rounds = if opts.quick { 2 } else { ROUNDS };
-    let dir = tempfile::tempdir_in("/var/tmp").context("temp dir on disk")?;
-    let input = text_file(dir.path())?;
-    let unit = c_file(dir.path())?;
-    let text = |p: &Path| p.display().to_string();
-    let programs = [
-        Program {
-            name: "compressor",
-            tool: "xz",
-            exe: executable("xz").unwrap_or_default(),
-            args: vec![
-                "-6".into(),
-                "-T1".into(),
-                "-c".into(),
-                "-k".into(),
-                text(&input),
-            ],
-        },
-        Program {
-            name: "C compile",
-            tool: "gcc",
-            exe: executable("gcc").unwrap_or_default(),
-            args: vec![
-                "-O2".into(),
-                "-c".into(),
-                text(&unit),
-                "-o".into(),
-                "/dev/null".into(),
-            ],
-        },
-        Program {
-            name: "interpreter",
-            tool: "python3",
-            exe: executable("python3").unwrap_or_default(),
-            args: vec!["-c".into(), PYTHON.into()],
-        },
-    ];
-    let present: Vec<bool> = programs
-        .iter()
-        .map(|p| !p.exe.as_os_str().is_empty())
-        .collect();
-    // Read the input once so every run finds it in the page cache.
-    std::fs::read(&input).context("reading the compressor's input")?;
-    let root = TestMemcg::new("bench-realprogs", 4 << 30).context("the part's test memcg")?;
-    // runs[program][side], one per round.
-    let mut runs: Vec<[Vec<Run>; 2]> = programs.iter().map(|_| Default::default()).collect();
-    // Counted on both sides alike; counting costs only where a program runs.
-    let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
-    for round in 0..rounds {
-        // Off first in even rounds, on first in odd ones: neither side always follows the
-        // agent's start or its stop.
-        for k in 0..2 {
-            let side = (round + k) % 2;
-            let agent = (side == ON).then(|| {
-                TestAgent::start_sensing(
-                    &format!("bench-realprogs-agent-{round}"),
-                    crate::footprint::SENSE_ALL,
-                    crate::api_load::NODE,
-                )
-            });
-            // Both sides wait alike: the agent attaches its programs and takes its first
-            // pass, and the machine settles after the agent's start or stop.
-            std::thread::sleep(SETTLE);
-            for (i, p) in programs.iter().enumerate() {
-                if !present[i] {
-                    continue;
-                }
-                let tag = format!("r{round}-{}-{i}", SIDES[side]);
-                let pid = agent.as_ref().map_or(0, TestAgent::pid);
-                runs[i][side].push(run_one(&root, p, &tag, pid)?);
-            }
-            drop(agent);
-        }
-    }
-    drop(root);
-    drop(dir);
+/// The modelled node full of page cache: its agent (stopped between on sides, its cgroup
+/// root kept) and the cgroup in its kubepods holding the cache.
+struct CacheNode {
+    // Dropped first: the file (its cache with it) and its cgroup, then the agent's root.
+    _cache: CacheCgroup,
+    agent: TestAgent,
+    /// kubepods' memory limit, and its usage and file pages once filled.
+    limit: u64,
+    filled: MemStat,
+}
 
+impl CacheNode {
+    /// Starts the agent once so it makes its kubepods with the node's limit, stops it, and
+    /// fills kubepods with page cache; fails if kubepods has no limit the cache can fill or
+    /// the cache is under [`CACHE_MIN_SHARE`] of its usage.
+    fn new() -> Result<CacheNode> {
+        let mut agent = TestAgent::start_sensing(
+            "bench-realprogs-cache",
+            crate::footprint::SENSE_ALL,
+            crate::api_load::NODE,
+        );
+        let kubepods = agent.cgroup_dir("memory", "kubepods");
+        // Stopped while the cache is written: it comes back for each on side.
+        let stopped = agent.stop_within(rustix::process::Signal::TERM, Duration::from_secs(10));
+        if stopped.is_none() {
+            eprintln!("bench: realprogs: the page-cache node's agent needed SIGKILL to stop");
+        }
+        if !kubepods.exists() {
+            bail!("the agent made no kubepods at {}", kubepods.display());
+        }
+        let limit = crate::page_cache::limit(&kubepods)?;
+        if limit > 8 << 30 {
+            bail!(
+                "kubepods' memory limit is {limit} bytes: no limit the page cache can fill \
+                 (the modelled node has 512 MiB)"
+            );
+        }
+        let mut cache = CacheCgroup::new(&kubepods, "bench-cache-writer")?;
+        cache.fill((limit / MI) * MI + CACHE_EXTRA)?;
+        // kubepods' statistics hold the cache before its share is judged.
+        let filled = crate::page_cache::settled(&kubepods, &cache.dir)?;
+        if filled.inactive_share() < CACHE_MIN_SHARE {
+            bail!(
+                "the page-cache node's kubepods holds {} MiB of inactive file pages in {} MiB \
+                 of usage ({:.1} %), under the {:.0} % it needs",
+                filled.inactive_file / MI,
+                filled.usage / MI,
+                filled.inactive_share() * 100.0,
+                CACHE_MIN_SHARE * 100.0
+            );
+        }
+        Ok(CacheNode {
+            _cache: cache,
+            agent,
+            limit,
+            filled,
+        })
+    }
+}
+
+/// One node's table and JSON rows from its runs (`runs[program][side]`), and its samples.
+fn node_table(
+    title: &str,
+    programs: &[Program],
+    present: &[bool],
+    runs: &[[Vec<Run>; 2]],
+) -> (Table, Vec<Value>, usize) {
     const HEADER: [&str; 11] = [
         "program",
         "command",
@@ -333,14 +343,10 @@ pub fn run(opts: &Opts) -> Result<Part> {
         "agent's CPU (on)",
         "off min–max",
     ];
-    let mut t = Table::new(
-        "7b. Real programs with the agent on (calm node) against no agent",
-        &HEADER,
-    )
-    .text_columns(2);
+    let mut t = Table::new(title, &HEADER).text_columns(2);
     let mut rows = Vec::new();
     let mut samples = 0;
-    for ((p, ok), sides) in programs.iter().zip(&present).zip(&runs) {
+    for ((p, ok), sides) in programs.iter().zip(present).zip(runs) {
         let command = format!("{} {}", p.tool, p.args.first().map_or("", String::as_str));
         if !ok {
             let mut row = vec![
@@ -406,6 +412,134 @@ pub fn run(opts: &Opts) -> Result<Part> {
             "off_ebpf_runs": off_runs.iter().map(|r| r.ebpf.0).sum::<u64>(),
         }));
     }
+    (t, rows, samples)
+}
+
+/// Run part 7b.
+pub fn run(opts: &Opts) -> Result<Part> {
+    let rounds = if opts.quick { 2 } else { ROUNDS };
+    let dir = tempfile::tempdir_in("/var/tmp").context("temp dir on disk")?;
+    let input = text_file(dir.path())?;
+    let unit = c_file(dir.path())?;
+    let text = |p: &Path| p.display().to_string();
+    let programs = [
+        Program {
+            name: "compressor",
+            tool: "xz",
+            exe: executable("xz").unwrap_or_default(),
+            args: vec![
+                "-6".into(),
+                "-T1".into(),
+                "-c".into(),
+                "-k".into(),
+                text(&input),
+            ],
+        },
+        Program {
+            name: "C compile",
+            tool: "gcc",
+            exe: executable("gcc").unwrap_or_default(),
+            args: vec![
+                "-O2".into(),
+                "-c".into(),
+                text(&unit),
+                "-o".into(),
+                "/dev/null".into(),
+            ],
+        },
+        Program {
+            name: "interpreter",
+            tool: "python3",
+            exe: executable("python3").unwrap_or_default(),
+            args: vec!["-c".into(), PYTHON.into()],
+        },
+    ];
+    let present: Vec<bool> = programs
+        .iter()
+        .map(|p| !p.exe.as_os_str().is_empty())
+        .collect();
+    // Read the input once so every run finds it in the page cache.
+    std::fs::read(&input).context("reading the compressor's input")?;
+    let root = TestMemcg::new("bench-realprogs", 4 << 30).context("the part's test memcg")?;
+    let mut cache_node = CacheNode::new()?;
+    // runs[node][program][side], one per round.
+    let mut runs: [Vec<[Vec<Run>; 2]>; 2] =
+        [0, 1].map(|_| programs.iter().map(|_| Default::default()).collect());
+    // Counted on both sides alike; counting costs only where a program runs.
+    let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
+    for round in 0..rounds {
+        // The calm node's pair first in even rounds, the page-cache node's in odd ones.
+        for n in 0..NODES.len() {
+            let node = (round + n) % NODES.len();
+            // Off first in even rounds, on first in odd ones: neither side always follows
+            // the agent's start or its stop.
+            for k in 0..2 {
+                let side = (round + k) % 2;
+                let calm_agent = (side == ON && node != CACHE_NODE).then(|| {
+                    TestAgent::start_sensing(
+                        &format!("bench-realprogs-agent-{round}"),
+                        crate::footprint::SENSE_ALL,
+                        crate::api_load::NODE,
+                    )
+                });
+                let pid = match (side, node) {
+                    (ON, CACHE_NODE) => {
+                        cache_node.agent.restart();
+                        cache_node.agent.pid()
+                    }
+                    _ => calm_agent.as_ref().map_or(0, TestAgent::pid),
+                };
+                // Both sides wait alike: the agent attaches its programs and takes its first
+                // pass, and the machine settles after the agent's start or stop.
+                std::thread::sleep(SETTLE);
+                for (i, p) in programs.iter().enumerate() {
+                    if !present[i] {
+                        continue;
+                    }
+                    let tag = format!("r{round}-{node}-{}-{i}", SIDES[side]);
+                    runs[node][i][side].push(run_one(&root, p, &tag, pid)?);
+                }
+                drop(calm_agent);
+                if side == ON && node == CACHE_NODE {
+                    cache_node
+                        .agent
+                        .stop_within(rustix::process::Signal::TERM, Duration::from_secs(10));
+                }
+            }
+        }
+    }
+    let (cache_limit, cache_filled) = (cache_node.limit, cache_node.filled);
+    drop(cache_node);
+    drop(root);
+    drop(dir);
+
+    let (mut t, rows, mut samples) = node_table(
+        "7b. Real programs with the agent on (calm node) against no agent",
+        &programs,
+        &present,
+        &runs[0],
+    );
+    let (mut c, cache_rows, cache_samples) = node_table(
+        "7b. Real programs with the agent on a node full of page cache against no agent",
+        &programs,
+        &present,
+        &runs[CACHE_NODE],
+    );
+    samples += cache_samples;
+    c.note(format!(
+        "the same rounds, this node's pair beside the calm node's (calm first in even rounds): \
+         the same config in a cgroup root kept for the part, its kubepods (limit {} MiB) filled \
+         before the rounds by a {} MiB file written from a cgroup of the bench's own in it \
+         (dd, conv=fsync, /var/tmp), its cache dropped and read back once: {} MiB of usage, {} MiB of it inactive file ({:.1} %); its \
+         agent started again in that root for each on side and stopped (SIGTERM) after, its \
+         off side with the cache in place and no agent; the programs run outside both nodes, \
+         as for the calm node; columns as in the table above",
+        cache_limit / MI,
+        (cache_limit / MI) + CACHE_EXTRA / MI,
+        cache_filled.usage / MI,
+        cache_filled.inactive_file / MI,
+        cache_filled.inactive_share() * 100.0
+    ));
     t.note(format!(
         "{rounds} rounds of two sides, off first in even rounds and on first in odd ones, one \
          run of each program per side; wall time from spawn to exit, each run in its own \
@@ -438,8 +572,16 @@ pub fn run(opts: &Opts) -> Result<Part> {
     t.note("target (issue 26, reported, never judged): each program's paired on / off within 1.02");
     Ok(Part {
         key: "realprogs",
-        tables: vec![t],
-        json: json!({"rounds": rounds, "settle_s": SETTLE.as_secs_f64(), "trim": TRIM, "programs": rows}),
+        tables: vec![t, c],
+        json: json!({
+            "rounds": rounds, "settle_s": SETTLE.as_secs_f64(), "trim": TRIM, "programs": rows,
+            "page_cache_full": {
+                "kubepods_limit_bytes": cache_limit,
+                "written_bytes": (cache_limit / MI) * MI + CACHE_EXTRA,
+                "kubepods_after_filling": cache_filled.json(),
+                "programs": cache_rows,
+            },
+        }),
         samples,
     })
 }

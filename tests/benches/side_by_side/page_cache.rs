@@ -1,0 +1,267 @@
+//! Page cache for the parts' "full of page cache" setups (issue 42): files written once to a
+//! disk file system from inside a memory cgroup, so their pages are charged to it and sit on
+//! its inactive file list, and what the cgroup's `memory.stat` then says.
+//!
+//! The files go to `/var/tmp` (ext4 on these machines), never a tmpfs: a tmpfs's pages are
+//! shmem, on the anon lists, and no inactive file. They are flushed as they are written
+//! (`dd conv=fsync`), so the cache is clean and reclaim can drop it at once, as a calm
+//! node's mostly is (dirty pages would make a reclaiming hog wait on writeback). A page read
+//! again while still cached is moved to the active list ([`read`] is for that), so a file
+//! that is to stay inactive is written afresh rather than read back.
+//!
+//! [`fill`] writes, drops the file's cache and reads it back once: ext4 attaches buffer
+//! heads to the pages it writes, kernel memory charged to the same cgroup (13 MiB for a
+//! cgroup filled to 512 MiB here), which leaves with the pages as reclaim takes them, so
+//! the cgroup's working set (`usage - inactive_file`) fell as a hog reclaimed that cache
+//! and a crossing clocked on the working set before the hog came 8 MiB early. Pages read
+//! from disk carry none (the working set of a cgroup filled so read 0 MiB), and a page read
+//! once stays on the inactive list.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use reactor::observe::cgroupfs::stat_value;
+
+/// A file holding page cache; removed, and its cache freed with it, on drop.
+pub(crate) struct CacheFile {
+    /// The file's own directory (removed with it).
+    _dir: tempfile::TempDir,
+    pub(crate) path: PathBuf,
+    /// How long writing it took (the write and the flush).
+    pub(crate) took: Duration,
+}
+
+/// Runs `cmd` inside the memory cgroup at `memcg` (it joins before it execs) to its end.
+fn run_in(memcg: &Path, cmd: &mut Command, what: &str) -> Result<Duration> {
+    let start = Instant::now();
+    let mut child = reactor_tests::spawn_in_cgroup(memcg, cmd)
+        .with_context(|| format!("{what}: starting it in {}", memcg.display()))?;
+    let out = child.wait().with_context(|| format!("{what}: waiting"))?;
+    if !out.success() {
+        bail!("{what} in {}: {out}", memcg.display());
+    }
+    Ok(start.elapsed())
+}
+
+/// Writes `bytes` (whole MiB) of zeros to a new file on `/var/tmp` from inside the memory
+/// cgroup whose directory is `memcg`, flushed to disk before it returns.
+pub(crate) fn write(memcg: &Path, bytes: u64) -> Result<CacheFile> {
+    if bytes < 1 << 20 {
+        bail!("a page-cache file of {bytes} bytes: at least 1 MiB is written");
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("reactor-bench-cache")
+        .tempdir_in("/var/tmp")
+        .context("a directory on /var/tmp for the page-cache file")?;
+    let path = dir.path().join("cache");
+    let took = run_in(
+        memcg,
+        Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", path.display()))
+            .arg("bs=1M")
+            .arg(format!("count={}", bytes >> 20))
+            .arg("conv=fsync")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "writing the page-cache file (dd)",
+    )?;
+    Ok(CacheFile {
+        _dir: dir,
+        path,
+        took,
+    })
+}
+
+/// [`write`], then the file's cache dropped (`dd iflag=nocache count=0`:
+/// `posix_fadvise(DONTNEED)` on the whole file; its pages are clean after the flush) and the
+/// file read once from the same cgroup: page cache charged to `memcg` with no buffer heads,
+/// on the inactive list (see the module doc).
+pub(crate) fn fill(memcg: &Path, bytes: u64) -> Result<CacheFile> {
+    let mut file = write(memcg, bytes)?;
+    file.took += run_in(
+        memcg,
+        Command::new("dd")
+            .arg(format!("if={}", file.path.display()))
+            .arg("iflag=nocache")
+            .arg("count=0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "dropping the page-cache file's cache (dd iflag=nocache)",
+    )?;
+    file.took += read(memcg, &file.path)?;
+    Ok(file)
+}
+
+/// Reads `file` to its end from inside the memory cgroup at `memcg` (`dd` to `/dev/null`):
+/// pages still cached are marked accessed, and a page accessed twice is activated.
+pub(crate) fn read(memcg: &Path, file: &Path) -> Result<Duration> {
+    run_in(
+        memcg,
+        Command::new("dd")
+            .arg(format!("if={}", file.display()))
+            .arg("of=/dev/null")
+            .arg("bs=1M")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "reading the page-cache file (dd)",
+    )
+}
+
+/// A v1 memory cgroup's usage and file pages, bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MemStat {
+    pub(crate) usage: u64,
+    pub(crate) inactive_file: u64,
+    pub(crate) active_file: u64,
+}
+
+impl MemStat {
+    /// The share of usage on the inactive file list.
+    pub(crate) fn inactive_share(&self) -> f64 {
+        self.inactive_file as f64 / self.usage.max(1) as f64
+    }
+
+    /// `usage - inactive_file`: the kubelet's working set.
+    pub(crate) fn working_set(&self) -> u64 {
+        self.usage.saturating_sub(self.inactive_file)
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "usage_bytes": self.usage,
+            "inactive_file_bytes": self.inactive_file,
+            "active_file_bytes": self.active_file,
+            "inactive_file_share": self.inactive_share(),
+        })
+    }
+}
+
+/// Reads `memory.usage_in_bytes` and the hierarchical file counters (`total_inactive_file`,
+/// `total_active_file`) of the v1 memory cgroup at `memcg`.
+pub(crate) fn stat(memcg: &Path) -> Result<MemStat> {
+    let text = std::fs::read_to_string(memcg.join("memory.stat"))
+        .with_context(|| format!("reading {}/memory.stat", memcg.display()))?;
+    let field = |name: &str| -> Result<u64> {
+        stat_value(&text, name)
+            .map_err(anyhow::Error::msg)?
+            .with_context(|| format!("no {name} in {}/memory.stat", memcg.display()))
+    };
+    let usage = std::fs::read_to_string(memcg.join("memory.usage_in_bytes"))
+        .with_context(|| format!("reading {}/memory.usage_in_bytes", memcg.display()))?;
+    let usage = usage.trim().parse().with_context(|| {
+        format!(
+            "{}/memory.usage_in_bytes is not a number: {usage:?}",
+            memcg.display()
+        )
+    })?;
+    Ok(MemStat {
+        usage,
+        inactive_file: field("total_inactive_file")?,
+        active_file: field("total_active_file")?,
+    })
+}
+
+/// How long [`settled`] waits: the kernel's periodic flush of the cgroup statistics runs
+/// every 2 s.
+const SETTLE_WAIT: Duration = Duration::from_secs(3);
+
+/// Reads the memory cgroup at `parent` once its `total_inactive_file` holds what its
+/// descendant at `child` has (to 1 MiB), waiting up to [`SETTLE_WAIT`]; fails saying both
+/// figures if it never does.
+///
+/// The kernel folds a cgroup's page statistics into its ancestors' lazily (rstat): right
+/// after a child's page cache was filled, the parent's `memory.stat` showed none of it
+/// (kubepods at 202 MiB of usage, 0 of it inactive file, with 200 MiB inactive in the pod
+/// below), so a working set read from it counted the whole cache, and the activation burst's
+/// clock placed its crossing half a second early. Its usage, a page counter, is exact.
+pub(crate) fn settled(parent: &Path, child: &Path) -> Result<MemStat> {
+    let want = stat(child)?.inactive_file;
+    let deadline = Instant::now() + SETTLE_WAIT;
+    loop {
+        let now = stat(parent)?;
+        if now.inactive_file + (1 << 20) >= want {
+            return Ok(now);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{}: {} MiB of inactive file pages after {:?}, its descendant {} has {} MiB",
+                parent.display(),
+                now.inactive_file >> 20,
+                SETTLE_WAIT,
+                child.display(),
+                want >> 20
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A v1 memory cgroup's `memory.limit_in_bytes`.
+pub(crate) fn limit(memcg: &Path) -> Result<u64> {
+    let text = std::fs::read_to_string(memcg.join("memory.limit_in_bytes"))
+        .with_context(|| format!("reading {}/memory.limit_in_bytes", memcg.display()))?;
+    text.trim().parse().with_context(|| {
+        format!(
+            "{}/memory.limit_in_bytes is not a number: {text:?}",
+            memcg.display()
+        )
+    })
+}
+
+/// A memory cgroup of the bench's own (no pod: the loops rank pods only, and the agent's
+/// recovery looks only at `pod*` names) that holds page cache inside a node's cgroup tree,
+/// with the file whose cache it holds. The file goes first on drop (its cache with it),
+/// then the cgroup.
+pub(crate) struct CacheCgroup {
+    pub(crate) dir: PathBuf,
+    file: Option<CacheFile>,
+}
+
+impl CacheCgroup {
+    /// Makes the cgroup `name` in the v1 memory cgroup at `parent`.
+    pub(crate) fn new(parent: &Path, name: &str) -> Result<CacheCgroup> {
+        let dir = parent.join(name);
+        if !dir.exists() {
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("creating the cache cgroup {}", dir.display()))?;
+        }
+        Ok(CacheCgroup { dir, file: None })
+    }
+
+    /// Frees the cache held now (removes its file), then fills `bytes` afresh ([`fill`]).
+    pub(crate) fn fill(&mut self, bytes: u64) -> Result<&CacheFile> {
+        self.empty();
+        Ok(self.file.insert(fill(&self.dir, bytes)?))
+    }
+
+    /// Removes the file, which frees its page cache.
+    pub(crate) fn empty(&mut self) {
+        self.file = None;
+    }
+}
+
+impl Drop for CacheCgroup {
+    fn drop(&mut self) {
+        self.empty();
+        // Nothing runs in it once `dd` has exited; the rmdir may wait for the charges.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err()
+            && self.dir.exists()
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if self.dir.exists() {
+            eprintln!(
+                "warning: could not remove the cache cgroup {}",
+                self.dir.display()
+            );
+        }
+    }
+}
