@@ -468,31 +468,18 @@ impl UsageThresholds {
             };
             let reach = near::reach(wire.rate(), &near.opts);
             let level_bytes = level.unwrap_or(placed.now.usage_bytes);
-            // A usage level leaves no page cache out; a working-set level's page cache is
-            // read only once usage is within reach (below that the working set cannot be).
+            // What the kernel follows in the slot, while it follows (a root slot reads the
+            // node counters at each check instead).
+            let followed = table
+                .as_ref()
+                .filter(|_| attached && placed.level != 0)
+                .and_then(|t| t.slots.get(index))
+                .filter(|s| s.follow == 1)
+                .map(|s| u64::try_from(s.inactive_pages.max(0)).unwrap_or(0) * self.page);
+            let look = Look { on: near.on, deep };
             let inactive = match level {
                 None => 0,
-                Some(_) if !near::is_near(usage, level_bytes.saturating_sub(reach), near.on) => {
-                    wire.inactive
-                }
-                Some(_) => {
-                    let followed = table
-                        .as_ref()
-                        .filter(|_| placed.level != 0)
-                        .and_then(|t| t.slots.get(index))
-                        .filter(|s| s.follow == 1)
-                        .map(|s| u64::try_from(s.inactive_pages.max(0)).unwrap_or(0) * self.page);
-                    let stale = usage
-                        >= near::usage_tripwire(Arming::Cached, level_bytes, reach, wire.inactive);
-                    match followed {
-                        Some(f) => f,
-                        // While on, the detach rests on it: never a stale count then.
-                        None if deep || stale || near.on || wire.arming == Arming::Far => {
-                            read_inactive_file(&placed.dir).unwrap_or(0)
-                        }
-                        None => wire.inactive,
-                    }
-                }
+                Some(_) => page_cache_now(placed, wire, usage, level_bytes, reach, followed, look),
             };
             wire.inactive = inactive;
             wire.sample(usage.saturating_sub(inactive), now);
@@ -537,6 +524,44 @@ impl UsageThresholds {
             tracing::debug!(near = any, "eBPF: charge programs switched");
             near.switch.near(any);
         }
+    }
+}
+
+/// How a look was taken: with the programs on, and woken by something that can have moved
+/// the page cache (anything but the v2 poll).
+#[derive(Clone, Copy)]
+struct Look {
+    on: bool,
+    deep: bool,
+}
+
+/// The inactive file pages a look counts for a watched cgroup with a working-set level of
+/// `level` bytes and `usage` now: the count the kernel follows (`followed`), else a fresh
+/// `memory.stat` reading wherever the last one may be stale, else the last one. Below
+/// `level - reach` usage alone says the working set is out of reach, so nothing is read.
+fn page_cache_now(
+    placed: &Placed,
+    wire: &Tripwire,
+    usage: u64,
+    level: u64,
+    reach: u64,
+    followed: Option<u64>,
+    look: Look,
+) -> u64 {
+    if !near::is_near(usage, level.saturating_sub(reach), look.on) {
+        return wire.inactive;
+    }
+    if let Some(f) = followed {
+        return f;
+    }
+    // Usage past the tripwire the last reading placed (a charge under the limit, or a v2
+    // poll that saw one), the first look within reach, or the programs on (their detach
+    // rests on it): read it now.
+    let passed = usage >= near::usage_tripwire(Arming::Cached, level, reach, wire.inactive);
+    if look.deep || look.on || passed || wire.arming == Arming::Far {
+        read_inactive_file(&placed.dir).unwrap_or(0)
+    } else {
+        wire.inactive
     }
 }
 
@@ -700,6 +725,75 @@ mod tests {
         assert_eq!(slot_for(7, 1, mib, None, 4096).rearm_pages, 0);
         // Bytes round up to whole pages.
         assert_eq!(slot_for(7, 1, 4097, None, 4096).threshold_pages, 2);
+    }
+
+    #[test]
+    fn a_look_reads_the_page_cache_only_where_the_last_reading_may_be_stale() {
+        let mib = 1u64 << 20;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(
+            dir.path().join("memory.stat"),
+            format!("cache 1\ntotal_inactive_file {}\n", 300 * mib),
+        )
+        .expect("memory.stat");
+        let placed = Placed {
+            cgroup: "/kubepods".into(),
+            dir: dir.path().to_path_buf(),
+            id: 7,
+            level: 1,
+            now: Level::working_set(400 * mib, 0),
+            written: None,
+        };
+        let mut wire = Tripwire::default();
+        wire.inactive = 500 * mib;
+        wire.arming = Arming::Cached;
+        let (level, reach) = (400 * mib, 64 * mib);
+        let shallow = Look {
+            on: false,
+            deep: false,
+        };
+        let deep = Look {
+            on: false,
+            deep: true,
+        };
+        // Usage out of reach: nothing is read, whatever woke the look.
+        assert_eq!(
+            page_cache_now(&placed, &wire, 300 * mib, level, reach, None, deep),
+            500 * mib
+        );
+        // The v2 poll, usage within reach but under the last tripwire (336 + 500 MiB).
+        assert_eq!(
+            page_cache_now(&placed, &wire, 800 * mib, level, reach, None, shallow),
+            500 * mib
+        );
+        // Past it, or a deep look: read now.
+        assert_eq!(
+            page_cache_now(&placed, &wire, 840 * mib, level, reach, None, shallow),
+            300 * mib
+        );
+        assert_eq!(
+            page_cache_now(&placed, &wire, 800 * mib, level, reach, None, deep),
+            300 * mib
+        );
+        // The first look within reach after a far one reads it too.
+        wire.arming = Arming::Far;
+        assert_eq!(
+            page_cache_now(&placed, &wire, 800 * mib, level, reach, None, shallow),
+            300 * mib
+        );
+        // What the kernel follows comes first.
+        assert_eq!(
+            page_cache_now(
+                &placed,
+                &wire,
+                800 * mib,
+                level,
+                reach,
+                Some(123 * mib),
+                deep
+            ),
+            123 * mib
+        );
     }
 
     #[test]
