@@ -97,38 +97,85 @@ pub fn memhog_bin() -> PathBuf {
     reactor_bin().with_file_name("memhog")
 }
 
-/// Fills `memcg` with page cache: `dd` writes `bytes` to a file on `/var/tmp` (a disk file
-/// system: tmpfs pages are shmem, on the anon lists, never inactive file) from a child
-/// cgroup `cache` of it, then exits, so what it leaves behind is clean inactive file cache
-/// charged to `memcg`. Written past `memcg`'s limit, the cgroup ends at its limit full of it.
-/// Returns the cache's cgroup and the file's directory: drop them (the file goes with its
-/// directory, and its page cache with the file) before `memcg`.
-pub fn fill_page_cache(
-    memcg: &TestMemcg,
-    bytes: u64,
-) -> std::io::Result<(TestMemcg, tempfile::TempDir)> {
-    let mut cache = memcg.child("cache")?;
-    let dir = tempfile::Builder::new()
-        .prefix("reactor-test-cache")
-        .tempdir_in("/var/tmp")?;
-    let file = dir.path().join("cache");
-    let (status, _) = cache.run(
-        std::process::Command::new("dd")
-            .arg("if=/dev/zero")
-            .arg(format!("of={}", file.display()))
-            .arg("bs=1M")
-            .arg(format!("count={}", bytes >> 20))
-            .arg("conv=fsync")
+/// A file on `/var/tmp` whose pages are clean, inactive page cache charged to the memory
+/// cgroup that [`fill_page_cache`] filled; the file goes with its directory, and its cache
+/// with the file.
+pub struct CacheFile {
+    /// The file's own directory (removed on drop).
+    pub dir: tempfile::TempDir,
+    /// The file.
+    pub path: PathBuf,
+    /// How long writing, dropping and reading it back took.
+    pub took: std::time::Duration,
+}
+
+/// Runs `cmd` to its end inside the memory cgroup at `dir`; fails naming `what`.
+fn run_in(dir: &Path, cmd: &mut std::process::Command, what: &str) -> std::io::Result<()> {
+    let status = spawn_in_cgroup(
+        dir,
+        cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null()),
-    )?;
-    if !status.success() {
-        return Err(std::io::Error::other(format!(
-            "writing {} MiB of page cache with dd: {status}",
-            bytes >> 20
-        )));
+    )?
+    .wait()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "{what} in {}: {status}",
+            dir.display()
+        )))
     }
-    Ok((cache, dir))
+}
+
+/// Fills the memory cgroup at `dir` with `bytes` of clean, inactive page cache, as a node's
+/// memory fills after a day of work: `dd` writes a file on `/var/tmp` (a disk file system:
+/// tmpfs pages are shmem, on the anon lists) from the cgroup, drops its cache and reads it
+/// back once. Written pages carry buffer heads, kernel memory charged beside them that
+/// leaves as the cache is reclaimed, and some end on the active list (a written 768 MiB file
+/// left 60 % of a full cgroup inactive once); read once, the pages are plain inactive file.
+/// Past the cgroup's limit, it ends at its limit full of it.
+pub fn fill_page_cache(dir: &Path, bytes: u64) -> std::io::Result<CacheFile> {
+    let start = std::time::Instant::now();
+    let tmp = tempfile::Builder::new()
+        .prefix("reactor-test-cache")
+        .tempdir_in("/var/tmp")?;
+    let path = tmp.path().join("cache");
+    let file = path.display();
+    run_in(
+        dir,
+        std::process::Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={file}"))
+            .arg("bs=1M")
+            .arg(format!("count={}", bytes >> 20))
+            .arg("conv=fsync"),
+        "writing the page-cache file (dd)",
+    )?;
+    run_in(
+        dir,
+        std::process::Command::new("dd")
+            .arg(format!("if={file}"))
+            .args(["iflag=nocache", "count=0"]),
+        "dropping the page-cache file's cache (dd iflag=nocache)",
+    )?;
+    read_page_cache(dir, &path)?;
+    Ok(CacheFile {
+        dir: tmp,
+        path,
+        took: start.elapsed(),
+    })
+}
+
+/// Reads `file` through once from the memory cgroup at `dir` (`dd` to /dev/null).
+pub fn read_page_cache(dir: &Path, file: &Path) -> std::io::Result<()> {
+    run_in(
+        dir,
+        std::process::Command::new("dd")
+            .arg(format!("if={}", file.display()))
+            .args(["of=/dev/null", "bs=1M"]),
+        "reading the page-cache file (dd)",
+    )
 }
 
 /// A memory cgroup's usage from its directory: v1 `memory.usage_in_bytes`, v2

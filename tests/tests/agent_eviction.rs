@@ -651,23 +651,8 @@ fn a_node_full_of_page_cache_is_calm_and_its_hog_is_still_evicted_before_the_oom
     // leaves is clean page cache charged to kubepods.
     let writer_dir = agent.cgroup_dir("memory", "kubepods/cache-writer");
     std::fs::create_dir(&writer_dir).expect("the writer's cgroup");
-    let file_dir = tempfile::Builder::new()
-        .prefix("reactor-test-cache")
-        .tempdir_in("/var/tmp")
-        .expect("a directory for the page-cache file");
-    let file = file_dir.path().join("cache");
-    let mut writer = spawn_in_cgroup(
-        &writer_dir,
-        Command::new("dd")
-            .arg("if=/dev/zero")
-            .arg(format!("of={}", file.display()))
-            .args(["bs=1M", "count=768", "conv=fsync"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )
-    .expect("start dd");
-    assert!(writer.wait().expect("dd").success(), "dd failed");
+    let _file = reactor_tests::fill_page_cache(&writer_dir, 768 << 20)
+        .expect("filling kubepods with page cache");
     let _ = std::fs::remove_dir(&writer_dir);
     let stat = agent.read("memory", "kubepods", "memory.stat");
     let value = |key: &str| {

@@ -852,7 +852,8 @@ fn a_cgroup_full_of_page_cache_keeps_the_programs_off_until_its_working_set_near
     const FULL_LIMIT: u64 = 256 * MIB;
     const WS_LEVEL: u64 = 150 * MIB;
     let mut memcg = TestMemcg::new("ebpf-cache-full", FULL_LIMIT).expect("test memcg");
-    let (_cache, _file) = reactor_tests::fill_page_cache(&memcg, FULL_LIMIT + FULL_LIMIT / 2)
+    let cache = memcg.child("cache").expect("the cache's cgroup");
+    let _file = reactor_tests::fill_page_cache(&cache.path, FULL_LIMIT + FULL_LIMIT / 2)
         .expect("filling the cgroup with page cache");
     let read_stat = |key: &str| {
         let stat = std::fs::read_to_string(memcg.path.join("memory.stat")).expect("memory.stat");

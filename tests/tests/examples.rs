@@ -1,6 +1,8 @@
 //! The files in `examples/` are the README tour's: its node config checks, and on a real
 //! agent (root, cgroup v1 memory hierarchy) its Guaranteed sleeper is admitted as Guaranteed
-//! and its BestEffort hog is evicted before the kernel's OOM killer, as the tour says.
+//! and its BestEffort hog is evicted before the kernel's OOM killer, as the tour says. Where
+//! the machine grants no CAP_SYS_RESOURCE (the development ones), the sleeper's start is
+//! refused, as `node_pods.rs` checks too: the kubelet's -997 `oom_score_adj` needs it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,6 +10,19 @@ use std::process::Command;
 use reactor_tests::agent::TestAgent;
 use reactor_tests::{is_root, reactor_bin, require};
 use serde_json::Value;
+
+/// Whether this process may set a negative `oom_score_adj` (CAP_SYS_RESOURCE, bit 24 of
+/// `CapEff`); the development machines grant root without it.
+fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -75,12 +90,26 @@ fn the_tour_s_pods_run_and_the_hog_is_evicted_before_the_oom_killer() {
     let hog = agent.pod("default/hog").expect("the hog");
     assert_eq!(hog["reason"], "Evicted", "{hog}");
     let sleeper = agent.pod("default/sleeper").unwrap_or(Value::Null);
-    assert_eq!(
-        sleeper["phase"],
-        "Running",
-        "the Guaranteed sleeper is untouched: {sleeper}\n{}",
-        agent.log()
-    );
+    if has_cap_sys_resource() {
+        assert_eq!(
+            sleeper["phase"],
+            "Running",
+            "the Guaranteed sleeper is untouched: {sleeper}\n{}",
+            agent.log()
+        );
+    } else {
+        // The -997 oom_score_adj the kubelet gives a Guaranteed container needs
+        // CAP_SYS_RESOURCE; without it the process runtime refuses the start and says why.
+        assert_eq!(
+            sleeper["containers"][0]["reason"], "StartError",
+            "{sleeper}"
+        );
+        assert!(
+            agent.log().contains("needs CAP_SYS_RESOURCE"),
+            "{}",
+            agent.log()
+        );
+    }
     let oom = agent.read("memory", "kubepods", "memory.oom_control");
     assert!(oom.lines().any(|l| l == "oom_kill 0"), "{oom}");
 }

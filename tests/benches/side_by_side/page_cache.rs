@@ -79,41 +79,29 @@ pub(crate) fn write(memcg: &Path, bytes: u64) -> Result<CacheFile> {
 /// [`write`], then the file's cache dropped (`dd iflag=nocache count=0`:
 /// `posix_fadvise(DONTNEED)` on the whole file; its pages are clean after the flush) and the
 /// file read once from the same cgroup: page cache charged to `memcg` with no buffer heads,
-/// on the inactive list (see the module doc).
+/// on the inactive list (see the module doc); the tests' own [`reactor_tests::fill_page_cache`].
 pub(crate) fn fill(memcg: &Path, bytes: u64) -> Result<CacheFile> {
-    let mut file = write(memcg, bytes)?;
-    file.took += run_in(
-        memcg,
-        Command::new("dd")
-            .arg(format!("if={}", file.path.display()))
-            .arg("iflag=nocache")
-            .arg("count=0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-        "dropping the page-cache file's cache (dd iflag=nocache)",
-    )?;
-    file.took += read(memcg, &file.path)?;
-    Ok(file)
+    if bytes < 1 << 20 {
+        bail!("a page-cache file of {bytes} bytes: at least 1 MiB is written");
+    }
+    let file = reactor_tests::fill_page_cache(memcg, bytes)
+        .with_context(|| format!("filling {} with page cache", memcg.display()))?;
+    Ok(CacheFile {
+        _dir: file.dir,
+        path: file.path,
+        took: file.took,
+    })
 }
 
 /// Reads `file` to its end from inside the memory cgroup at `memcg` (`dd` to `/dev/null`):
 /// pages still cached are marked accessed, and a page accessed twice is activated.
 pub(crate) fn read(memcg: &Path, file: &Path) -> Result<Duration> {
-    run_in(
-        memcg,
-        Command::new("dd")
-            .arg(format!("if={}", file.display()))
-            .arg("of=/dev/null")
-            .arg("bs=1M")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-        "reading the page-cache file (dd)",
-    )
+    let start = Instant::now();
+    reactor_tests::read_page_cache(memcg, file)
+        .with_context(|| format!("reading {} from {}", file.display(), memcg.display()))?;
+    Ok(start.elapsed())
 }
 
-/// A v1 memory cgroup's usage and file pages, bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MemStat {
     pub(crate) usage: u64,

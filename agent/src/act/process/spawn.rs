@@ -15,52 +15,6 @@ use crate::act::runtime::{ContainerSpec, PodSpec, Terminated};
 /// The PATH a container gets when its env sets none (containerd's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The `oom_score_adj` a container can be started with: `wanted`, or, where it is below what
-/// this agent may set (a value below the agent's own needs CAP_SYS_RESOURCE, which a node
-/// agent in a container often lacks), the agent's own value, with a warning the first time.
-/// Starting a Guaranteed pod a little less protected from the kernel's OOM killer beats not
-/// starting it: the agent's own eviction order does not depend on it.
-fn startable_oom_score_adj(wanted: i32) -> i32 {
-    static FLOOR: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let floor = *FLOOR.get_or_init(|| {
-        let status = std::fs::read_to_string("/proc/self/status").ok();
-        if status
-            .as_deref()
-            .and_then(effective_caps)
-            .is_none_or(|c| c & CAP_SYS_RESOURCE != 0)
-        {
-            return None;
-        }
-        std::fs::read_to_string("/proc/self/oom_score_adj")
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-    });
-    match floor {
-        Some(floor) if wanted < floor => {
-            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!(
-                    wanted,
-                    started_with = floor,
-                    "containers are started with the agent's own oom_score_adj where theirs is \
-                     lower: setting a lower one needs CAP_SYS_RESOURCE, which this agent lacks"
-                );
-            }
-            floor
-        }
-        _ => wanted,
-    }
-}
-
-/// `CAP_SYS_RESOURCE` as a bit of a capability set.
-const CAP_SYS_RESOURCE: u64 = 1 << 24;
-
-/// The effective capability set from a `/proc/<pid>/status` text (`CapEff:`, hex).
-fn effective_caps(status: &str) -> Option<u64> {
-    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
-}
-
 /// How long a stop waits for SIGKILLed processes to be gone before giving up.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
@@ -191,7 +145,7 @@ impl Inner {
             log.into(),
             err_log.into(),
             procs,
-            startable_oom_score_adj(c.oom_score_adj),
+            c.oom_score_adj,
         )
         .map_err(|e| failed(format!("start {program:?}: {e}")))?;
         let (pid, pidfd) = vfork::spawn(&plan).map_err(|e| {
@@ -293,24 +247,6 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn the_effective_capabilities_come_from_the_status_text() {
-        let root = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
-        assert_eq!(super::effective_caps(root), Some(0x1ff_ffff_ffff));
-        assert_ne!(
-            super::effective_caps(root).unwrap() & super::CAP_SYS_RESOURCE,
-            0
-        );
-        // This machine's kind: root without CAP_SYS_RESOURCE (bit 24).
-        let without = "CapEff:\t000001fffeffffff\n";
-        assert_eq!(
-            super::effective_caps(without).unwrap() & super::CAP_SYS_RESOURCE,
-            0
-        );
-        assert_eq!(super::effective_caps("CapEff:\tzz\n"), None);
-        assert_eq!(super::effective_caps(""), None);
-    }
     use super::*;
 
     #[test]
