@@ -271,6 +271,19 @@ impl TestAgent {
         })
     }
 
+    /// `reactor status --json`'s `chargeProgram` entry for the watched cgroup whose path ends
+    /// with `/{name}` (`kubepods`): whether the eBPF charge program is on for it, and why.
+    pub fn charge_watch(&self, name: &str) -> Option<serde_json::Value> {
+        let out = self.cli(&["status", "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let suffix = format!("/{name}");
+        status["chargeProgram"]
+            .as_array()?
+            .iter()
+            .find(|w| w["cgroup"].as_str().is_some_and(|c| c.ends_with(&suffix)))
+            .cloned()
+    }
+
     /// Writes `doc` to a file in the temp dir and runs `reactor pod apply -f` on it.
     pub fn apply(&self, file: &str, doc: &str) -> Output {
         let path = self.dir.path().join(file);

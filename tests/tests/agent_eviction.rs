@@ -15,6 +15,15 @@ use reactor_tests::{
 };
 use serde_json::{json, Value};
 
+/// [`ready`], and kernel BTF for the eBPF sources.
+fn ready_with_btf() -> bool {
+    ready()
+        && require(
+            Path::new("/sys/kernel/btf/vmlinux").exists(),
+            "kernel BTF at /sys/kernel/btf/vmlinux (eBPF)",
+        )
+}
+
 fn ready() -> bool {
     require(is_root(), "root, to create cgroups and run pods")
         && require(
@@ -528,12 +537,7 @@ fn memory_reclaim_on_v1_warns_once_and_eviction_is_unchanged() {
 /// process the test puts in kubepods itself, since the stopped agent cannot start a pod.
 #[test]
 fn a_crossing_recorded_while_the_agent_was_held_off_wakes_its_own_pass() {
-    if !ready()
-        || !require(
-            Path::new("/sys/kernel/btf/vmlinux").exists(),
-            "kernel BTF at /sys/kernel/btf/vmlinux (eBPF)",
-        )
-    {
+    if !ready_with_btf() {
         return;
     }
     let agent = TestAgent::start(
@@ -633,12 +637,7 @@ fn a_crossing_recorded_while_the_agent_was_held_off_wakes_its_own_pass() {
 /// working set nears the level and the hog is evicted before any kernel OOM kill.
 #[test]
 fn a_node_full_of_page_cache_is_calm_and_its_hog_is_still_evicted_before_the_oom_killer() {
-    if !ready()
-        || !require(
-            Path::new("/sys/kernel/btf/vmlinux").exists(),
-            "kernel BTF at /sys/kernel/btf/vmlinux (eBPF)",
-        )
-    {
+    if !ready_with_btf() {
         return;
     }
     let agent = TestAgent::start(
@@ -675,20 +674,7 @@ fn a_node_full_of_page_cache_is_calm_and_its_hog_is_still_evicted_before_the_oom
     );
 
     // The status says the program is off for kubepods, and why; it stays off.
-    let charge = || {
-        let out = agent.cli(&["status", "--json"]);
-        assert!(out.status.success(), "{out:?}");
-        let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
-        status["chargeProgram"].as_array().and_then(|a| {
-            a.iter()
-                .find(|w| {
-                    w["cgroup"]
-                        .as_str()
-                        .is_some_and(|c| c.ends_with("/kubepods"))
-                })
-                .cloned()
-        })
-    };
+    let charge = || agent.charge_watch("kubepods");
     agent.wait("the status to report kubepods' charge program", || {
         charge().is_some_and(|w| w["state"] == "cached")
     });

@@ -82,23 +82,7 @@ fn eviction_before_oom(name: &str, sense: &str, keeper: &str, woken_by: &[&str])
             || super::read(&stat),
         );
     }
-    let hog = vec![
-        memhog_bin().display().to_string(),
-        "400".into(),
-        "32".into(),
-    ];
-    apply(&agent, &pod("hog", &[("app", hog, json!({}))]));
-    wait_until(
-        "the BestEffort hog to be evicted or OOM-killed",
-        300,
-        || {
-            agent
-                .pod("default/hog")
-                .is_some_and(|p| p["phase"] == "Failed")
-        },
-        || agent.log(),
-    );
-    let hog = agent.pod("default/hog").unwrap_or(Value::Null);
+    let hog = hog_ended(&agent);
     let oom_kills = counter(&agent.v2_dir("kubepods").join("memory.events"), "oom_kill");
     assert_eq!(
         oom_kills,
@@ -143,6 +127,28 @@ fn eviction_before_oom(name: &str, sense: &str, keeper: &str, woken_by: &[&str])
             .join("\n")
     );
     format!("eviction: {eviction}\ndecision: {decision}")
+}
+
+/// Applies a BestEffort hog allocating 400 MiB at 32 MiB/s (past any node of the suite) and
+/// waits for it to end, evicted or OOM-killed; returns its pod as listed then.
+fn hog_ended(agent: &crate::agent::TestAgent) -> Value {
+    let hog = vec![
+        memhog_bin().display().to_string(),
+        "400".into(),
+        "32".into(),
+    ];
+    apply(agent, &pod("hog", &[("app", hog, json!({}))]));
+    wait_until(
+        "the BestEffort hog to be evicted or OOM-killed",
+        300,
+        || {
+            agent
+                .pod("default/hog")
+                .is_some_and(|p| p["phase"] == "Failed")
+        },
+        || agent.log(),
+    );
+    agent.pod("default/hog").unwrap_or(Value::Null)
 }
 
 /// `reactor watch` with only the eBPF source and a 100 MiB threshold on a v2 memcg: a
@@ -261,19 +267,7 @@ pub fn cache_full_kubepods_is_calm() -> String {
         || usage() >= 240 << 20 && counter(&stat, "inactive_file") >= 200 << 20,
         || super::read(&stat),
     );
-    let charge = || {
-        let out = agent.cli(&["status", "--json"]);
-        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        status["chargeProgram"].as_array().and_then(|a| {
-            a.iter()
-                .find(|w| {
-                    w["cgroup"]
-                        .as_str()
-                        .is_some_and(|c| c.ends_with("/kubepods"))
-                })
-                .cloned()
-        })
-    };
+    let charge = || agent.charge_watch("kubepods");
     wait_until(
         "the status to show kubepods within reach only by page cache",
         120,
@@ -288,23 +282,7 @@ pub fn cache_full_kubepods_is_calm() -> String {
         "a kubepods full of page cache armed the charge program: {calm}\n{}",
         super::read(&stat)
     );
-    let hog = vec![
-        memhog_bin().display().to_string(),
-        "400".into(),
-        "32".into(),
-    ];
-    apply(&agent, &pod("hog", &[("app", hog, json!({}))]));
-    wait_until(
-        "the BestEffort hog to be evicted or OOM-killed",
-        300,
-        || {
-            agent
-                .pod("default/hog")
-                .is_some_and(|p| p["phase"] == "Failed")
-        },
-        || agent.log(),
-    );
-    let hog = agent.pod("default/hog").unwrap_or(Value::Null);
+    let hog = hog_ended(&agent);
     let oom_kills = counter(&kubepods.join("memory.events"), "oom_kill");
     assert_eq!(
         oom_kills,

@@ -86,6 +86,14 @@ pub struct WatchedArming {
 }
 
 impl KernelWatch {
+    /// The slots, locked (a poisoned lock still holds whole slots: each write replaces one).
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Whether the kernel will write a record when `cgroup`'s working set reaches
     /// `working_set_bytes` (within `slack_bytes` above it): the charge programs are on and an
     /// armed slot following the page cache watches that cgroup at or below that level.
@@ -93,11 +101,7 @@ impl KernelWatch {
         if !self.inner.attached.load(Ordering::Acquire) {
             return false;
         }
-        let slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let slots = self.slots();
         slots.iter().any(|s| {
             s.armed
                 && s.cgroup == cgroup
@@ -138,11 +142,7 @@ impl KernelWatch {
         if index >= MAX_THRESHOLDS {
             return;
         }
-        let mut slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slots = self.slots();
         if slots.len() <= index {
             slots.resize(index + 1, Slot::default());
         }
@@ -159,11 +159,7 @@ impl KernelWatch {
 
     /// The last look found slot `index`'s cgroup as `report` says.
     pub(crate) fn set_arming(&self, index: usize, report: ArmingReport) {
-        let mut slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slots = self.slots();
         if let Some(slot) = slots.get_mut(index) {
             slot.arming = Some(report);
         }
@@ -172,11 +168,7 @@ impl KernelWatch {
     /// Each watched cgroup's arming as the last look found it (none where the programs are
     /// not armed only near a level), one per cgroup: its nearest slot.
     pub fn arming(&self) -> Vec<WatchedArming> {
-        let slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let slots = self.slots();
         let mut out: Vec<WatchedArming> = Vec::new();
         for slot in slots.iter() {
             let Some(report) = slot.arming else { continue };
@@ -194,11 +186,7 @@ impl KernelWatch {
 
     /// The kernel says each slot's `armed` flag is now as given (index order).
     pub(crate) fn set_armed(&self, armed: impl IntoIterator<Item = bool>) {
-        let mut slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slots = self.slots();
         for (slot, armed) in slots.iter_mut().zip(armed) {
             slot.armed = armed;
         }
@@ -206,11 +194,7 @@ impl KernelWatch {
 
     /// Slot `index` fired (its record arrived): the kernel disarmed it.
     pub(crate) fn fired(&self, index: usize) {
-        let mut slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slots = self.slots();
         if let Some(slot) = slots.get_mut(index) {
             slot.armed = false;
         }
