@@ -71,6 +71,20 @@ fn policies(pid: u32) -> Vec<u32> {
     threads(pid).into_iter().map(|(_, p, _)| p).collect()
 }
 
+/// Applies a BestEffort hog allocating 600 MiB at 350 MiB/s, waits for it to end and checks
+/// the agent evicted it; returns its pod as listed then.
+fn hog_evicted(agent: &TestAgent) -> Value {
+    agent.apply_ok(&pod("hog", json!({}), &["600", "350"]));
+    agent.wait("the BestEffort pod to be evicted", || {
+        agent
+            .pod("default/hog")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    let hog = agent.pod("default/hog").expect("the hog is listed");
+    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    hog
+}
+
 fn pod(name: &str, resources: Value, args: &[&str]) -> Value {
     let mut command = vec![memhog_bin().display().to_string()];
     command.extend(args.iter().map(|a| a.to_string()));
@@ -481,14 +495,7 @@ fn memory_reclaim_on_v1_warns_once_and_eviction_is_unchanged() {
         "agent-reclaim-v1",
         &format!("{NODE}memoryReclaim: {{enabled: true, timeout: 50ms}}\n"),
     );
-    agent.apply_ok(&pod("hog", json!({}), &["600", "350"]));
-    agent.wait("the BestEffort pod to be evicted", || {
-        agent
-            .pod("default/hog")
-            .is_some_and(|p| p["phase"] == "Failed")
-    });
-    let hog = agent.pod("default/hog").unwrap();
-    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    let hog = hog_evicted(&agent);
     for c in hog["containers"].as_array().unwrap() {
         assert_ne!(c["reason"], "OOMKilled", "{hog}");
     }
@@ -695,14 +702,7 @@ fn a_node_full_of_page_cache_is_calm_and_its_hog_is_still_evicted_before_the_oom
     );
 
     // 600 MiB at 350 MiB/s, every page of it reclaimed from the cache.
-    agent.apply_ok(&pod("hog", json!({}), &["600", "350"]));
-    agent.wait("the BestEffort pod to be evicted", || {
-        agent
-            .pod("default/hog")
-            .is_some_and(|p| p["phase"] == "Failed")
-    });
-    let hog = agent.pod("default/hog").unwrap();
-    assert_eq!(hog["reason"], "Evicted", "{hog}");
+    hog_evicted(&agent);
     let oom = agent.read("memory", "kubepods", "memory.oom_control");
     assert!(
         oom.lines().any(|l| l == "oom_kill 0"),
