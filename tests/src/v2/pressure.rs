@@ -132,12 +132,7 @@ fn eviction_before_oom(name: &str, sense: &str, keeper: &str, woken_by: &[&str])
 /// Applies a BestEffort hog allocating 400 MiB at 32 MiB/s (past any node of the suite) and
 /// waits for it to end, evicted or OOM-killed; returns its pod as listed then.
 fn hog_ended(agent: &crate::agent::TestAgent) -> Value {
-    let hog = vec![
-        memhog_bin().display().to_string(),
-        "400".into(),
-        "32".into(),
-    ];
-    apply(agent, &pod("hog", &[("app", hog, json!({}))]));
+    super::reclaim::start_hog(agent);
     wait_until(
         "the BestEffort hog to be evicted or OOM-killed",
         300,

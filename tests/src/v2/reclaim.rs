@@ -119,7 +119,7 @@ fn wait_active_cache(agent: &TestAgent) {
 }
 
 /// A BestEffort pod allocating 400 MiB at 32 MiB/s: past any node here.
-fn start_hog(agent: &TestAgent) {
+pub(super) fn start_hog(agent: &TestAgent) {
     let hog = vec![
         memhog_bin().display().to_string(),
         "400".into(),
