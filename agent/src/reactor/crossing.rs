@@ -21,6 +21,13 @@
 //! (the victim's memory already coming back): a pod is never left half-killed and
 //! unrecorded. The pod's containers are fenced against restarts only when the loop reaches
 //! them, a few hundred microseconds after the kill; the victim's own exit takes longer.
+//!
+//! **Its figures.** The eviction message gives the figures the victim was ranked on at its
+//! last staging (its working set and each container's usage), not figures read after the
+//! kill: by then the reaper has uncharged the victim's memory (a v2 guest run once reported
+//! 116Ki for a hog evicted at 160 MiB). A staging kills nothing once older than
+//! `STAGE_AGE_POLLS` re-rankings, so those figures are at most that old, as a kubelet's
+//! message gives the statistics it ranked on.
 
 use super::evict::Forced;
 use super::pods::PodControl;
@@ -28,7 +35,8 @@ use super::Reactor;
 use crate::decide::crossing::{crossing_reclaim, AtCrossing};
 use crate::decide::pressure::Reclaim;
 use crate::decide::signal::{Resource, Signal};
-use crate::observe::Signals;
+use crate::decide::summary::{PodStats, Summary};
+use crate::observe::{PodCgroup, PodReads, Signals};
 use crate::reactor::record::{Action, Decision};
 use crate::sense::ebpf::stage::VictimStage;
 use crate::sense::ebpf::threshold::cgroup_level;
@@ -55,6 +63,10 @@ pub(super) struct Crossing {
     staged: Vec<(u64, String)>,
     /// A kill the kernel made, for the next pass to complete.
     pending: Option<CrossingKill>,
+    /// The staged pod's figures for its message (working set, each container's usage), as
+    /// read at its last staging; `figures_of` names the pod.
+    figures: Summary,
+    figures_of: Option<String>,
     /// A failed map write was said (once).
     failed_said: bool,
 }
@@ -99,6 +111,13 @@ impl Crossing {
     pub(super) fn pending(&self) -> bool {
         self.pending.is_some()
     }
+
+    /// The figures read at `uid`'s last staging, if it was the last pod staged.
+    fn figures_for(&self, uid: &str) -> Option<PodStats> {
+        (self.figures_of.as_deref() == Some(uid))
+            .then(|| self.figures.pods.first().cloned())
+            .flatten()
+    }
 }
 
 impl<P: PodControl + 'static> Reactor<P> {
@@ -113,9 +132,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             && self.kernel_watch.attached()
             && !self.crossing.hard.is_empty();
         let victim = if ready {
-            self.first_memory_victim().and_then(|(uid, path)| {
-                let id = self.observer.cgroup_id(&path)?;
-                Some((uid, id, cgroup_level(&path)))
+            self.first_memory_victim().and_then(|pod| {
+                let id = self.observer.cgroup_id(&pod.cgroup)?;
+                let level = cgroup_level(&pod.cgroup);
+                Some((pod, id, level))
             })
         } else {
             None
@@ -128,8 +148,9 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .saturating_mul(STAGE_AGE_POLLS),
         ) {
             Ok(staged) => {
-                if let (true, Some((uid, id, _))) = (staged, victim) {
-                    self.crossing.remember(id, uid);
+                if let (true, Some((pod, id, _))) = (staged, victim) {
+                    self.read_figures(&pod);
+                    self.crossing.remember(id, pod.uid);
                 }
             }
             Err(e) => {
@@ -140,13 +161,32 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
     }
 
-    /// The pod a hard memory threshold would evict now, with its cgroup path: the bounded
+    /// The pod a hard memory threshold would evict now, with its cgroups: the bounded
     /// search an eviction makes.
-    fn first_memory_victim(&mut self) -> Option<(String, String)> {
+    fn first_memory_victim(&mut self) -> Option<PodCgroup> {
         let pods = self.candidates(true, Resource::Memory);
         let (paths, usage) = self.pod_usages(&pods);
         let (victim, _) = self.first_by_memory(&pods, &paths, &usage);
-        victim.map(|i| (pods[i].info.uid.clone(), paths[i].clone()))
+        let root = self.settings.cgroup_root.trim_end_matches('/');
+        victim.map(|i| pods[i].cgroups(root))
+    }
+
+    /// Reads the staged pod's message figures (see the module doc): its working set and
+    /// each container's usage, one pod's files.
+    fn read_figures(&mut self, pod: &PodCgroup) {
+        let reads = PodReads {
+            pod_memory: true,
+            ..PodReads::message(Resource::Memory)
+        };
+        let problems = self.observer.observe_pods_for(
+            std::slice::from_ref(pod),
+            reads,
+            &mut self.crossing.figures,
+        );
+        for p in problems {
+            tracing::debug!(error = %p, "the staged pod's figures left out of its message");
+        }
+        self.crossing.figures_of = Some(pod.uid.clone());
     }
 
     /// Takes note of a record whose crossing killed the staged victim's process.
@@ -214,6 +254,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         decision.killed_at_crossing = Some(kill.pid);
         let layout = signals.fs_layout().unwrap_or_default();
         let forced = Forced {
+            figures: self.crossing.figures_for(&uid),
             uid,
             observations: then,
             killed_at_ns: kill.at_ns,

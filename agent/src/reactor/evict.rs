@@ -42,6 +42,9 @@ pub(super) struct Forced {
     pub(super) observations: crate::decide::pressure::Observations,
     /// When the kernel killed it (`CLOCK_MONOTONIC`).
     pub(super) killed_at_ns: u64,
+    /// Its figures as read at its staging, before the kill (`None`: not read then; they
+    /// are read now, the victim's remains).
+    pub(super) figures: Option<PodStats>,
 }
 
 impl<P: PodControl + 'static> Reactor<P> {
@@ -59,7 +62,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         signals: &Signals,
         layout: FsLayout,
         decision: &mut Decision,
-        forced: Option<Forced>,
+        mut forced: Option<Forced>,
     ) -> bool {
         let resource = reclaim.signal.resource();
         let pods = self.candidates(reclaim.hard, resource);
@@ -152,11 +155,21 @@ impl<P: PodControl + 'static> Reactor<P> {
         // remains: a killed process's memory is uncharged as it is freed, and the reaper
         // frees it at once (a v2 guest run once reported 112Ki for a hog of 200 MiB). The
         // reads cost tens of microseconds, a few KiB of the fastest hog's growth.
-        let problems = self.observer.observe_pods_for(
-            &[pod.cgroups(&root)],
-            PodReads::message(resource),
-            &mut self.victim,
-        );
+        // A kill at the crossing: the figures read at the pod's staging, before the kill.
+        let staged = forced.as_mut().and_then(|f| f.figures.take());
+        let from_staging = staged.is_some();
+        let problems = match staged {
+            Some(figures) => {
+                self.victim.pods.clear();
+                self.victim.pods.push(figures);
+                Vec::new()
+            }
+            None => self.observer.observe_pods_for(
+                &[pod.cgroups(&root)],
+                PodReads::message(resource),
+                &mut self.victim,
+            ),
+        };
         // With grace 0 the kill is made here, on the loop's task, as soon as the victim is
         // known, and the charge programs are held off while the victim is torn down (see
         // `inflight`); the rest of the stop (the runtime's, the status, the cgroup) runs on a
@@ -170,8 +183,11 @@ impl<P: PodControl + 'static> Reactor<P> {
         for p in problems {
             tracing::debug!(error = %p, "the victim's statistics left out of its message");
         }
-        // For memory the pod's own working set is the one the search read (before the kill).
-        if let (Some((_, _, asked)), Some(stats)) = (&memory_reads, self.victim.pods.first_mut()) {
+        // For memory the pod's own working set is the one the search read (before the kill),
+        // or the staging's.
+        if let (false, Some((_, _, asked)), Some(stats)) =
+            (from_staging, &memory_reads, self.victim.pods.first_mut())
+        {
             stats.memory = asked[victim].flatten().map(|ws| MemoryStats {
                 working_set_bytes: Some(ws),
             });
