@@ -32,21 +32,26 @@
 use super::evict::Forced;
 use super::pods::PodControl;
 use super::Reactor;
-use crate::decide::crossing::{crossing_reclaim, AtCrossing};
-use crate::decide::pressure::Reclaim;
+use crate::decide::crossing::{crossing_reclaim, leave_to_kernel, AtCrossing, Defer};
+use crate::decide::pressure::{Observations, Reclaim};
 use crate::decide::signal::{Resource, Signal};
 use crate::decide::summary::{PodStats, Summary};
 use crate::observe::{PodCgroup, PodReads, Signals};
 use crate::reactor::record::{Action, Decision};
 use crate::sense::ebpf::stage::VictimStage;
 use crate::sense::ebpf::threshold::cgroup_level;
-use crate::sense::{Kind, MemcgTarget, PressureEvent};
+use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent};
 
 /// How many of the loop's re-rankings while the charge programs are on (one every
 /// `kernel_watched_poll`) a staging outlives in the kernel: a ranking older than that kills
 /// nothing (the loop's timer held off, or the programs were off and the stage left behind),
 /// and the crossing is the loop's to act on.
-const STAGE_AGE_POLLS: u32 = 2;
+pub(super) const STAGE_AGE_POLLS: u32 = 2;
+
+/// How far past a hard memory level a pass's reading may be and still be left to the
+/// kernel's check: the page cache one reclaim pass may hold off the LRU while still charged
+/// (2–4 MiB batches were seen at 150–350 MiB/s), with room.
+const LEFT_TO_KERNEL_BYTES: u64 = 8 << 20;
 
 /// How many recent stagings are remembered to name the pod of a kill record (a record may
 /// come after the loop staged another pod).
@@ -67,6 +72,11 @@ pub(super) struct Crossing {
     /// read at its last staging; `figures_of` names the pod.
     figures: Summary,
     figures_of: Option<String>,
+    /// When a victim was last staged (`CLOCK_MONOTONIC`; `None`: none is staged).
+    staged_at_ns: Option<u64>,
+    /// When the first of the passes that left the crossing they read to the kernel ran
+    /// ([`crate::decide::crossing::leave_to_kernel`]); `None` once a pass does not.
+    pub(super) left_since_ns: Option<u64>,
     /// A failed map write was said (once).
     failed_said: bool,
 }
@@ -148,6 +158,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .saturating_mul(STAGE_AGE_POLLS),
         ) {
             Ok(staged) => {
+                self.crossing.staged_at_ns = staged.then(monotonic_ns);
                 if let (true, Some((pod, id, _))) = (staged, victim) {
                     self.read_figures(&pod);
                     self.crossing.remember(id, pod.uid);
@@ -159,6 +170,49 @@ impl<P: PodControl + 'static> Reactor<P> {
                 }
             }
         }
+    }
+
+    /// Whether this pass leaves the crossing of `reclaim`'s threshold, as it read it, to the
+    /// kernel's check ([`leave_to_kernel`]): the charge programs watch its cgroup at its
+    /// level, a victim staged for it within the stage's age, nothing in flight. `since`: when
+    /// the first of the passes before it that left it ran; noted again when this one does.
+    pub(super) fn leaves_to_kernel(
+        &mut self,
+        reclaim: &Reclaim,
+        observations: &Observations,
+        since: Option<u64>,
+    ) -> bool {
+        let now = monotonic_ns();
+        let max_age = u64::try_from(
+            self.settings
+                .kernel_watched_poll
+                .saturating_mul(STAGE_AGE_POLLS)
+                .as_nanos(),
+        )
+        .unwrap_or(u64::MAX);
+        let staged = self
+            .crossing
+            .staged_at_ns
+            .is_some_and(|at| now.saturating_sub(at) < max_age);
+        let watched = || {
+            let threshold = self.settings.thresholds.get(reclaim.threshold)?;
+            let capacity = observations.get(reclaim.signal)?.capacity?;
+            Some(self.kernel_watches(threshold, capacity))
+        };
+        let ready = staged
+            && self.in_flight.is_empty()
+            && !self.crossing.pending()
+            && watched().unwrap_or(false);
+        let defer = Defer {
+            allowance_bytes: LEFT_TO_KERNEL_BYTES,
+            for_ns: max_age,
+        };
+        let left = leave_to_kernel(reclaim, ready, since, now, defer);
+        if left {
+            self.crossing.left_since_ns = Some(since.unwrap_or(now));
+            tracing::debug!(signal = %reclaim.signal.name(), available = %reclaim.available, "the crossing read is left to the kernel's check");
+        }
+        left
     }
 
     /// The pod a hard memory threshold would evict now, with its cgroups: the bounded
@@ -202,6 +256,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         if let Some(stage) = &self.crossing.stage {
             stage.killed();
         }
+        self.crossing.staged_at_ns = None;
         let settings = self.observer.settings();
         let signal = match event.cgroup.as_deref() {
             Some(c) if c == settings.node_cgroup => Some(Signal::MemoryAvailable),

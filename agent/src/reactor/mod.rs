@@ -68,10 +68,11 @@ use crate::decide::pressure::{
     pass, pick_reclaim, reclaim_of, thresholds_met, EvictionState, Observations, PassResult,
     Reclaim,
 };
+use crate::decide::quantity::Quantity;
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
-use crate::decide::thresholds::format_quantity;
+use crate::decide::thresholds::{format_quantity, Threshold};
 use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::ebpf::charge_switch::ChargeSwitch;
@@ -502,6 +503,15 @@ impl<P: PodControl + 'static> Reactor<P> {
             let every = self.settings.kernel_watched_poll;
             wait = wait.min(i128::try_from(every.as_nanos()).unwrap_or(0));
         }
+        // A crossing left to the kernel is read again when its time is up.
+        if let Some(since) = self.crossing.left_since_ns {
+            let every = self.settings.kernel_watched_poll;
+            let due = i128::from(since)
+                + i128::try_from(every.as_nanos()).unwrap_or(0)
+                    * i128::from(crossing::STAGE_AGE_POLLS)
+                - now;
+            wait = wait.min(due.max(0) + 1);
+        }
         if let Some(d) = self.in_flight_recheck(u64::try_from(now).unwrap_or(0)) {
             wait = wait.min(i128::try_from(d.as_nanos()).unwrap_or(0));
         }
@@ -622,6 +632,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         mut decision: Decision,
         conditions_changed: bool,
     ) -> (Option<Decision>, Option<Reclaim>) {
+        // A crossing earlier passes left to the kernel stays left only while this pass
+        // leaves it too.
+        let left_since = self.crossing.left_since_ns.take();
         // A kill the kernel made at a hard threshold's crossing is completed first, whatever
         // this pass read (`crossing`).
         if self.crossing.pending() {
@@ -649,9 +662,14 @@ impl<P: PodControl + 'static> Reactor<P> {
         let covered = result.reclaim.is_some() && reclaim.is_none();
         let said = std::mem::replace(&mut self.covered_said, covered);
         let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
-        let Some(reclaim) = reclaim else {
+        // A hard memory crossing the kernel is about to check at its level, with the victim
+        // staged, is left to it for a moment (`crossing`); recorded only with the conditions.
+        let left = reclaim
+            .as_ref()
+            .is_some_and(|r| self.leaves_to_kernel(r, observations, left_since));
+        let Some(reclaim) = reclaim.filter(|_| !left) else {
             let repeat = covered && said;
-            let record = (!result.met.is_empty() && !repeat) || conditions_changed;
+            let record = (!result.met.is_empty() && !repeat && !left) || conditions_changed;
             return (record.then_some(decision), None);
         };
         // memoryReclaim (issue 24, opt-in, v2): page cache first, bounded; see
@@ -757,14 +775,14 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// come in time.
     fn close_watch(&self, signals: &Signals) -> CloseWatch {
         let observations = signals.observations();
-        let settings = self.observer.settings();
         let mut watch = CloseWatch::Far;
         for t in &self.settings.thresholds {
-            let cgroup = match t.signal {
-                Signal::MemoryAvailable => &settings.node_cgroup,
-                Signal::AllocatableMemoryAvailable => &settings.kubepods_cgroup,
-                _ => continue,
-            };
+            if !matches!(
+                t.signal,
+                Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable
+            ) {
+                continue;
+            }
             let Some(obs) = observations.get(t.signal) else {
                 continue;
             };
@@ -776,18 +794,29 @@ impl<P: PodControl + 'static> Reactor<P> {
             if obs.available.value() >= level.saturating_add(margin) {
                 continue;
             }
-            // Met when the working set (capacity - available) passes capacity - level.
-            let working_set = u64::try_from(capacity.value().saturating_sub(level)).unwrap_or(0);
-            if self
-                .kernel_watch
-                .watches(cgroup, working_set, KERNEL_WATCH_SLACK_BYTES)
-            {
+            if self.kernel_watches(t, capacity) {
                 watch = CloseWatch::KernelWatched;
             } else {
                 return CloseWatch::Close;
             }
         }
         watch
+    }
+
+    /// Whether the kernel checks memory threshold `t` itself (an armed eBPF slot following
+    /// the page cache on its cgroup, at or below the working set where it is met:
+    /// `capacity - level`).
+    fn kernel_watches(&self, t: &Threshold, capacity: Quantity) -> bool {
+        let settings = self.observer.settings();
+        let cgroup = match t.signal {
+            Signal::MemoryAvailable => &settings.node_cgroup,
+            Signal::AllocatableMemoryAvailable => &settings.kubepods_cgroup,
+            _ => return false,
+        };
+        let level = t.level(capacity, false).value();
+        let working_set = u64::try_from(capacity.value().saturating_sub(level)).unwrap_or(0);
+        self.kernel_watch
+            .watches(cgroup, working_set, KERNEL_WATCH_SLACK_BYTES)
     }
 
     /// Keeps each memcg usage threshold where the working set meets its level: the base

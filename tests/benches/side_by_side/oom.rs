@@ -198,6 +198,9 @@ pub(crate) struct Rep {
     event_after_crossing_ns: Option<i64>,
     event_usage: Option<u64>,
     woken_by: Option<String>,
+    /// The waking event as the record prints it (kind, level, usage, a kill at the
+    /// crossing): which record a decision the kernel did not complete answered.
+    wake_event: Option<String>,
     /// The kill was the kernel's, at the crossing (`killAtCrossing`: the staged victim was
     /// charging the crossing page).
     at_crossing: bool,
@@ -619,6 +622,7 @@ async fn repetition(
                 rep.event_usage = Some(u);
             }
         }
+        rep.wake_event = d.wake.event.as_ref().map(|e| e.kind.to_string());
         rep.woken_by = Some(if d.wake.timer {
             "timer".to_string()
         } else {
@@ -1048,6 +1052,7 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
                 "reaction_ns": x.reaction_ns,
                 "event_after_crossing_ns": x.event_after_crossing_ns,
                 "woken_by": x.woken_by,
+                "wake_event": x.wake_event,
             })).collect::<Vec<_>>(),
         }));
     }
