@@ -46,6 +46,9 @@ struct Inner {
     /// Told each time they come on: a watched cgroup is near its level, and the loop stages
     /// its victim for the crossing ([`super::stage`]).
     came_on: tokio::sync::Notify,
+    /// The same, for the slots' owner ([`super::threshold`]): it reads the page cache the
+    /// programs follow anew as soon as they are on, before the first crossing they check.
+    attached_again: tokio::sync::Notify,
     /// Per slot: its cgroup, its working-set level (`None`: a usage level, which does not
     /// follow the page cache) and whether it is armed.
     slots: Mutex<Vec<Slot>>,
@@ -116,6 +119,7 @@ impl KernelWatch {
         let was = self.inner.attached.swap(on, Ordering::AcqRel);
         if on && !was {
             self.inner.came_on.notify_one();
+            self.inner.attached_again.notify_one();
         }
     }
 
@@ -128,6 +132,12 @@ impl KernelWatch {
     /// wait returned). One waiter: the reactor loop.
     pub async fn came_on(&self) {
         self.inner.came_on.notified().await;
+    }
+
+    /// Waits until the charge programs come on (at once if they came on since the last
+    /// wait returned). One waiter: the slots' owner.
+    pub(crate) async fn attached_again(&self) {
+        self.inner.attached_again.notified().await;
     }
 
     /// Slot `index` was written: on `cgroup`, at `working_set_bytes` when it follows the page
@@ -228,6 +238,13 @@ mod tests {
         tokio::time::timeout(soon, w.came_on())
             .await
             .expect("told again after coming off");
+        // The slots' owner is told apart from the loop, once per coming on.
+        tokio::time::timeout(soon, w.attached_again())
+            .await
+            .expect("the slots' owner is told too");
+        assert!(tokio::time::timeout(soon, w.attached_again())
+            .await
+            .is_err());
     }
 
     #[test]

@@ -395,7 +395,19 @@ impl UsageThresholds {
                 ),
                 None => (false, None),
             };
+            // The programs just put on their tracepoint followed nothing until then: look at
+            // once, so their page cache counts are read anew before the crossing they check
+            // (waiting for the next poll left up to one poll of reclaim uncounted).
+            let watch = self.kernel_watch.clone();
+            let on = self.near.as_ref().is_some_and(|n| n.on);
             let woke = tokio::select! {
+                () = watch.attached_again(), if on => {
+                    // Read anew even when a look saw them on before a pause took them off.
+                    if let Some(n) = &mut self.near {
+                        n.attached = false;
+                    }
+                    Woke::Poll
+                }
                 Some((index, level)) = self.moves.next() => {
                     if let Err(e) = self.arm(index, level, false) {
                         let cgroup = &self.placed[index].cgroup;
@@ -440,7 +452,8 @@ impl UsageThresholds {
         // the page cache reclaimed between a slot's writing and the attach is missed, and
         // the working set the programs compare is short by it (about one hog chunk at
         // 150 MiB/s, measured: the loop saw crossings before the kernel did). So each time
-        // they are found back on, the following slots' counts are read anew.
+        // they are found back on, the following slots' counts are read anew; the switch wakes
+        // a look as soon as it has attached them (`KernelWatch::attached_again`).
         let attached = near.on && self.kernel_watch.attached();
         if attached && !near.attached {
             if let Some(t) = &mut table {
