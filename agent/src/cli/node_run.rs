@@ -72,6 +72,7 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
     let mut tasks = vec![
         forward_pod_metrics(events.subscribe(), Arc::clone(metrics)),
         device_metrics,
+        swap_metrics(Arc::clone(metrics), config.housekeeping_interval.0),
     ];
     let mut image_gc = None;
     let mut runtime_fs = (None, None);
@@ -135,6 +136,25 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
         runtime_fs,
         server: None,
         tasks,
+    })
+}
+
+/// Keeps the node's swap gauges current: read at start and every `interval` (the
+/// housekeeping tick's), off the reactor loop, which reads no swap.
+fn swap_metrics(
+    metrics: Arc<Metrics>,
+    interval: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut proc = ProcFs::new(PathBuf::from("/proc"));
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            match proc.swap_bytes() {
+                Ok(s) => metrics.set_node_swap(s.total, s.used),
+                Err(e) => tracing::debug!("swap metrics: {e}"),
+            }
+        }
     })
 }
 
