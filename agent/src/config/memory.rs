@@ -57,9 +57,10 @@ impl Config {
         Ok(())
     }
 
-    /// The kubelet's start-time swap check: with `failSwapOn` (the default) a node with swap
-    /// is refused, since the kubelet's (and this agent's) memory accounting assumes none.
-    /// `swap_total_bytes` is the kernel's `SwapTotal`.
+    /// The kubelet's start-time swap check (`NewContainerManager`): with `failSwapOn` (the
+    /// default) a node with swap is refused, since the kubelet's (and this agent's) memory
+    /// accounting counts no swap. The kubelet asks `/proc/swaps` for an active swap device;
+    /// `swap_total_bytes` is the kernel's `SwapTotal`, above 0 exactly when one is on.
     pub fn check_fail_swap_on(&self, swap_total_bytes: u64) -> Result<(), ConfigError> {
         if self.fail_swap_on && swap_total_bytes > 0 {
             return Err(ConfigError::invalid(
