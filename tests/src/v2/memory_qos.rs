@@ -123,10 +123,35 @@ pub fn tree_matches_plan() -> String {
     for cg in [format!("{g}/app"), g, b] {
         assert_eq!(read(&agent.v2_dir(&cg).join("memory.high")), "max", "{cg}");
     }
-    format!(
+    let notes = format!(
         "kubepods {} burstable {}",
         plan["kubepods"]["memory.min"], plan["burstable"]["memory.min"]
-    )
+    );
+    // The requests gone, the tiers protect nothing any more (where the kubelet would leave
+    // the last value in place): the agent writes 0.
+    for name in ["default/guaranteed", "default/burstable"] {
+        let out = agent.cli(&["pod", "rm", name, "--grace", "0"]);
+        assert!(
+            out.status.success(),
+            "pod rm {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let min = |cg: &str| read(&agent.v2_dir(cg).join("memory.min"));
+    wait_until(
+        "kubepods' and burstable's memory.min back to 0",
+        120,
+        || min("kubepods") == "0" && min("kubepods/burstable") == "0",
+        || {
+            format!(
+                "kubepods {} burstable {}\n{}",
+                min("kubepods"),
+                min("kubepods/burstable"),
+                agent.log()
+            )
+        },
+    );
+    notes
 }
 
 /// A Burstable container (16Mi request, 64Mi limit, `memoryThrottlingFactor: 0.5`, so
