@@ -110,6 +110,7 @@ fn bench(c: &mut Criterion) {
         memory_limit_bytes: Some(256 << 20),
         pids_max: Some(1024),
         memory_oom_group: None,
+        ..Default::default()
     };
     let pod = CgroupPath::pod(Some("burstable"), "bench").expect("pod path");
     let container = pod.join("c").expect("container path");

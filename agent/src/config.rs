@@ -29,6 +29,7 @@ use crate::decide::duration::{format_go_duration, parse_go_duration};
 use crate::decide::quantity::Quantity;
 
 pub mod kubelet;
+pub mod memory;
 
 /// A non-negative Go duration (`"10s"`, `"1m30s"`) that prints back in Go's form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -128,6 +129,20 @@ pub struct Config {
     /// `true` on v1 (which has no group kill).
     #[serde(rename = "singleProcessOOMKill")]
     pub single_process_oom_kill: Option<bool>,
+    /// The kubelet's `featureGates`. `MemoryQoS: true` writes `memory.min` and `memory.high`
+    /// on cgroup v2 as the kubelet does (off by default, as it is alpha in v1.34); `NodeSwap`
+    /// is GA and cannot be turned off; other gates change nothing here and are ignored.
+    pub feature_gates: BTreeMap<String, bool>,
+    /// Where a container's `memory.high` sits between its memory request and limit, in
+    /// (0, 1] (the kubelet's default 0.9). Used with `MemoryQoS` only.
+    pub memory_throttling_factor: f64,
+    /// The kubelet's `memorySwap`: `swapBehavior` `NoSwap` (the default, also `""`) or
+    /// `LimitedSwap`, which gives Burstable containers swap in proportion to their memory
+    /// request on cgroup v2.
+    pub memory_swap: memory::MemorySwapConfig,
+    /// Refuse to start when the node has swap (the kubelet's default `true`); a node that
+    /// runs with swap sets `false`.
+    pub fail_swap_on: bool,
     /// The cgroup the agent builds `kubepods/…` under.
     pub cgroup_root: String,
     /// How cgroup names are formed; only `cgroupfs` is supported.
@@ -315,6 +330,10 @@ impl Default for Config {
             enforce_node_allocatable: vec!["pods".to_string()],
             qos_reserved: BTreeMap::new(),
             single_process_oom_kill: None,
+            feature_gates: BTreeMap::new(),
+            memory_throttling_factor: crate::decide::memory_qos::DEFAULT_THROTTLING_FACTOR,
+            memory_swap: memory::MemorySwapConfig::default(),
+            fail_swap_on: true,
             cgroup_root: "/".to_string(),
             cgroup_driver: "cgroupfs".to_string(),
             static_pod_path: String::new(),
@@ -562,6 +581,7 @@ impl Config {
             }
         }
         self.validate_sense()?;
+        self.validate_memory_qos()?;
         match self.runtime.kind.as_str() {
             "process" | "cri" => {}
             other => {

@@ -118,6 +118,7 @@ fn builds_the_kubelet_tree_writes_values_and_removes_it() {
         memory_limit_bytes: Some(256 << 20),
         pids_max: Some(64),
         memory_oom_group: None,
+        ..Default::default()
     };
     m.apply(&guaranteed_pod, &values).unwrap();
     let g = "kubepods/pod22222222-bbbb";

@@ -129,17 +129,25 @@ fn seed_004_node_on_cgroup_v1() {
 fn seed_004_node_on_cgroup_v2() {
     let (code, out, err) = plan(&json!({"node": seed_node(2), "pods": seed_pods()}));
     assert_eq!(code, Some(0), "{err}");
+    // Without the MemoryQoS gate the v2 memory files are named, null: left to the kernel.
+    let unset = json!({"memory.min": null, "memory.low": null, "memory.high": null});
+    let with_unset = |mut v: Value| {
+        v.as_object_mut()
+            .unwrap()
+            .extend(unset.as_object().unwrap().clone());
+        v
+    };
     assert_eq!(
         out["kubepods"],
-        json!({"cpu.weight": 118, "memory.max": 8 * GI})
+        with_unset(json!({"cpu.weight": 118, "memory.max": 8 * GI}))
     );
     assert_eq!(
         out["burstable"],
-        json!({"cpu.weight": 79, "memory.max": 7 * GI})
+        with_unset(json!({"cpu.weight": 79, "memory.max": 7 * GI}))
     );
     assert_eq!(
         out["besteffort"],
-        json!({"cpu.weight": 1, "memory.max": 5 * GI})
+        with_unset(json!({"cpu.weight": 1, "memory.max": 5 * GI}))
     );
     let b = &out["pods"]["default/pod-burstable-1"];
     assert_eq!(b["cpu.weight"], 79);
@@ -150,7 +158,10 @@ fn seed_004_node_on_cgroup_v2() {
     let e = &out["pods"]["default/pod-besteffort-1"];
     assert_eq!(
         e["containers"]["container4"],
-        json!({"cpu.weight": 1, "cpu.max": "max 100000", "memory.oom.group": 1, "oomScoreAdj": 1000})
+        with_unset(
+            json!({"cpu.weight": 1, "cpu.max": "max 100000", "memory.oom.group": 1,
+            "memory.swap.max": 0, "oomScoreAdj": 1000})
+        )
     );
     assert!(b.get("cpu.shares").is_none() && b.get("memory.limit_in_bytes").is_none());
     // The kubelet's singleProcessOOMKill default on v2: every container is an OOM group;
@@ -165,6 +176,53 @@ fn seed_004_node_on_cgroup_v2() {
         out["pods"]["default/pod-burstable-1"]["containers"]["container1"]
             .get("memory.oom.group")
             .is_none()
+    );
+}
+
+/// The seed's node on v2 with `MemoryQoS` and LimitedSwap: the kubelet's `memory.min` on
+/// kubepods (Guaranteed + Burstable requests), the burstable tier and each pod, its
+/// `memory.high` on the one container whose request is below its limit, and swap for that
+/// container alone (the other Burstable container's request equals its limit).
+#[test]
+fn seed_004_node_with_memory_qos_and_limited_swap() {
+    let mut node = seed_node(2);
+    node["featureGates"] = json!({"MemoryQoS": true});
+    node["memorySwap"] = json!({"swapBehavior": "LimitedSwap"});
+    node["swapCapacity"] = json!("1Gi");
+    let (code, out, err) = plan(&json!({"node": node, "pods": seed_pods()}));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out["kubepods"]["memory.min"], 3 * GI);
+    assert_eq!(out["burstable"]["memory.min"], 2 * GI);
+    assert_eq!(out["besteffort"]["memory.min"], Value::Null);
+    let g = &out["pods"]["default/pod-guaranteed-1"];
+    assert_eq!(g["memory.min"], GI);
+    assert_eq!(g["containers"]["container3"]["memory.min"], GI);
+    assert_eq!(g["containers"]["container3"]["memory.high"], Value::Null);
+    assert_eq!(g["containers"]["container3"]["memory.swap.max"], 0);
+    let b = &out["pods"]["default/pod-burstable-1"];
+    assert_eq!(b["memory.min"], 2 * GI);
+    assert_eq!(b["memory.high"], Value::Null);
+    let c1 = &b["containers"]["container1"];
+    assert_eq!(c1["memory.high"], Value::Null);
+    assert_eq!(c1["memory.swap.max"], 0);
+    let c2 = &b["containers"]["container2"];
+    assert_eq!(c2["memory.min"], GI);
+    // 1Gi + 0.9 × 1Gi = 2040109465.6, floored and rounded down to a 4 KiB page.
+    assert_eq!(c2["memory.high"], 2_040_107_008_i64);
+    // 1Gi of the 8Gi machine: an eighth of the 1Gi of swap.
+    assert_eq!(c2["memory.swap.max"], GI / 8);
+    let e = &out["pods"]["default/pod-besteffort-1"]["containers"]["container4"];
+    assert_eq!(e["memory.min"], Value::Null);
+    assert_eq!(e["memory.swap.max"], 0);
+    // A bad factor is a one-line input error naming the field.
+    let mut bad = seed_node(2);
+    bad["memoryThrottlingFactor"] = json!(2);
+    let (code, _, err) = plan(&json!({"node": bad, "pods": seed_pods()}));
+    assert_eq!(code, Some(2));
+    assert!(
+        err.starts_with("error: node.memoryThrottlingFactor: ")
+            && err.trim_end().lines().count() == 1,
+        "{err}"
     );
 }
 

@@ -66,6 +66,11 @@ fn node() -> NodeSettings {
         cpu_period_us: DEFAULT_QUOTA_PERIOD_US,
         memory_capacity: Some(8 << 30),
         single_process_oom_kill: None,
+        memory_qos: false,
+        memory_throttling_factor: Default::default(),
+        swap_behavior: Default::default(),
+        swap_capacity: 0,
+        swap_controller: false,
     }
 }
 

@@ -68,6 +68,11 @@ fn node_settings() -> NodeSettings {
         cpu_period_us: DEFAULT_QUOTA_PERIOD_US,
         memory_capacity: Some(1 << 30),
         single_process_oom_kill: None,
+        memory_qos: false,
+        memory_throttling_factor: Default::default(),
+        swap_behavior: Default::default(),
+        swap_capacity: 0,
+        swap_controller: false,
     }
 }
 

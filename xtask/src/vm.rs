@@ -21,6 +21,9 @@
 //!   cache, as a real node's file cache is. The eviction check needs it: reclaim of that
 //!   cache at the `kubepods` limit is what raises `memory.events` `max` and PSI before the OOM
 //!   killer would run.
+//! - **A swap disk.** A blank sparse file of its own each boot is the guest's `/dev/vda`
+//!   (virtio-blk); only the swap checks turn it on (`mkswap`, `swapon`) and off again, since
+//!   the agent refuses a node with swap unless `failSwapOn: false`.
 //! - **Results on their own serial port.** The console (`ttyS0`) carries the kernel's messages
 //!   and the suite's progress; the suite writes one JSON line per test (`{"name", "pass",
 //!   "output"}`, plus a `{"start": name}` line before each and `{"done": ...}` at the end) to
@@ -182,8 +185,13 @@ fn debian_mirror() -> Result<String> {
 }
 
 /// The kernel modules the guest loads, in load order: 9p over virtio (the share holding the
-/// file whose page cache the eviction check needs; virtio itself is built in).
-const MODULES: &[&str] = &["netfs", "9pnet", "9pnet_virtio", "9p"];
+/// file whose page cache the eviction check needs; virtio itself is built in), and the
+/// virtio block driver for the swap disk.
+const MODULES: &[&str] = &["netfs", "9pnet", "9pnet_virtio", "9p", "virtio_blk"];
+
+/// The size of the guest's swap disk (`/dev/vda`), in MiB: enough for the swap checks'
+/// pods, small enough to be a sparse file of no cost on the host.
+const SWAP_DISK_MIB: u64 = 256;
 
 /// The kernel as fetched: the uncompressed `vmlinux` and the unpacked modules directory.
 struct Kernel {
@@ -328,7 +336,7 @@ mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup || mo
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t bpf bpf /sys/fs/bpf
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
-for m in netfs 9pnet 9pnet_virtio 9p; do insmod /lib/modules/$m.ko || echo "@@ insmod $m failed"; done
+for m in netfs 9pnet 9pnet_virtio 9p virtio_blk; do insmod /lib/modules/$m.ko || echo "@@ insmod $m failed"; done
 mkdir -p /mnt/host
 mount -t 9p -o trans=virtio,version=9p2000.L,cache=loose,ro,msize=524288 host0 /mnt/host || echo "@@ 9p share not mounted"
 ONLY=""
@@ -544,6 +552,13 @@ fn boot(
     for f in [&console, &results] {
         let _ = std::fs::remove_file(f);
     }
+    // A blank disk each boot: the swap checks `mkswap` and `swapon` it for their own run
+    // only (the guest's filesystems are in memory, where a swap file cannot live).
+    let swap_disk = work.join("swap.img");
+    let _ = std::fs::remove_file(&swap_disk);
+    std::fs::File::create(&swap_disk)
+        .and_then(|f| f.set_len(SWAP_DISK_MIB << 20))
+        .with_context(|| format!("creating {}", swap_disk.display()))?;
     let mut append = "console=ttyS0 panic=-1 quiet loglevel=1".to_string();
     if let Some(only) = &opts.only {
         append.push_str(&format!(" v2suite.only={only}"));
@@ -572,6 +587,11 @@ fn boot(
         .arg(format!(
             "local,path={},mount_tag=host0,security_model=none,readonly=on,id=host0",
             share.display()
+        ))
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=virtio,format=raw,cache=unsafe",
+            swap_disk.display()
         ))
         .arg("-append")
         .arg(&append)

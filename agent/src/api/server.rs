@@ -478,6 +478,14 @@ impl Agent for AgentService {
                 .as_ref()
                 .map(charge_watches)
                 .unwrap_or_default(),
+            // Read at the request: the loop's passes do not read swap (no signal counts it).
+            swap: crate::observe::procfs::ProcFs::new("/proc".into())
+                .swap_bytes()
+                .ok()
+                .map(|s| pb::NodeSwap {
+                    total_bytes: s.total,
+                    used_bytes: s.used,
+                }),
         }))
     }
 

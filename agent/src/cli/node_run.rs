@@ -21,10 +21,13 @@ use reactor::api::server::{serve, AgentService, NodeFacts};
 use reactor::api::socket::ApiSocket;
 use reactor::config::Config;
 use reactor::decide::backoff::BackOffPolicy;
+use reactor::decide::cgroups::CgroupVersion;
+use reactor::decide::memory_qos::SwapBehavior;
 use reactor::devices::{DeviceManager, DeviceManagerConfig};
 use reactor::images::{GcTask, GcTrigger, ImageGcEvent, ImageGcManager, ImageGcSettings};
 use reactor::node::manager::PodManagerConfig;
 use reactor::node::{notices_to, static_pods, EventHub, NodeEventKind, NodePlan, PodManager};
+use reactor::observe::procfs::ProcFs;
 use reactor::reactor::{NodeReclaim, ReactorHandle};
 use reactor::record::metrics::{Admission, Metrics};
 use reactor::sense::ebpf::kernel_watch::KernelWatch;
@@ -59,10 +62,17 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
     let device_metrics = super::device_metrics::spawn(&devices, metrics);
     let cgroups =
         CgroupManager::from_config(config, Path::new(DEFAULT_MOUNT_ROOT)).context("cgroupRoot")?;
-    let plan = NodePlan::from_config(config, cgroups.version()).map_err(anyhow::Error::msg)?;
+    let swap_bytes = ProcFs::new(PathBuf::from("/proc"))
+        .swap_total_bytes()
+        .context("swap capacity")?;
+    config.check_fail_swap_on(swap_bytes)?;
+    memory_qos_notice(config, cgroups.version());
+    let plan =
+        NodePlan::from_config(config, cgroups.version(), swap_bytes).map_err(anyhow::Error::msg)?;
     let mut tasks = vec![
         forward_pod_metrics(events.subscribe(), Arc::clone(metrics)),
         device_metrics,
+        swap_metrics(Arc::clone(metrics), config.housekeeping_interval.0),
     ];
     let mut image_gc = None;
     let mut runtime_fs = (None, None);
@@ -127,6 +137,39 @@ pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Re
         server: None,
         tasks,
     })
+}
+
+/// Keeps the node's swap gauges current: read at start and every `interval` (the
+/// housekeeping tick's), off the reactor loop, which reads no swap.
+fn swap_metrics(
+    metrics: Arc<Metrics>,
+    interval: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut proc = ProcFs::new(PathBuf::from("/proc"));
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            match proc.swap_bytes() {
+                Ok(s) => metrics.set_node_swap(s.total, s.used),
+                Err(e) => tracing::debug!("swap metrics: {e}"),
+            }
+        }
+    })
+}
+
+/// Says once at start that Memory QoS and swap limits are cgroup v2 only, when they are asked
+/// for on v1 (the kubelet logs the same and carries on).
+fn memory_qos_notice(config: &Config, version: CgroupVersion) {
+    if version != CgroupVersion::V1 {
+        return;
+    }
+    if config.memory_qos() {
+        tracing::warn!("featureGates.MemoryQoS is on, but Memory QoS (memory.min, memory.high) needs cgroup v2: nothing is written on this v1 node");
+    }
+    if config.swap_behavior() == SwapBehavior::LimitedSwap {
+        tracing::warn!("memorySwap.swapBehavior is LimitedSwap, but swap limits (memory.swap.max) need cgroup v2: no container gets a swap limit on this v1 node");
+    }
 }
 
 /// The image and container filesystems the runtime reports, for the observer's `imagefs` and

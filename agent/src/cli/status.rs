@@ -108,6 +108,8 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                     "usageBytes": w.usage_bytes, "inactiveFileBytes": w.inactive_file_bytes,
                     "levelBytes": w.level_bytes, "reachBytes": w.reach_bytes,
                 })).collect::<Vec<_>>(),
+                "swap": s.swap.as_ref().map(|w| json!({
+                    "totalBytes": w.total_bytes, "usedBytes": w.used_bytes})),
                 "capacity": to_map(sorted(&resources.capacity)),
                 "allocatable": to_map(sorted(&resources.allocatable)),
                 "nextToEvict": next.iter().map(|(rank, n)| json!({
@@ -165,6 +167,13 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                 w.cgroup,
                 if w.on { "on" } else { "off" },
                 charge_why(w)
+            );
+        }
+        if let Some(w) = &s.swap {
+            println!(
+                "swap: used {} of {} (no eviction signal counts swap)",
+                human::bytes(i128::from(w.used_bytes)),
+                human::bytes(i128::from(w.total_bytes))
             );
         }
         for (k, v) in sorted(&resources.allocatable) {

@@ -10,6 +10,7 @@
 //! Everything here is integer arithmetic in the kubelet's units (millicores, microseconds,
 //! bytes) so the values match the kubelet's byte for byte.
 
+use super::memory_qos::{MemoryNode, SwapBehavior, ThrottlingFactor};
 use super::pod::{ContainerInfo, PodInfo};
 use super::qos::QosClass;
 use super::quantity::Quantity;
@@ -29,6 +30,15 @@ pub const MIN_QUOTA_PERIOD_US: i64 = 1_000;
 pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 /// `oom_score_adj` of BestEffort containers.
 pub const BESTEFFORT_OOM_SCORE_ADJ: i64 = 1000;
+
+/// v2 `memory.min`.
+pub const MEMORY_MIN: &str = "memory.min";
+/// v2 `memory.low`.
+pub const MEMORY_LOW: &str = "memory.low";
+/// v2 `memory.high`.
+pub const MEMORY_HIGH: &str = "memory.high";
+/// v2 `memory.swap.max`.
+pub const MEMORY_SWAP_MAX: &str = "memory.swap.max";
 
 /// Which cgroup interface the node runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,9 +69,35 @@ pub struct NodeSettings {
     /// `singleProcessOOMKill`; `None` is the kubelet's default for the version (see
     /// [`NodeSettings::oom_group`]).
     pub single_process_oom_kill: Option<bool>,
+    /// The `MemoryQoS` feature gate (off by default, as in the kubelet): `memory.min` and
+    /// `memory.high` on cgroup v2 ([`super::memory_qos`]).
+    pub memory_qos: bool,
+    /// `memoryThrottlingFactor`: where `memory.high` sits between request and limit.
+    pub memory_throttling_factor: ThrottlingFactor,
+    /// `memorySwap.swapBehavior`.
+    pub swap_behavior: SwapBehavior,
+    /// The node's swap in bytes (`SwapTotal`), the base of LimitedSwap shares.
+    pub swap_capacity: i64,
+    /// Whether the kernel can limit a cgroup's swap (v2 `memory.swap.max` exists): without
+    /// it the kubelet configures no swap at all (`swapControllerAvailable`).
+    pub swap_controller: bool,
 }
 
 impl NodeSettings {
+    /// What [`super::memory_qos`] needs of the node.
+    pub fn memory_node(&self) -> MemoryNode {
+        MemoryNode {
+            v2: self.version == CgroupVersion::V2,
+            memory_qos: self.memory_qos,
+            memory_throttling_factor: self.memory_throttling_factor,
+            allocatable_memory: self.allocatable_memory.map(|q| bytes(Some(q))),
+            memory_capacity: self.memory_capacity,
+            swap_behavior: self.swap_behavior,
+            swap_capacity: self.swap_capacity,
+            swap_controller: self.swap_controller,
+        }
+    }
+
     /// Whether container cgroups get `memory.oom.group = 1`: on cgroup v2 unless
     /// `singleProcessOOMKill` is true. The kubelet hands it to the runtime in the container's
     /// unified settings, so an OOM kill takes every process of the container, not just the
@@ -85,6 +121,15 @@ pub struct ResourceConfig {
     pub memory: Option<i64>,
     /// v2 `memory.oom.group` (containers only, from [`NodeSettings::oom_group`]).
     pub memory_oom_group: Option<bool>,
+    /// v2 `memory.min` in bytes (Memory QoS: requests protected from reclaim).
+    pub memory_min: Option<i64>,
+    /// v2 `memory.low` in bytes (never set by the kubelet version followed; kept so the
+    /// writer and `reactor plan cgroups` name it).
+    pub memory_low: Option<i64>,
+    /// v2 `memory.high` in bytes (Memory QoS: the throttle below the limit).
+    pub memory_high: Option<i64>,
+    /// v2 `memory.swap.max` in bytes (containers only; 0 is no swap).
+    pub memory_swap_max: Option<i64>,
 }
 
 /// A value written to a cgroup file.
@@ -152,7 +197,7 @@ pub fn kubepods(node: &NodeSettings) -> ResourceConfig {
         cpu_quota: None,
         cpu_period: None,
         memory: node.allocatable_memory.map(|q| bytes(Some(q))),
-        memory_oom_group: None,
+        ..ResourceConfig::default()
     }
 }
 
@@ -196,7 +241,19 @@ pub fn qos_tiers(node: &NodeSettings, pods: &[PodInfo]) -> (ResourceConfig, Reso
             best_effort.memory = Some(best_effort_limit);
         }
     }
+    let (_, burstable_min) = super::memory_qos::qos_memory_min(&node.memory_node(), pods);
+    burstable.memory_min = burstable_min;
     (burstable, best_effort)
+}
+
+/// `kubepods` with the pods on the node: [`kubepods`] plus, with Memory QoS, its
+/// `memory.min` (the kubelet's Guaranteed tier is `kubepods` itself, so it carries the
+/// requests of Guaranteed and Burstable pods).
+pub fn kubepods_with_pods(node: &NodeSettings, pods: &[PodInfo]) -> ResourceConfig {
+    ResourceConfig {
+        memory_min: super::memory_qos::qos_memory_min(&node.memory_node(), pods).0,
+        ..kubepods(node)
+    }
 }
 
 /// The pod cgroup's name under the cgroupfs driver.
@@ -254,23 +311,27 @@ pub fn pod_config(node: &NodeSettings, pod: &PodInfo) -> ResourceConfig {
         quota = -1;
     }
     let memory = bytes(pod.limits.get(MEMORY));
+    let memory_min = super::memory_qos::pod_memory_min(&node.memory_node(), pod);
     match pod.qos {
         QosClass::Guaranteed => ResourceConfig {
             cpu_shares: Some(shares),
             cpu_quota: Some(quota),
             cpu_period: Some(node.cpu_period_us),
             memory: Some(memory),
-            memory_oom_group: None,
+            memory_min,
+            ..ResourceConfig::default()
         },
         QosClass::Burstable => ResourceConfig {
             cpu_shares: Some(shares),
             cpu_quota: cpu_limits_declared.then_some(quota),
             cpu_period: cpu_limits_declared.then_some(node.cpu_period_us),
             memory: memory_limits_declared.then_some(memory),
-            memory_oom_group: None,
+            memory_min,
+            ..ResourceConfig::default()
         },
         QosClass::BestEffort => ResourceConfig {
             cpu_shares: Some(MIN_SHARES),
+            memory_min,
             ..ResourceConfig::default()
         },
     }
@@ -297,10 +358,14 @@ pub fn container_config(node: &NodeSettings, pod: &PodInfo, c: &ContainerInfo) -
         None => milli_cpu_to_shares(milli(Some(cpu_limit))),
         Some(request) => milli_cpu_to_shares(milli(Some(request))),
     };
+    let (memory_min, memory_high) = super::memory_qos::container_memory(&node.memory_node(), c);
     let mut config = ResourceConfig {
         cpu_shares: Some(shares),
         memory: (memory_limit != 0).then_some(memory_limit),
         memory_oom_group: node.oom_group().then_some(true),
+        memory_min,
+        memory_high,
+        memory_swap_max: super::memory_qos::container_swap_max(&node.memory_node(), pod, c),
         ..ResourceConfig::default()
     };
     if node.enforce_cpu_limits {
@@ -445,6 +510,18 @@ pub fn files(config: &ResourceConfig, version: CgroupVersion) -> Vec<(&'static s
             if let Some(group) = config.memory_oom_group {
                 out.push(("memory.oom.group", FileValue::Int(i64::from(group))));
             }
+            // Memory QoS and swap: written whenever decided, 0 included (a `memory.swap.max`
+            // of 0 is the NoSwap the kubelet writes).
+            for (name, value) in [
+                (MEMORY_MIN, config.memory_min),
+                (MEMORY_LOW, config.memory_low),
+                (MEMORY_HIGH, config.memory_high),
+                (MEMORY_SWAP_MAX, config.memory_swap_max),
+            ] {
+                if let Some(v) = value {
+                    out.push((name, FileValue::Int(v)));
+                }
+            }
         }
     }
     out
@@ -471,6 +548,11 @@ mod tests {
             cpu_period_us: DEFAULT_QUOTA_PERIOD_US,
             memory_capacity: Some(8 * GI),
             single_process_oom_kill: None,
+            memory_qos: false,
+            memory_throttling_factor: ThrottlingFactor::default(),
+            swap_behavior: SwapBehavior::NoSwap,
+            swap_capacity: 0,
+            swap_controller: true,
         }
     }
 

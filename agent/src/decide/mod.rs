@@ -10,6 +10,7 @@ pub mod crossing;
 pub mod duration;
 pub mod image_gc;
 pub mod inflight;
+pub mod memory_qos;
 pub mod memory_reclaim;
 pub mod pod;
 pub mod preempt;

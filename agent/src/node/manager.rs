@@ -37,9 +37,10 @@ pub use super::view::{
     container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,
 };
 use super::NodeError;
-use crate::act::cgroups::{CgroupManager, Resources};
+use crate::act::cgroups::{CgroupManager, CgroupPath, Resources};
 use crate::act::runtime::{RestartPolicy, Runtime, RuntimeError};
 use crate::decide::cgroups::qos_tiers;
+use crate::decide::memory_qos;
 use crate::decide::pod::PodInfo;
 use crate::devices::DeviceManager;
 use crate::reactor::pods::{kill_cgroup_now, ActivePod, ActivePods, Evicted, PodContainer};
@@ -170,10 +171,14 @@ impl PodManager {
         let notes = KillJournal::read(&config.state_dir);
         stops_from_notes(&mut records, &notes);
         let journal = Arc::new(KillJournal::open(&config.state_dir));
-        let plan = Arc::new(config.plan);
+        let mut plan = config.plan;
         config
             .cgroups
             .ensure_pod_tree(&Resources::from(&plan.kubepods()))?;
+        // Asked of the kernel once the pod tree exists (`kubepods/memory.swap.max`): without
+        // swap accounting no container gets a swap file, as the kubelet does.
+        plan.cgroups.swap_controller = config.cgroups.swap_controller_available();
+        let plan = Arc::new(plan);
         let (tx, rx) = mpsc::channel(QUEUE);
         let (urgent, urgent_rx) = mpsc::channel(URGENT_QUEUE);
         let (active_tx, active) = watch::channel(ActivePods::from([]));
@@ -644,7 +649,21 @@ impl<R: Runtime + 'static> Actor<R> {
             .filter(|e| !e.record.is_terminal() && e.record.cgroup.is_some())
             .map(|e| e.info.clone())
             .collect();
-        let (burstable, besteffort) = qos_tiers(&self.plan.cgroups, &infos);
+        let (mut burstable, besteffort) = qos_tiers(&self.plan.cgroups, &infos);
+        let memory = self.plan.cgroups.memory_node();
+        if memory_qos::enforced(&memory) {
+            // The kubelet's Guaranteed tier is `kubepods` itself: its `memory.min` covers the
+            // Guaranteed and Burstable requests. Where the kubelet leaves a tier's unset (no
+            // requests left), 0 is written here instead, so a protection for pods that are
+            // gone does not outlive them.
+            let (kubepods_min, _) = memory_qos::qos_memory_min(&memory, &infos);
+            let kubepods = Resources {
+                memory_min: Some(kubepods_min.unwrap_or(0)),
+                ..Resources::default()
+            };
+            self.cgroups.apply(&CgroupPath::kubepods(), &kubepods)?;
+            burstable.memory_min = Some(burstable.memory_min.unwrap_or(0));
+        }
         let clamped = self
             .cgroups
             .update_qos_tiers(&Resources::from(&burstable), &Resources::from(&besteffort))?;

@@ -13,7 +13,7 @@ use crate::decide::pod::clamp_i64;
 use crate::decide::quantity::Quantity;
 use crate::decide::resources::{ResourceList, CPU, MEMORY, PODS};
 use crate::decide::thresholds::{effective_hard, EvictionSettings};
-use crate::plan::cgroups::{AllocatableInput, NodeInput};
+use crate::plan::cgroups::{AllocatableInput, MemorySwapInput, NodeInput};
 use crate::plan::input::JsonQuantity;
 
 use super::admit::{allocatable, DEFAULT_MAX_PODS};
@@ -45,8 +45,13 @@ fn quantity(key: &str, text: &str) -> Result<Quantity, String> {
 }
 
 impl NodePlan {
-    /// Computes the plan for `config` on a node with cgroup `version`. Errors name the key.
-    pub fn from_config(config: &Config, version: CgroupVersion) -> Result<NodePlan, String> {
+    /// Computes the plan for `config` on a node with cgroup `version` and `swap_bytes` of swap
+    /// (the kernel's `SwapTotal`, which LimitedSwap shares out). Errors name the key.
+    pub fn from_config(
+        config: &Config,
+        version: CgroupVersion,
+        swap_bytes: u64,
+    ) -> Result<NodePlan, String> {
         let memory = if config.node.memory_capacity.is_empty() {
             let bytes = crate::sense::memcg::memory_capacity("")?;
             Quantity::from_units(i64::try_from(bytes).unwrap_or(i64::MAX))
@@ -112,6 +117,14 @@ impl NodePlan {
             )),
             memory_capacity: Some(JsonQuantity(memory)),
             single_process_oom_kill: config.single_process_oom_kill,
+            feature_gates: config.feature_gates.clone(),
+            memory_throttling_factor: Some(config.memory_throttling_factor),
+            memory_swap: MemorySwapInput {
+                swap_behavior: config.memory_swap.swap_behavior.clone(),
+            },
+            swap_capacity: Some(JsonQuantity(Quantity::from_units(
+                i64::try_from(swap_bytes).unwrap_or(i64::MAX),
+            ))),
         }
         .settings()
         .map_err(|e| e.to_string())?;
@@ -152,7 +165,7 @@ mod tests {
             "node: {memoryCapacity: 1Gi, cpuCapacity: '2'}\nsystemReserved: {memory: 100Mi}\nevictionHard: {memory.available: 100Mi}\nqosReserved: {memory: '100%'}\n",
         )
         .unwrap();
-        let plan = NodePlan::from_config(&config, CgroupVersion::V1).unwrap();
+        let plan = NodePlan::from_config(&config, CgroupVersion::V1, 0).unwrap();
         assert_eq!(
             plan.resources.allocatable.get(MEMORY),
             Some(Quantity::from_units((1 << 30) - (200 << 20)))
@@ -164,5 +177,27 @@ mod tests {
         assert_eq!(plan.kubepods().memory, Some((1 << 30) - (100 << 20)));
         assert_eq!(plan.cgroups.qos_reserved_memory_percent, Some(100));
         assert_eq!(plan.cgroups.memory_capacity, Some(1 << 30));
+        assert!(!plan.cgroups.memory_qos);
+    }
+
+    #[test]
+    fn memory_qos_and_swap_reach_the_cgroup_settings() {
+        let config = Config::from_yaml(
+            "node: {memoryCapacity: 1Gi, cpuCapacity: '2'}
+featureGates: {MemoryQoS: true}
+memoryThrottlingFactor: 0.75
+memorySwap: {swapBehavior: LimitedSwap}
+failSwapOn: false
+",
+        )
+        .unwrap();
+        let plan = NodePlan::from_config(&config, CgroupVersion::V2, 512 << 20).unwrap();
+        assert!(plan.cgroups.memory_qos);
+        assert_eq!(plan.cgroups.memory_throttling_factor.0, 0.75);
+        assert_eq!(
+            plan.cgroups.swap_behavior,
+            crate::decide::memory_qos::SwapBehavior::LimitedSwap
+        );
+        assert_eq!(plan.cgroups.swap_capacity, 512 << 20);
     }
 }

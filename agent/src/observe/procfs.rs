@@ -74,6 +74,31 @@ impl ProcFs {
             .map_err(|reason| ObserveError::parse(&self.path_of("meminfo"), reason))
     }
 
+    /// `SwapTotal` in bytes: the node's swap, as cadvisor reports it to the kubelet (the
+    /// base of LimitedSwap shares and of the `failSwapOn` check). 0 without swap.
+    pub fn swap_total_bytes(&mut self) -> Result<u64, ObserveError> {
+        self.meminfo_bytes("SwapTotal")
+    }
+
+    /// `SwapTotal` and `SwapFree` in bytes, read together, for status and metrics.
+    pub fn swap_bytes(&mut self) -> Result<Swap, ObserveError> {
+        let text = self.read("meminfo")?;
+        let parsed = parse_meminfo_bytes(text, "SwapTotal")
+            .and_then(|total| Ok((total, parse_meminfo_bytes(text, "SwapFree")?)));
+        let (total, free) =
+            parsed.map_err(|e| ObserveError::parse(&self.path_of("meminfo"), e.to_string()))?;
+        Ok(Swap {
+            total,
+            used: total.saturating_sub(free),
+        })
+    }
+
+    fn meminfo_bytes(&mut self, key: &'static str) -> Result<u64, ObserveError> {
+        let text = self.read("meminfo")?;
+        parse_meminfo_bytes(text, key)
+            .map_err(|e| ObserveError::parse(&self.path_of("meminfo"), e.to_string()))
+    }
+
     /// The task limit and count (see the module docs).
     pub fn tasks(&mut self) -> Result<Tasks, ObserveError> {
         let mut max: Option<u64> = None;
@@ -103,22 +128,58 @@ impl ProcFs {
     }
 }
 
+/// The node's swap now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swap {
+    /// `SwapTotal`, bytes.
+    pub total: u64,
+    /// `SwapTotal - SwapFree`, bytes.
+    pub used: u64,
+}
+
 /// `MemTotal:  16314204 kB` → bytes.
 pub fn parse_mem_total(meminfo: &str) -> Result<u64, String> {
+    parse_meminfo_bytes(meminfo, "MemTotal").map_err(|e| e.to_string())
+}
+
+/// A `/proc/meminfo` line that is missing or not `N kB`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeminfoError {
+    /// No line for the key.
+    #[error("no {key} line")]
+    Missing {
+        /// The key (`SwapTotal`).
+        key: &'static str,
+    },
+    /// The value is not a number of kB, or does not fit in bytes.
+    #[error("{key} {text:?} is not a number of kB")]
+    NotKib {
+        /// The key.
+        key: &'static str,
+        /// What the line holds after the key.
+        text: String,
+    },
+}
+
+/// One `Key:  N kB` line of `/proc/meminfo` → bytes.
+pub fn parse_meminfo_bytes(meminfo: &str, key: &'static str) -> Result<u64, MeminfoError> {
     let rest = meminfo
         .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .ok_or("no MemTotal line")?;
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+        .ok_or(MeminfoError::Missing { key })?;
+    let not_kib = || MeminfoError::NotKib {
+        key,
+        text: rest.trim().to_string(),
+    };
     let mut parts = rest.split_whitespace();
     let kib = parts
         .next()
         .and_then(|n| n.parse::<u64>().ok())
-        .ok_or_else(|| format!("MemTotal {:?} is not a number of kB", rest.trim()))?;
+        .ok_or_else(not_kib)?;
     if parts.next().is_some_and(|unit| unit != "kB") {
-        return Err(format!("MemTotal {:?} is not in kB", rest.trim()));
+        return Err(not_kib());
     }
-    kib.checked_mul(1024)
-        .ok_or_else(|| "MemTotal out of range".to_string())
+    kib.checked_mul(1024).ok_or_else(not_kib)
 }
 
 /// The task total of `/proc/loadavg` (`0.10 0.20 0.30 2/3518 12345` → 3518).
@@ -149,6 +210,34 @@ mod tests {
             Some(3518)
         );
         assert_eq!(parse_loadavg_tasks("1.36 3.49\n"), None);
+    }
+
+    #[test]
+    fn swap_is_read_from_meminfo() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("meminfo"),
+            "MemTotal: 2048 kB\nSwapCached: 4 kB\nSwapTotal:  1048572 kB\nSwapFree:  1048000 kB\n",
+        )
+        .unwrap();
+        let mut proc = ProcFs::new(tmp.path().to_path_buf());
+        assert_eq!(proc.swap_total_bytes().unwrap(), 1_048_572 * 1024);
+        assert_eq!(
+            proc.swap_bytes().unwrap(),
+            Swap {
+                total: 1_048_572 * 1024,
+                used: 572 * 1024
+            }
+        );
+        // `SwapCached` is not `SwapTotal`, nor `Swap` a prefix match.
+        assert_eq!(
+            parse_meminfo_bytes("SwapCached: 4 kB\n", "SwapTotal"),
+            Err(MeminfoError::Missing { key: "SwapTotal" })
+        );
+        assert!(matches!(
+            parse_meminfo_bytes("SwapTotal: 4 MB\n", "SwapTotal"),
+            Err(MeminfoError::NotKib { .. })
+        ));
     }
 
     #[test]

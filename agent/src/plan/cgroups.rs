@@ -7,10 +7,12 @@ use serde_json::{Map, Value};
 
 use super::input::{parse, InputError, JsonQuantity};
 use crate::decide::cgroups::{
-    container_config, files, kubepods, oom_score_adj, pod_cgroup, pod_config, qos_tiers,
-    CgroupVersion, FileValue, NodeSettings, ResourceConfig, DEFAULT_QUOTA_PERIOD_US,
+    container_config, files, kubepods_with_pods, oom_score_adj, pod_cgroup, pod_config, qos_tiers,
+    CgroupVersion, FileValue, NodeSettings, ResourceConfig, DEFAULT_QUOTA_PERIOD_US, MEMORY_HIGH,
+    MEMORY_LOW, MEMORY_MIN, MEMORY_SWAP_MAX,
 };
 use crate::decide::duration::parse_go_duration_nanos;
+use crate::decide::memory_qos::{SwapBehavior, ThrottlingFactor, DEFAULT_THROTTLING_FACTOR};
 use crate::decide::pod::{clamp_i64, PodInfo};
 use crate::decide::quantity::Quantity;
 
@@ -48,6 +50,27 @@ pub struct NodeInput {
     /// v1, as the kubelet refuses it).
     #[serde(rename = "singleProcessOOMKill")]
     pub single_process_oom_kill: Option<bool>,
+    /// `featureGates`: `MemoryQoS` (default false) turns on `memory.min`/`memory.high` on
+    /// v2; `NodeSwap` is GA and locked on in v1.34, so `false` is refused; other gates do not
+    /// change a cgroup value and are ignored.
+    #[serde(default)]
+    pub feature_gates: BTreeMap<String, bool>,
+    /// `memoryThrottlingFactor` (default 0.9), in (0, 1].
+    pub memory_throttling_factor: Option<f64>,
+    /// `memorySwap` (`swapBehavior`: `NoSwap`, the default, or `LimitedSwap`).
+    #[serde(default)]
+    pub memory_swap: MemorySwapInput,
+    /// The node's swap (`SwapTotal`; default 0), which LimitedSwap shares out.
+    pub swap_capacity: Option<JsonQuantity>,
+}
+
+/// `memorySwap`, as in KubeletConfiguration.
+#[derive(Deserialize, Default, Clone)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemorySwapInput {
+    /// `""`, `NoSwap` or `LimitedSwap`.
+    #[serde(default)]
+    pub swap_behavior: String,
 }
 
 /// Allocatable cpu and memory.
@@ -134,6 +157,7 @@ impl NodeInput {
         }
         let memory_capacity = non_negative(self.memory_capacity, "node.memoryCapacity")?
             .map(|q| clamp_i64(q.value()));
+        let memory = memory_qos_settings(self)?;
         Ok(NodeSettings {
             version,
             allocatable_cpu: non_negative(self.allocatable.cpu, "node.allocatable.cpu")?,
@@ -143,12 +167,84 @@ impl NodeInput {
             cpu_period_us,
             memory_capacity,
             single_process_oom_kill: self.single_process_oom_kill,
+            memory_qos: memory.memory_qos,
+            memory_throttling_factor: memory.throttling_factor,
+            swap_behavior: memory.swap_behavior,
+            swap_capacity: non_negative(self.swap_capacity, "node.swapCapacity")?
+                .map_or(0, |q| clamp_i64(q.value())),
+            // `plan` has no kernel to ask: a v2 node is taken to have swap accounting, as
+            // every kernel since 5.8 does by default; the agent asks its own.
+            swap_controller: version == CgroupVersion::V2,
         })
     }
 }
 
-fn settings_object(config: &ResourceConfig, version: CgroupVersion) -> Map<String, Value> {
+/// The Memory QoS and swap part of the node block, validated.
+struct MemorySettings {
+    memory_qos: bool,
+    throttling_factor: ThrottlingFactor,
+    swap_behavior: SwapBehavior,
+}
+
+fn memory_qos_settings(node: &NodeInput) -> Result<MemorySettings, InputError> {
+    if node.feature_gates.get("NodeSwap") == Some(&false) {
+        return Err(invalid(
+            "node.featureGates.NodeSwap",
+            "cannot be false: the gate is GA and locked to true (Kubernetes v1.34)",
+        ));
+    }
+    let factor = node
+        .memory_throttling_factor
+        .unwrap_or(DEFAULT_THROTTLING_FACTOR);
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(invalid(
+            "node.memoryThrottlingFactor",
+            format!("{factor} must be greater than 0 and at most 1.0"),
+        ));
+    }
+    let behavior = &node.memory_swap.swap_behavior;
+    let swap_behavior = SwapBehavior::parse(behavior).ok_or_else(|| {
+        invalid(
+            "node.memorySwap.swapBehavior",
+            format!("{behavior:?} is not NoSwap or LimitedSwap"),
+        )
+    })?;
+    Ok(MemorySettings {
+        memory_qos: node
+            .feature_gates
+            .get("MemoryQoS")
+            .copied()
+            .unwrap_or(false),
+        throttling_factor: ThrottlingFactor(factor),
+        swap_behavior,
+    })
+}
+
+/// Which cgroup a settings object is for: the Memory QoS files are named on every v2 cgroup,
+/// `memory.swap.max` on containers only.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Group,
+    Container,
+}
+
+fn settings_object(
+    config: &ResourceConfig,
+    version: CgroupVersion,
+    level: Level,
+) -> Map<String, Value> {
     let mut out = Map::new();
+    if version == CgroupVersion::V2 {
+        // Null where the kubelet leaves the file at the kernel's default, so the reader sees
+        // the name and that nothing is written to it.
+        let mut named = vec![MEMORY_MIN, MEMORY_LOW, MEMORY_HIGH];
+        if level == Level::Container {
+            named.push(MEMORY_SWAP_MAX);
+        }
+        for name in named {
+            out.insert(name.to_string(), Value::Null);
+        }
+    }
     for (name, value) in files(config, version) {
         let v = match value {
             FileValue::Int(i) => Value::from(i),
@@ -170,10 +266,11 @@ pub fn plan(input: &CgroupsInput) -> Result<Value, InputError> {
         let mut entry = Map::new();
         entry.insert("qos".into(), Value::from(pod.qos.as_str()));
         entry.insert("cgroup".into(), Value::from(pod_cgroup(pod)));
-        entry.extend(settings_object(&pod_config(&node, pod), v));
+        entry.extend(settings_object(&pod_config(&node, pod), v, Level::Group));
         let mut containers = Map::new();
         for c in &pod.containers {
-            let mut settings = settings_object(&container_config(&node, pod, c), v);
+            let mut settings =
+                settings_object(&container_config(&node, pod, c), v, Level::Container);
             let adj = oom_score_adj(pod, c, node.memory_capacity).ok_or_else(|| {
                 invalid(
                     "node.memoryCapacity",
@@ -192,15 +289,19 @@ pub fn plan(input: &CgroupsInput) -> Result<Value, InputError> {
     let mut out = Map::new();
     out.insert(
         "kubepods".into(),
-        Value::Object(settings_object(&kubepods(&node), v)),
+        Value::Object(settings_object(
+            &kubepods_with_pods(&node, &input.pods),
+            v,
+            Level::Group,
+        )),
     );
     out.insert(
         "burstable".into(),
-        Value::Object(settings_object(&burstable, v)),
+        Value::Object(settings_object(&burstable, v, Level::Group)),
     );
     out.insert(
         "besteffort".into(),
-        Value::Object(settings_object(&best_effort, v)),
+        Value::Object(settings_object(&best_effort, v, Level::Group)),
     );
     out.insert("pods".into(), Value::Object(pods));
     Ok(Value::Object(out))
@@ -284,6 +385,89 @@ mod tests {
             1
         );
         assert!(out["pods"]["ns/b"].get("memory.oom.group").is_none());
+    }
+
+    #[test]
+    fn memory_qos_and_swap_files_on_v2() {
+        let out = run(&doc(json!({"cgroupVersion": 2,
+            "allocatable": {"cpu": "4", "memory": "8Gi"}, "memoryCapacity": "8Gi",
+            "featureGates": {"MemoryQoS": true}, "memoryThrottlingFactor": 0.5,
+            "memorySwap": {"swapBehavior": "LimitedSwap"}, "swapCapacity": "2Gi"})))
+        .unwrap();
+        // kubepods: Guaranteed + Burstable requests; burstable: its own; besteffort: none.
+        assert_eq!(out["kubepods"]["memory.min"], 1610612736_i64);
+        assert_eq!(out["burstable"]["memory.min"], 536870912_i64);
+        assert_eq!(out["besteffort"]["memory.min"], Value::Null);
+        for entry in ["kubepods", "burstable", "besteffort"] {
+            assert_eq!(out[entry]["memory.high"], Value::Null, "{entry}");
+            assert_eq!(out[entry]["memory.low"], Value::Null, "{entry}");
+            assert!(out[entry].get("memory.swap.max").is_none(), "{entry}");
+        }
+        let g = &out["pods"]["ns/g"];
+        assert_eq!(g["memory.min"], 1073741824_i64);
+        assert_eq!(g["memory.high"], Value::Null);
+        // The Guaranteed container: memory.min, no memory.high, no swap.
+        assert_eq!(g["containers"]["c"]["memory.min"], 1073741824_i64);
+        assert_eq!(g["containers"]["c"]["memory.high"], Value::Null);
+        assert_eq!(g["containers"]["c"]["memory.swap.max"], 0);
+        // The Burstable one (512Mi, no limit): memory.high halfway to allocatable, and
+        // 512Mi / 8Gi of the 2Gi of swap.
+        let b = &out["pods"]["ns/b"]["containers"]["c"];
+        assert_eq!(b["memory.min"], 536870912_i64);
+        assert_eq!(
+            b["memory.high"],
+            (512_i64 << 20) + ((8_i64 << 30) - (512 << 20)) / 2
+        );
+        assert_eq!(b["memory.swap.max"], 134217728_i64);
+        assert_eq!(b["memory.low"], Value::Null);
+    }
+
+    #[test]
+    fn without_the_gate_v2_names_the_files_null_and_swap_zero() {
+        let out = run(&doc(json!({"cgroupVersion": 2,
+            "allocatable": {"cpu": "4", "memory": "8Gi"}, "memoryCapacity": "8Gi"})))
+        .unwrap();
+        assert_eq!(out["kubepods"]["memory.min"], Value::Null);
+        let b = &out["pods"]["ns/b"]["containers"]["c"];
+        assert_eq!(b["memory.min"], Value::Null);
+        assert_eq!(b["memory.high"], Value::Null);
+        // NoSwap, the default: the kubelet still writes memory.swap.max 0 on v2.
+        assert_eq!(b["memory.swap.max"], 0);
+        // v1 has none of these files, so none are named.
+        let v1 = run(&doc(json!({"cgroupVersion": 1, "memoryCapacity": "8Gi",
+            "featureGates": {"MemoryQoS": true}, "memorySwap": {"swapBehavior": "LimitedSwap"}})))
+        .unwrap();
+        let c = &v1["pods"]["ns/b"]["containers"]["c"];
+        for f in ["memory.min", "memory.low", "memory.high", "memory.swap.max"] {
+            assert!(c.get(f).is_none(), "{f}");
+            assert!(v1["kubepods"].get(f).is_none(), "{f}");
+        }
+    }
+
+    #[test]
+    fn bad_memory_qos_settings_are_input_errors() {
+        for (node, path) in [
+            (
+                json!({"memoryThrottlingFactor": 0}),
+                "node.memoryThrottlingFactor: ",
+            ),
+            (
+                json!({"memoryThrottlingFactor": 1.01}),
+                "node.memoryThrottlingFactor: ",
+            ),
+            (
+                json!({"memorySwap": {"swapBehavior": "Unlimited"}}),
+                "node.memorySwap.swapBehavior: ",
+            ),
+            (
+                json!({"featureGates": {"NodeSwap": false}}),
+                "node.featureGates.NodeSwap: ",
+            ),
+            (json!({"swapCapacity": "-1Gi"}), "node.swapCapacity: "),
+        ] {
+            let e = run(&doc(node.clone())).unwrap_err().to_string();
+            assert!(e.starts_with(path), "{node}: {e}");
+        }
     }
 
     #[test]

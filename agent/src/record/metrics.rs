@@ -34,6 +34,7 @@
 //! | `reactor_memory_reclaims_total` | counter | `outcome` (resolved, skipped, bounded, short, failed) | yes, every outcome |
 //! | `reactor_memory_reclaimed_bytes_total` | counter | — | yes |
 //! | `reactor_memory_reclaim_duration_seconds` | histogram | — | yes |
+//! | `reactor_node_swap_bytes`, `reactor_node_swap_used_bytes` | gauge | — | yes (0 until the first read, at start, then every `housekeepingInterval`) |
 //! | `reactor_close_watch_rereads_total` | counter | `watch` (close, kernel_watched) | yes, both |
 //! | `reactor_devices` | gauge | `resource`, `health` (healthy, unhealthy) | no: after the first [`Metrics::update_devices`] (resources are whatever plugins register) |
 //! | `reactor_devices_allocated` | gauge | `resource` | no: as `reactor_devices` |
@@ -67,7 +68,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// Every family name the agent exposes, as it appears on sample lines' `# TYPE` (counters
 /// without their `_total`): for tests and docs that must name them all.
-pub const FAMILIES: [&str; 21] = [
+pub const FAMILIES: [&str; 23] = [
     "reactor_detection_lag_seconds",
     "reactor_reaction_lag_seconds",
     "reactor_pressure_events",
@@ -89,6 +90,8 @@ pub const FAMILIES: [&str; 21] = [
     "reactor_memory_reclaims",
     "reactor_memory_reclaimed_bytes",
     "reactor_memory_reclaim_duration_seconds",
+    "reactor_node_swap_bytes",
+    "reactor_node_swap_used_bytes",
 ];
 
 /// The families that appear only after their first use (see the module docs for why).
@@ -272,6 +275,8 @@ pub struct Metrics {
     memory_reclaims: Family<OutcomeLabels, Counter>,
     memory_reclaimed: Counter,
     memory_reclaim_duration: Histogram,
+    swap_total: Gauge,
+    swap_used: Gauge,
     close_rereads: Family<WatchLabels, Counter>,
 }
 
@@ -319,6 +324,8 @@ impl Metrics {
             memory_reclaims: Family::default(),
             memory_reclaimed: Counter::default(),
             memory_reclaim_duration: lag_histogram(),
+            swap_total: Gauge::default(),
+            swap_used: Gauge::default(),
             close_rereads: Family::default(),
             registry: Registry::default(),
         };
@@ -445,6 +452,18 @@ impl Metrics {
             "Time one memory reclaim before an eviction took, steps and re-observations",
             Unit::Seconds,
             m.memory_reclaim_duration.clone(),
+        );
+        registry.register_with_unit(
+            "reactor_node_swap",
+            "The node's swap (SwapTotal in /proc/meminfo); no eviction signal counts it",
+            Unit::Bytes,
+            m.swap_total.clone(),
+        );
+        registry.register_with_unit(
+            "reactor_node_swap_used",
+            "The node's swap in use (SwapTotal - SwapFree)",
+            Unit::Bytes,
+            m.swap_used.clone(),
         );
         for outcome in MEMORY_RECLAIM_OUTCOMES {
             m.memory_reclaims
@@ -624,6 +643,13 @@ impl Metrics {
         if outcome != "skipped" {
             self.memory_reclaim_duration.observe(took_secs);
         }
+    }
+
+    /// The node's swap now (`SwapTotal`, and `SwapTotal - SwapFree`), in bytes.
+    pub fn set_node_swap(&self, total: u64, used: u64) {
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.swap_total.set(gauge(total));
+        self.swap_used.set(gauge(used));
     }
 
     /// Counts one pass the loop's timer started near a threshold, by `watch` (one of

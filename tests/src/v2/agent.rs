@@ -77,6 +77,17 @@ pub fn mismatches(settings: &Value, dir: &Path) -> Vec<String> {
     for (file, want) in map.iter().filter(|(k, _)| k.contains('.')) {
         let want = match want {
             Value::String(s) => s.clone(),
+            // Null: the kubelet leaves the file alone, so it holds the kernel's default.
+            Value::Null => match kernel_default(file) {
+                Some(d) => d.to_string(),
+                None => {
+                    out.push(format!(
+                        "{}/{file}: plan null, no default known",
+                        dir.display()
+                    ));
+                    continue;
+                }
+            },
             other => other.to_string(),
         };
         match std::fs::read_to_string(dir.join(file)) {
@@ -90,6 +101,16 @@ pub fn mismatches(settings: &Value, dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// What a v2 memory file holds when nothing wrote it (a new cgroup): `memory.min` and
+/// `memory.low` protect nothing, `memory.high` and `memory.swap.max` do not limit.
+pub fn kernel_default(file: &str) -> Option<&'static str> {
+    match file {
+        "memory.min" | "memory.low" => Some("0"),
+        "memory.high" | "memory.swap.max" => Some("max"),
+        _ => None,
+    }
 }
 
 /// Every file of the plan (kubepods, the QoS tiers, each pod and container) against the

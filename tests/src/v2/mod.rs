@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod kernel;
+pub mod memory_qos;
 pub mod oom;
 pub mod pods;
 pub mod pressure;
@@ -57,6 +58,18 @@ pub const CHECKS: &[Entry] = &[
     on(
         "qos_reserved_moves_with_admissions",
         pods::qos_reserved_moves_with_admissions,
+    ),
+    on(
+        "memory_qos_tree_matches_plan_cgroups",
+        memory_qos::tree_matches_plan,
+    ),
+    on(
+        "memory_high_throttles_not_oom_kills",
+        memory_qos::high_throttles_not_oom_kills,
+    ),
+    on(
+        "limited_swap_burstable_swaps_guaranteed_does_not",
+        memory_qos::limited_swap,
     ),
     on(
         "memory_oom_group_kills_the_whole_container",

@@ -12,12 +12,12 @@ use crate::agent::TestAgent;
 
 /// A 4-cpu, 768 MiB node with 500m and 128 MiB reserved for the system, and `qosReserved`
 /// memory 100%.
-const NODE: &str = "node: {memoryCapacity: 768Mi, cpuCapacity: '4'}\n\
+pub(super) const NODE: &str = "node: {memoryCapacity: 768Mi, cpuCapacity: '4'}\n\
                     systemReserved: {cpu: 500m, memory: 128Mi}\n\
                     qosReserved: {memory: '100%'}\n";
 
 /// The same node as `plan cgroups` reads it (allocatable = capacity − reserved).
-fn plan_node() -> Value {
+pub(super) fn plan_node() -> Value {
     json!({"cgroupVersion": 2, "allocatable": {"cpu": "3500m", "memory": "640Mi"},
            "qosReserved": {"memory": "100%"}, "memoryCapacity": "768Mi"})
 }
@@ -27,7 +27,7 @@ fn res(requests: Value, limits: Value) -> Value {
 }
 
 /// A Guaranteed, a two-container Burstable and a BestEffort pod, applied.
-fn three_pods(agent: &TestAgent) -> Vec<Value> {
+pub(super) fn three_pods(agent: &TestAgent) -> Vec<Value> {
     let g = pod(
         "guaranteed",
         &[(
@@ -62,7 +62,7 @@ fn three_pods(agent: &TestAgent) -> Vec<Value> {
 }
 
 /// Waits until every container of the plan has a process in its cgroup.
-fn wait_running(agent: &TestAgent, plan: &Value) {
+pub(super) fn wait_running(agent: &TestAgent, plan: &Value) {
     for (name, p) in plan["pods"].as_object().into_iter().flatten() {
         let cgroup = p["cgroup"].as_str().unwrap_or_default().to_string();
         for (c, _) in p["containers"].as_object().into_iter().flatten() {

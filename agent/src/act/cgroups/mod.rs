@@ -307,6 +307,19 @@ pub struct Resources {
     /// `singleProcessOOMKill: false`); ignored on v1, which has no such file.
     #[serde(default)]
     pub memory_oom_group: Option<bool>,
+    /// v2 `memory.min` (Memory QoS); ignored on v1.
+    #[serde(default)]
+    pub memory_min: Option<i64>,
+    /// v2 `memory.low`; ignored on v1.
+    #[serde(default)]
+    pub memory_low: Option<i64>,
+    /// v2 `memory.high` (Memory QoS); ignored on v1.
+    #[serde(default)]
+    pub memory_high: Option<i64>,
+    /// v2 `memory.swap.max` (0: no swap); ignored on v1. A kernel without swap accounting
+    /// has no such file, and the writer then leaves it out, as the kubelet does.
+    #[serde(default)]
+    pub memory_swap_max: Option<i64>,
 }
 
 /// A cgroup's memory use, as the eviction signals need it.
@@ -410,6 +423,16 @@ impl CgroupManager {
     /// trailing newline.
     pub fn read_file(&self, cgroup: &CgroupPath, file: &str) -> Result<String, CgroupError> {
         dispatch!(self, read_file(cgroup, file))
+    }
+
+    /// Whether containers can be given `memory.swap.max`: cgroup v2 with swap accounting
+    /// (checked on `kubepods`, so after [`CgroupManager::ensure_pod_tree`]). v1: never, as
+    /// the kubelet configures swap on v2 only.
+    pub fn swap_controller_available(&self) -> bool {
+        match self {
+            CgroupManager::V1(_) => false,
+            CgroupManager::V2(v2) => v2.swap_controller_available(),
+        }
     }
 
     /// Whether `cgroup` exists (in every hierarchy, on v1).
@@ -561,6 +584,10 @@ impl Resources {
             cpu_period: self.cpu_period_us,
             memory: self.memory_limit_bytes,
             memory_oom_group: self.memory_oom_group,
+            memory_min: self.memory_min,
+            memory_low: self.memory_low,
+            memory_high: self.memory_high,
+            memory_swap_max: self.memory_swap_max,
         }
     }
 }
@@ -575,6 +602,12 @@ impl From<&ResourceConfig> for Resources {
             memory_limit_bytes: c.memory.filter(|v| *v != 0),
             pids_max: None,
             memory_oom_group: c.memory_oom_group,
+            // Zero is a value here (`memory.swap.max` 0 is NoSwap; a tier's `memory.min` 0
+            // clears an old protection), so these pass through as decided.
+            memory_min: c.memory_min,
+            memory_low: c.memory_low,
+            memory_high: c.memory_high,
+            memory_swap_max: c.memory_swap_max,
         }
     }
 }
@@ -654,6 +687,7 @@ mod tests {
             cpu_period: Some(100_000),
             memory: Some(-1),
             memory_oom_group: None,
+            ..Default::default()
         });
         assert_eq!(r.cpu_quota_us, None);
         assert_eq!(

@@ -280,6 +280,7 @@ mod tests {
                 memory_limit_bytes: Some(256 << 20),
                 pids_max: Some(-1),
                 memory_oom_group: None,
+                ..Default::default()
             },
         )
         .unwrap();

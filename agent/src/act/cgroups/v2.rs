@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{fs, CgroupError, CgroupPath, MemoryUsage, Resources};
-use crate::decide::cgroups::CgroupVersion;
+use crate::decide::cgroups::{CgroupVersion, MEMORY_SWAP_MAX};
 
 /// Controllers the kubelet enables for the pod tree, where the parent offers them.
 const CONTROLLERS: [&str; 6] = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids"];
@@ -72,9 +72,21 @@ impl V2 {
 
     pub(super) fn apply(&self, cgroup: &CgroupPath, r: &Resources) -> Result<(), CgroupError> {
         for (name, value) in super::files_for(r, CgroupVersion::V2) {
-            fs::write(&self.file(cgroup, name), &value)?;
+            let path = self.file(cgroup, name);
+            // A kernel without swap accounting has no `memory.swap.max`: the kubelet then
+            // configures no swap at all (`swapControllerAvailable`), and so does this.
+            if name == MEMORY_SWAP_MAX && !path.exists() {
+                continue;
+            }
+            fs::write(&path, &value)?;
         }
         Ok(())
+    }
+
+    /// Whether the kernel offers swap control under the pod tree: `kubepods/memory.swap.max`
+    /// exists (the cgroup root's own may not: the hierarchy's root has none).
+    pub(super) fn swap_controller_available(&self) -> bool {
+        self.file(&CgroupPath::kubepods(), MEMORY_SWAP_MAX).exists()
     }
 
     pub(super) fn read_file(&self, cgroup: &CgroupPath, name: &str) -> Result<String, CgroupError> {
@@ -179,6 +191,44 @@ mod tests {
             err.contains("agent/kubepods/memory.max") && err.contains("controller not enabled"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn memory_qos_files_are_written_and_a_missing_swap_file_is_left_out() {
+        let tmp = fixture();
+        let cg = "agent/kubepods/burstable/podu/c";
+        for f in ["memory.min", "memory.high", "cpu.weight"] {
+            set_fixture(tmp.path(), cg, f, "0\n");
+        }
+        let m = CgroupManager::v2(tmp.path(), &CgroupPath::parse("agent").unwrap()).unwrap();
+        let c = CgroupPath::parse("kubepods/burstable/podu/c").unwrap();
+        let values = Resources {
+            cpu_shares: Some(2),
+            memory_min: Some(128 << 20),
+            memory_high: Some(255_012_864),
+            memory_swap_max: Some(0),
+            ..Default::default()
+        };
+        // No swap accounting: no memory.swap.max, and the rest is still written.
+        m.apply(&c, &values).unwrap();
+        let read = |f: &str| std::fs::read_to_string(tmp.path().join(cg).join(f)).unwrap();
+        assert_eq!(read("memory.min"), "134217728");
+        assert_eq!(read("memory.high"), "255012864");
+        assert!(!tmp.path().join(cg).join("memory.swap.max").exists());
+        assert!(!m.swap_controller_available());
+        // With it, the file gets its value.
+        set_fixture(tmp.path(), cg, "memory.swap.max", "max\n");
+        set_fixture(tmp.path(), "agent/kubepods", "memory.swap.max", "max\n");
+        m.apply(
+            &c,
+            &Resources {
+                memory_swap_max: Some(134_217_728),
+                ..values
+            },
+        )
+        .unwrap();
+        assert_eq!(read("memory.swap.max"), "134217728");
+        assert!(m.swap_controller_available());
     }
 
     #[test]

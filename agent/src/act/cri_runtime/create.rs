@@ -13,6 +13,7 @@ use super::{
 use crate::act::cgroups::Resources;
 use crate::act::cri::{self, CriError};
 use crate::act::runtime::{ContainerSpec, PodSpec, RuntimeError, Terminated};
+use crate::decide::cgroups::{MEMORY_HIGH, MEMORY_LOW, MEMORY_MIN, MEMORY_SWAP_MAX};
 
 /// The cgroup values as CRI carries them: "unlimited" (`-1`) is CRI's "unset".
 fn cri_resources(r: &Resources, oom_score_adj: i32) -> cri::LinuxResources {
@@ -22,15 +23,30 @@ fn cri_resources(r: &Resources, oom_score_adj: i32) -> cri::LinuxResources {
         cpu_period_us: r.cpu_period_us,
         memory_limit_bytes: r.memory_limit_bytes.and_then(|m| u64::try_from(m).ok()),
         oom_score_adj: Some(i64::from(oom_score_adj)),
-        // Only ever set on v2 (`NodeSettings::oom_group`): the kubelet passes the container's
-        // OOM group the same way, so the kernel's OOM killer ends the whole container.
-        unified: r
-            .memory_oom_group
-            .filter(|&group| group)
-            .map(|_| ("memory.oom.group".to_string(), "1".to_string()))
-            .into_iter()
-            .collect(),
+        unified: unified(r),
     }
+}
+
+/// The container's cgroup v2 files that CRI carries only in `unified`, as the kubelet passes
+/// them: `memory.oom.group` (only ever set on v2, `NodeSettings::oom_group`, so the kernel's
+/// OOM killer ends the whole container), and Memory QoS's `memory.min` / `memory.high` and
+/// the swap limit `memory.swap.max` (decided on v2 only).
+fn unified(r: &Resources) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if r.memory_oom_group == Some(true) {
+        out.insert("memory.oom.group".to_string(), "1".to_string());
+    }
+    for (name, value) in [
+        (MEMORY_MIN, r.memory_min),
+        (MEMORY_LOW, r.memory_low),
+        (MEMORY_HIGH, r.memory_high),
+        (MEMORY_SWAP_MAX, r.memory_swap_max),
+    ] {
+        if let Some(v) = value {
+            out.insert(name.to_string(), v.to_string());
+        }
+    }
+    out
 }
 
 fn start_error(message: String) -> Terminated {
@@ -178,6 +194,7 @@ mod tests {
                 memory_limit_bytes: Some(-1),
                 pids_max: None,
                 memory_oom_group: None,
+                ..Default::default()
             },
             1000,
         );
@@ -206,5 +223,29 @@ mod tests {
         );
         assert!(group(Some(false)).is_empty());
         assert!(group(None).is_empty());
+    }
+
+    #[test]
+    fn memory_qos_and_swap_go_to_the_runtime_as_unified() {
+        let u = cri_resources(
+            &Resources {
+                memory_oom_group: Some(true),
+                memory_min: Some(128 << 20),
+                memory_high: Some(255_012_864),
+                memory_swap_max: Some(0),
+                ..Default::default()
+            },
+            0,
+        )
+        .unified;
+        assert_eq!(
+            u,
+            BTreeMap::from([
+                ("memory.high".to_string(), "255012864".to_string()),
+                ("memory.min".to_string(), "134217728".to_string()),
+                ("memory.oom.group".to_string(), "1".to_string()),
+                ("memory.swap.max".to_string(), "0".to_string()),
+            ])
+        );
     }
 }
