@@ -146,6 +146,10 @@ pub const DISARM_HYSTERESIS_BYTES: u64 = 4 << 20;
 /// period in the kernel (see `memcg::V1_MOVE_STEP_BYTES`).
 const TRIPWIRE_STEP_BYTES: u64 = 8 << 20;
 
+/// The shortest interval a growth rate is taken over ([`Tripwire::sample`]): the agent's
+/// 10 ms poll.
+pub const RATE_WINDOW: Duration = Duration::from_millis(10);
+
 /// The distance below a level at which the programs attach, for a working set growing at
 /// `rate_bytes_per_s`.
 pub fn reach(rate_bytes_per_s: f64, near: &NearLevel) -> u64 {
@@ -196,15 +200,23 @@ impl Tripwire {
         self.rate
     }
 
-    /// Takes a working-set sample and returns the growth rate.
+    /// Takes a working-set sample and returns the growth rate. A sample less than
+    /// [`RATE_WINDOW`] after the one the rate was last taken from leaves both as they are:
+    /// over a few milliseconds the working set moves in bursts (a process dropping and
+    /// faulting a region again, a reclaim batch), and a burst over a short interval reads as
+    /// a growth rate of gigabytes a second, a reach of hundreds of MiB, and the programs on
+    /// for nothing (seen in bench part 7's page-cache setup once looks came a millisecond
+    /// apart).
     pub(crate) fn sample(&mut self, usage: u64, now: Instant) -> f64 {
         if let Some((was, at)) = self.last {
-            let dt = now.saturating_duration_since(at).as_secs_f64();
-            if dt > 0.0 {
-                let inst = usage.saturating_sub(was) as f64 / dt;
-                let decayed = self.rate * 0.5f64.powf(dt / 0.5);
-                self.rate = inst.max(decayed);
+            let dt = now.saturating_duration_since(at);
+            if dt < RATE_WINDOW {
+                return self.rate;
             }
+            let dt = dt.as_secs_f64();
+            let inst = usage.saturating_sub(was) as f64 / dt;
+            let decayed = self.rate * 0.5f64.powf(dt / 0.5);
+            self.rate = inst.max(decayed);
         }
         self.last = Some((usage, now));
         self.rate
@@ -436,5 +448,13 @@ mod tests {
         // Flat for half a second: half of it is left.
         let r = w.sample(100 << 20, t0 + Duration::from_millis(600));
         assert!((r - 524288000.0).abs() < 1e3, "{r}");
+        // A 4 MiB burst a millisecond later is no growth rate of 4 GiB/s: the rate is taken
+        // over the window from the last sample it used.
+        let r = w.sample(104 << 20, t0 + Duration::from_millis(601));
+        assert!((r - 524288000.0).abs() < 1e3, "{r}");
+        let r = w.sample(104 << 20, t0 + Duration::from_millis(700));
+        let decayed = 524288000.0 * 0.5f64.powf(0.2);
+        let grown = f64::from(4u32 << 20) / 0.1;
+        assert!((r - decayed.max(grown)).abs() < 1e3, "{r}");
     }
 }
