@@ -46,12 +46,18 @@ use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent};
 /// `kernel_watched_poll`) a staging outlives in the kernel: a ranking older than that kills
 /// nothing (the loop's timer held off, or the programs were off and the stage left behind),
 /// and the crossing is the loop's to act on.
-pub(super) const STAGE_AGE_POLLS: u32 = 2;
+const STAGE_AGE_POLLS: u32 = 2;
 
 /// How far past a hard memory level a pass's reading may be and still be left to the
 /// kernel's check: the page cache one reclaim pass may hold off the LRU while still charged
 /// (2–4 MiB batches were seen at 150–350 MiB/s), with room.
 const LEFT_TO_KERNEL_BYTES: u64 = 8 << 20;
+
+/// The longest a crossing is left to the kernel, from the first pass that left it: a hog
+/// at 150 MiB/s grows through a 4 MiB reclaim batch in 27 ms, and one that the kernel does
+/// not catch grows at most this long past the loop's reading (17.5 MiB at 350 MiB/s, well
+/// inside any hard threshold's margin to the limit).
+const LEFT_TO_KERNEL_FOR: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How many recent stagings are remembered to name the pod of a kill record (a record may
 /// come after the loop staged another pod).
@@ -120,6 +126,12 @@ impl Crossing {
     /// Whether a kill at the crossing waits to be completed.
     pub(super) fn pending(&self) -> bool {
         self.pending.is_some()
+    }
+
+    /// When a crossing left to the kernel is read again (`CLOCK_MONOTONIC`), if one is.
+    pub(super) fn left_until_ns(&self) -> Option<u64> {
+        let bound = u64::try_from(LEFT_TO_KERNEL_FOR.as_nanos()).unwrap_or(u64::MAX);
+        self.left_since_ns.map(|s| s.saturating_add(bound))
     }
 
     /// The figures read at `uid`'s last staging, if it was the last pod staged.
@@ -205,7 +217,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             && watched().unwrap_or(false);
         let defer = Defer {
             allowance_bytes: LEFT_TO_KERNEL_BYTES,
-            for_ns: max_age,
+            for_ns: u64::try_from(LEFT_TO_KERNEL_FOR.as_nanos()).unwrap_or(u64::MAX),
         };
         let left = leave_to_kernel(reclaim, ready, since, now, defer);
         if left {

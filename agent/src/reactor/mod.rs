@@ -504,13 +504,8 @@ impl<P: PodControl + 'static> Reactor<P> {
             wait = wait.min(i128::try_from(every.as_nanos()).unwrap_or(0));
         }
         // A crossing left to the kernel is read again when its time is up.
-        if let Some(since) = self.crossing.left_since_ns {
-            let every = self.settings.kernel_watched_poll;
-            let due = i128::from(since)
-                + i128::try_from(every.as_nanos()).unwrap_or(0)
-                    * i128::from(crossing::STAGE_AGE_POLLS)
-                - now;
-            wait = wait.min(due.max(0) + 1);
+        if let Some(due) = self.crossing.left_until_ns() {
+            wait = wait.min((i128::from(due) - now).max(0) + 1);
         }
         if let Some(d) = self.in_flight_recheck(u64::try_from(now).unwrap_or(0)) {
             wait = wait.min(i128::try_from(d.as_nanos()).unwrap_or(0));
