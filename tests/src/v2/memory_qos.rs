@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::agent::{apply, plan_cgroups, pod, procs, start, tree_mismatches};
-use super::pods::{plan_node, three_pods, wait_running, NODE};
+use super::agent::{apply, plan_cgroups, pod, procs, start};
+use super::pods::{assert_tree_matches, plan_node, three_pods, wait_running, NODE};
 use super::{counter, read, wait_until};
 use crate::memhog_bin;
 
@@ -79,13 +79,7 @@ pub fn tree_matches_plan() -> String {
     let mut node = plan_node();
     node["featureGates"] = json!({"MemoryQoS": true});
     let plan = plan_cgroups(&node, &pods);
-    wait_running(&agent, &plan);
-    let wrong = tree_mismatches(&agent, &plan);
-    assert!(
-        wrong.is_empty(),
-        "the agent's v2 tree differs from plan cgroups:\n{}\nplan: {plan:#}",
-        wrong.join("\n")
-    );
+    assert_tree_matches(&agent, &plan);
     let cgroup = |name: &str| {
         plan["pods"][name]["cgroup"]
             .as_str()

@@ -61,6 +61,18 @@ pub(super) fn three_pods(agent: &TestAgent) -> Vec<Value> {
     [g, b, e].iter().map(|d| apply(agent, d)).collect()
 }
 
+/// Waits for the plan's containers to run, then asserts the agent's tree holds exactly the
+/// plan's files and values.
+pub(super) fn assert_tree_matches(agent: &TestAgent, plan: &Value) {
+    wait_running(agent, plan);
+    let wrong = tree_mismatches(agent, plan);
+    assert!(
+        wrong.is_empty(),
+        "the agent's v2 tree differs from plan cgroups:\n{}\nplan: {plan:#}",
+        wrong.join("\n")
+    );
+}
+
 /// Waits until every container of the plan has a process in its cgroup.
 pub(super) fn wait_running(agent: &TestAgent, plan: &Value) {
     for (name, p) in plan["pods"].as_object().into_iter().flatten() {
@@ -84,13 +96,7 @@ pub fn tree_matches_plan() -> String {
     let agent = start("v2-tree", NODE);
     let pods = three_pods(&agent);
     let plan = plan_cgroups(&plan_node(), &pods);
-    wait_running(&agent, &plan);
-    let wrong = tree_mismatches(&agent, &plan);
-    assert!(
-        wrong.is_empty(),
-        "the agent's v2 tree differs from plan cgroups:\n{}\nplan: {plan:#}",
-        wrong.join("\n")
-    );
+    assert_tree_matches(&agent, &plan);
     // Independently of the plan, a few of the kubelet's own figures for these pods (its
     // shares → weight conversion, quota, limits): a bug shared by the plan and the writer
     // still fails here.
