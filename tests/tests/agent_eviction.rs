@@ -675,9 +675,22 @@ fn a_node_full_of_page_cache_is_calm_and_its_hog_is_still_evicted_before_the_oom
             .expect("kubepods' usage"),
         value("total_inactive_file"),
     );
+    // At its limit, and its working set (usage - inactive file) far from the 384 MiB level:
+    // more than the 64 MiB least reach below it, so only the page cache brings its usage
+    // near. How much of the cache the kernel counts inactive varies with what reclaim did
+    // during the fill (a refault it judges recent goes straight to the active list): a CI run
+    // under the suite's load read half of it active, and the program must stay off all the
+    // same.
+    let working_set = usage.saturating_sub(inactive);
     assert!(
-        usage >= 480 << 20 && inactive >= usage * 8 / 10,
-        "kubepods should be full of page cache: usage {usage}, inactive file {inactive}"
+        usage >= 480 << 20 && working_set <= 300 << 20,
+        "kubepods should be full of page cache, its working set far from the level: usage \
+         {usage}, inactive file {inactive}"
+    );
+    eprintln!(
+        "kubepods: usage {} MiB, {:.0} % of it inactive file",
+        usage >> 20,
+        inactive as f64 * 100.0 / usage.max(1) as f64
     );
 
     // The status says the program is off for kubepods, and why; it stays off.
