@@ -165,9 +165,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         match stage.stage(
             victim.as_ref().map(|(_, id, level)| (*id, *level)),
             &self.crossing.hard,
-            self.settings
-                .kernel_watched_poll
-                .saturating_mul(STAGE_AGE_POLLS),
+            self.stage_age(),
         ) {
             Ok(staged) => {
                 self.crossing.staged_at_ns = staged.then(monotonic_ns);
@@ -184,6 +182,13 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
     }
 
+    /// How long the kernel holds a staging (and the loop counts one as fresh).
+    fn stage_age(&self) -> std::time::Duration {
+        self.settings
+            .kernel_watched_poll
+            .saturating_mul(STAGE_AGE_POLLS)
+    }
+
     /// Whether this pass leaves the crossing of `reclaim`'s threshold, as it read it, to the
     /// kernel's check ([`leave_to_kernel`]): the charge programs watch its cgroup at its
     /// level, a victim staged for it within the stage's age, nothing in flight. `since`: when
@@ -195,13 +200,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         since: Option<u64>,
     ) -> bool {
         let now = monotonic_ns();
-        let max_age = u64::try_from(
-            self.settings
-                .kernel_watched_poll
-                .saturating_mul(STAGE_AGE_POLLS)
-                .as_nanos(),
-        )
-        .unwrap_or(u64::MAX);
+        let max_age = u64::try_from(self.stage_age().as_nanos()).unwrap_or(u64::MAX);
         let staged = self
             .crossing
             .staged_at_ns
