@@ -148,6 +148,17 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                     if let Some(pid) = d.killed_at_crossing {
                         assert!(pid > 0, "{d:?}");
                         assert_eq!(d.decide_to_kill_ns, None, "{d:?}");
+                        // Where the program killed: at or past the level it compared, by no
+                        // more than one charge's step of the page counter (64 pages) and the
+                        // pages of one check batch per CPU before it.
+                        let at = d.crossing_usage.expect("a kill at the crossing's figures");
+                        // (`CHARGE_BATCH_PAGES`, 16, on each of two CPUs).
+                        let step = (64 + 2 * 16) * 4096;
+                        assert!(
+                            at.usage_bytes >= at.level_bytes
+                                && at.usage_bytes - at.level_bytes <= step,
+                            "{at:?}"
+                        );
                         let woke = d.wake.event.as_ref().map(|e| e.kind.to_string());
                         if woke
                             .as_deref()

@@ -318,6 +318,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             return None;
         }
         decision.killed_at_crossing = Some(kill.pid);
+        decision.crossing_usage = Some(kill.at);
         let layout = signals.fs_layout().unwrap_or_default();
         let forced = Forced {
             figures: self.crossing.figures_for(&uid),
@@ -338,6 +339,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         if !evicted {
             // The pass goes on as if no kill had been made at the crossing.
             decision.killed_at_crossing = None;
+            decision.crossing_usage = None;
             decision.action = Action::None;
             decision.ranking.clear();
         }

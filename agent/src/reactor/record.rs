@@ -235,6 +235,12 @@ pub struct Decision {
     /// the runtime's stop, the status). `None` when the loop made the kill.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed_at_crossing: Option<u32>,
+    /// With `killed_at_crossing`: the watched cgroup's usage when the program killed and the
+    /// usage level it compared it with (a working-set level plus the page cache the program
+    /// followed to that moment), as its record gave them. How far past the level the kill
+    /// was made, checkable against the kernel's own statistics afterwards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crossing_usage: Option<crate::decide::crossing::AtCrossing>,
 }
 
 impl Decision {
@@ -264,6 +270,7 @@ impl Decision {
             release_ns: None,
             unprevented_ooms,
             killed_at_crossing: None,
+            crossing_usage: None,
         }
     }
 
@@ -325,6 +332,8 @@ impl Decision {
             release_ns = self.release_ns,
             unprevented_ooms = self.unprevented_ooms,
             killed_at_crossing = self.killed_at_crossing,
+            crossing_usage_bytes = self.crossing_usage.map(|a| a.usage_bytes),
+            crossing_level_bytes = self.crossing_usage.map(|a| a.level_bytes),
             "eviction decision"
         );
     }
