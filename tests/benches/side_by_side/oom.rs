@@ -197,6 +197,16 @@ pub(crate) struct Rep {
     /// level, at most 16 pages per CPU after the crossing.
     event_after_crossing_ns: Option<i64>,
     event_usage: Option<u64>,
+    /// The waking eBPF record's usage level (a working-set slot's level plus the inactive
+    /// file pages it had followed to the crossing).
+    event_threshold: Option<u64>,
+    /// The cache-full variant: kubepods read folded once the victim's memory was back, the
+    /// hog dead and the cache no longer reclaimed: its inactive file pages against those
+    /// the program followed to the crossing (`event_threshold` − the level).
+    after_kill: Option<MemStat>,
+    /// A kill at the crossing: usage then and the usage level the program compared it with
+    /// (the decision's `crossing_usage`).
+    crossing_usage: Option<reactor::decide::crossing::AtCrossing>,
     woken_by: Option<String>,
     /// The waking event as the record prints it (kind, level, usage, a kill at the
     /// crossing): which record a decision the kernel did not complete answered.
@@ -209,6 +219,26 @@ pub(crate) struct Rep {
     /// The cache-full variant: kubepods just after its cache was written, and how long the
     /// writing took.
     filled: Option<(MemStat, Duration)>,
+}
+
+/// The most a single charge moves a memory cgroup's page counter: the kernel charges
+/// `MEMCG_CHARGE_BATCH` (64) pages at once and hands them out from a per-CPU stock, so usage
+/// steps by up to 256 KiB at the charge that crosses a level.
+const CHARGE_BATCH_BYTES: i64 = 64 * 4096;
+
+impl Rep {
+    /// A kill at the crossing on a node full of page cache: how far kubepods' working set was
+    /// past its level when the program sent SIGKILL, by the kernel's own figures: usage at
+    /// that charge (the page counter, exact) less kubepods' inactive file pages read folded
+    /// once the hog was dead and the cache no longer reclaimed. Independent of the program's
+    /// own page-cache count and of the hog-record clock, whose error is the rest of
+    /// kubepods' working set moving by up to about 1 MiB.
+    fn past_level_bytes(&self) -> Option<i64> {
+        let at = self.crossing_usage?;
+        let after = self.after_kill?;
+        let ws = i128::from(at.usage_bytes) - i128::from(after.inactive_file);
+        i64::try_from(ws - i128::from(self.clock.level)).ok()
+    }
 }
 
 /// One repetition's crossing clock: what it was set from and what the hog's record gave.
@@ -236,6 +266,10 @@ pub(crate) struct ClockRep {
     pub(crate) none: Option<&'static str>,
     /// The mean of this hog's complete pieces' touch bursts: the clock's resolution.
     mean_burst_ns: Option<u64>,
+    /// [`Basis::WorkingSet`]: kubepods' working set as a plain `memory.stat` read gave it
+    /// just before the folded read the clock is set from ([`crate::page_cache::folded_stat`]):
+    /// what the clock would have been off by without the fold.
+    unfolded_working_set: Option<u64>,
 }
 
 /// One mode at one rate.
@@ -314,6 +348,8 @@ pub(crate) struct Clock {
     basis: Basis,
     /// The usage file the hog reads after each piece.
     usage_file: std::path::PathBuf,
+    /// See [`ClockRep::unfolded_working_set`].
+    unfolded: Option<u64>,
 }
 
 impl Clock {
@@ -348,7 +384,9 @@ impl Clock {
             .cgroups
             .memory_usage(&CgroupPath::kubepods())
             .context("kubepods' usage and inactive file pages")?;
-        let inactive_file = now.inactive_file_bytes;
+        let mut inactive_file = now.inactive_file_bytes;
+        let mut base = now.usage_bytes;
+        let mut unfolded = None;
         // The node is a v1 one (`Node::start`): the counters in the memory hierarchy.
         let memory = std::path::Path::new(reactor_tests::MEMCG_V1_ROOT).join(&node.root.name);
         let (usage_file, level, offset) = match basis {
@@ -375,9 +413,16 @@ impl Clock {
                 let pod = CgroupPath::pod(Some("besteffort"), uid)
                     .context("the hog's pod cgroup")?
                     .under(&memory);
+                // A plain read can miss a few hundred pages of updates the kernel has not
+                // folded into kubepods yet: the clock is set from a folded one.
+                unfolded = Some(now.working_set_bytes);
+                let folded = crate::page_cache::folded_stat(&memory.join("kubepods"), &pod)
+                    .context("kubepods' statistics, folded, before the hog")?;
+                inactive_file = folded.inactive_file;
+                base = folded.usage;
                 let hog =
                     crate::page_cache::stat(&pod).context("the hog's pod cgroup before the hog")?;
-                let offset = now.working_set_bytes.saturating_sub(hog.working_set());
+                let offset = folded.working_set().saturating_sub(hog.working_set());
                 (pod.join("memory.usage_in_bytes"), level, offset)
             }
         };
@@ -391,10 +436,11 @@ impl Clock {
             record,
             level,
             inactive_file,
-            base: now.usage_bytes,
+            base,
             offset,
             basis,
             usage_file,
+            unfolded,
         })
     }
 
@@ -436,6 +482,7 @@ impl Clock {
             offset: self.offset,
             inactive_file: self.inactive_file,
             base: self.base,
+            unfolded_working_set: self.unfolded,
             ..ClockRep::default()
         };
         let slots = match self.record.read() {
@@ -610,16 +657,19 @@ async fn repetition(
         }
         rep.reaction_ns = d.reaction_lag_ns;
         rep.at_crossing = d.killed_at_crossing.is_some();
+        rep.crossing_usage = d.crossing_usage;
         rep.observe_to_kill_ns = d.decide_to_kill_ns;
         rep.observe_to_kill_cpu_ns = d.decide_to_kill_cpu_ns;
         if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
             rep.event_after_crossing_ns = Some(e.at_ns.wrapping_sub(c) as i64);
             if let Kind::ThresholdCrossed {
-                usage_bytes: Some(u),
+                usage_bytes,
+                threshold_bytes,
                 ..
             } = e.kind
             {
-                rep.event_usage = Some(u);
+                rep.event_usage = usage_bytes;
+                rep.event_threshold = threshold_bytes;
             }
         }
         rep.wake_event = d.wake.event.as_ref().map(|e| e.kind.to_string());
@@ -636,6 +686,12 @@ async fn repetition(
     }
     // The cache goes first: kubepods full of it would keep the settle below waiting.
     if let Some(cache) = cache {
+        if evicted.is_some() {
+            let kubepods = std::path::Path::new(reactor_tests::MEMCG_V1_ROOT)
+                .join(&node.root.name)
+                .join("kubepods");
+            rep.after_kill = crate::page_cache::folded_stat(&kubepods, &cache.dir).ok();
+        }
         cache.empty();
     }
     clean_up(node, uid).await;
@@ -975,6 +1031,7 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             "right pod evicted",
             "crossing→SIGKILL p50",
             "crossing→SIGKILL p99",
+            "kill at the crossing: past the level by the kernel's figures, within one charge",
             "killed at the crossing",
             "woken by",
             "kubepods before the hog: usage / inactive file (median)",
@@ -1001,6 +1058,16 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
                 .filter_map(|x| x.crossing_to_kill_ns)
                 .collect::<Vec<_>>(),
         );
+        // How far past the level each kill at the crossing was made, by the kernel's figures,
+        // and how many within the one charge that crossed it.
+        let past: Vec<i64> = r.reps.iter().filter_map(Rep::past_level_bytes).collect();
+        let within = past
+            .iter()
+            .filter(|&&b| (0..CHARGE_BATCH_BYTES).contains(&b))
+            .count();
+        let past_kib = |pick: fn(&[i64]) -> Option<&i64>| {
+            pick(&past).map_or("-".to_string(), |b| format!("{}", b / 1024))
+        };
         let mut woken: BTreeMap<&str, usize> = BTreeMap::new();
         for w in r.reps.iter().filter_map(|x| x.woken_by.as_deref()) {
             *woken.entry(w).or_default() += 1;
@@ -1019,6 +1086,16 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             format!("{right}/{n}"),
             to_kill.p50_text(),
             to_kill.p99_text(),
+            if past.is_empty() {
+                "-".into()
+            } else {
+                format!(
+                    "{}–{} KiB, {within} of {}",
+                    past_kib(|v| v.iter().min()),
+                    past_kib(|v| v.iter().max()),
+                    past.len()
+                )
+            },
             format!("{at_crossing}/{n}"),
             if woken_text.is_empty() {
                 "-".into()
@@ -1032,9 +1109,13 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             "attached": r.attached.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "repetitions": n, "oom_killer_first": oom, "right_pod_evicted_first": right,
             "crossing_to_kill": to_kill.json(),
+            "kill_at_crossing_past_level_bytes": past,
+            "kill_at_crossing_within_one_charge": within,
             "killed_at_crossing": at_crossing,
             "woken_by": woken,
             "crossings": r.reps.iter().map(|x| json!({
+                "past_level_bytes": x.past_level_bytes(),
+                "crossing_usage": x.crossing_usage,
                 "clock_basis": x.clock.basis.key(),
                 "working_set_level_bytes": x.clock.level,
                 "working_set_without_hog_bytes": x.clock.offset,
@@ -1051,6 +1132,10 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
                 "kill_after_crossing_ns": x.kill_after_crossing_ns,
                 "reaction_ns": x.reaction_ns,
                 "event_after_crossing_ns": x.event_after_crossing_ns,
+                "event_usage_bytes": x.event_usage,
+                "event_threshold_bytes": x.event_threshold,
+                "unfolded_working_set_bytes": x.clock.unfolded_working_set,
+                "kubepods_after_kill_folded": x.after_kill.map(|m| m.json()),
                 "woken_by": x.woken_by,
                 "wake_event": x.wake_event,
             })).collect::<Vec<_>>(),
@@ -1085,8 +1170,9 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
     t.note(format!(
         "crossing→SIGKILL: kubepods' working set passing {} MiB, clocked as the hog's own pod \
          cgroup usage (read by the hog after each 256 KiB piece) plus kubepods' working set \
-         without it just before the hog (usage stays at the limit while the cache is \
-         reclaimed, so kubepods' usage cannot clock it) → the agent's SIGKILL; its error is \
+         without it just before the hog, its statistics folded first (usage stays at the \
+         limit while the cache is reclaimed, so kubepods' usage cannot clock it) → the \
+         agent's SIGKILL; its error is \
          what the rest of kubepods' working set moves meanwhile (kernel memory leaving with \
          the reclaimed cache, per-CPU charge batches: about 1 MiB in the runs seen, a few ms \
          at 350 MiB/s, so a SIGKILL at the crossing itself can read a few ms, and a hog killed \
@@ -1095,6 +1181,14 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
          right pod evicted and killed at the crossing as in the table above",
         CAPACITY_MI - HARD_MI
     ));
+    t.note(
+        "past the level by the kernel's figures: for a kill at the crossing, kubepods' usage \
+         at the charge the program killed at (the page counter, from the program's record) \
+         less its inactive file pages read folded once the hog was dead, less the level; the \
+         page counter moves 64 pages (256 KiB) at a charge, so a kill at the charge that \
+         crossed is 0–256 KiB past (\"within one charge\"), whatever the rate; it checks the \
+         program's own page-cache count too, independent of the hog-record clock",
+    );
     t.note(crate::lag::node_scheduling_note(realtime));
     let json = json!({
         "modes": CACHE_FULL_MODES.map(|mi| MODES[mi].name),

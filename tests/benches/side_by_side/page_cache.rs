@@ -155,6 +155,29 @@ pub(crate) fn stat(memcg: &Path) -> Result<MemStat> {
     })
 }
 
+/// Reads [`stat`] of the memory cgroup at `memcg` with its statistics folded first: a
+/// process in `inside` (a memory cgroup in `memcg`'s subtree) touches 4 MiB and exits before
+/// the read. The kernel folds a cgroup's statistics (rstat) on a read only once more than
+/// `MEMCG_CHARGE_BATCH` × CPUs page updates are pending (128 pages here), else every 2 s;
+/// up to that many, a few hundred pages, can be missing from a plain read. The process's
+/// 1,024 charges and uncharges push the count past the gate, so this read folds everything.
+/// At a limit, its charge reclaims 4 MiB of inactive page cache that its exit frees: usage
+/// and inactive file pages fall alike, and the working set stays.
+pub(crate) fn folded_stat(memcg: &Path, inside: &Path) -> Result<MemStat> {
+    run_in(
+        inside,
+        Command::new("dd").args([
+            "if=/dev/zero",
+            "of=/dev/null",
+            "bs=4M",
+            "count=1",
+            "status=none",
+        ]),
+        "the statistics fold's 4 MiB touch",
+    )?;
+    stat(memcg)
+}
+
 /// How long [`settled`] waits: the kernel's periodic flush of the cgroup statistics runs
 /// every 2 s.
 const SETTLE_WAIT: Duration = Duration::from_secs(6);
