@@ -151,7 +151,7 @@ async fn besteffort_storm(node: &mut Node, reps: usize) -> (usize, Vec<u64>, Vec
                         // Where the program killed: at or past the level it compared, by no
                         // more than one charge's step of the page counter (64 pages) and the
                         // pages of one check batch per CPU before it.
-                        let at = d.crossing_usage.expect("a kill at the crossing's figures");
+                        let at = d.crossing_kill.expect("a kill at the crossing's figures");
                         // (`CHARGE_BATCH_PAGES`, 16, on each of two CPUs).
                         let step = (64 + 2 * 16) * 4096;
                         assert!(

@@ -28,7 +28,7 @@ use super::thresholds::Threshold;
 /// The kernel's figures at the crossing, in bytes: the watched cgroup's usage when the
 /// crossing page was charged and the usage level it was checked against (the working-set
 /// level plus the page cache it left out).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AtCrossing {
     /// Usage at the crossing.
     pub usage_bytes: u64,

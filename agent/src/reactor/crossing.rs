@@ -37,7 +37,7 @@ use crate::decide::pressure::{Observations, Reclaim};
 use crate::decide::signal::{Resource, Signal};
 use crate::decide::summary::{PodStats, Summary};
 use crate::observe::{PodCgroup, PodReads, Signals};
-use crate::reactor::record::{Action, Decision};
+use crate::reactor::record::{Action, CrossingKillFigures, Decision};
 use crate::sense::ebpf::stage::VictimStage;
 use crate::sense::ebpf::threshold::cgroup_level;
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent};
@@ -318,7 +318,11 @@ impl<P: PodControl + 'static> Reactor<P> {
             return None;
         }
         decision.killed_at_crossing = Some(kill.pid);
-        decision.crossing_usage = Some(kill.at);
+        decision.crossing_kill = Some(CrossingKillFigures {
+            at_ns: kill.at_ns,
+            usage_bytes: kill.at.usage_bytes,
+            level_bytes: kill.at.level_bytes,
+        });
         let layout = signals.fs_layout().unwrap_or_default();
         let forced = Forced {
             figures: self.crossing.figures_for(&uid),
@@ -339,7 +343,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         if !evicted {
             // The pass goes on as if no kill had been made at the crossing.
             decision.killed_at_crossing = None;
-            decision.crossing_usage = None;
+            decision.crossing_kill = None;
             decision.action = Action::None;
             decision.ranking.clear();
         }

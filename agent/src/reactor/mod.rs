@@ -84,7 +84,9 @@ pub use pods::{
     ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
 };
 pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
-pub use record::{Action, Decision, MemoryReclaim, RankedPod, SignalValue, Wake};
+pub use record::{
+    Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
+};
 pub use settings::{memcg_targets, ReactorSettings};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 

@@ -235,12 +235,25 @@ pub struct Decision {
     /// the runtime's stop, the status). `None` when the loop made the kill.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killed_at_crossing: Option<u32>,
-    /// With `killed_at_crossing`: the watched cgroup's usage when the program killed and the
-    /// usage level it compared it with (a working-set level plus the page cache the program
-    /// followed to that moment), as its record gave them. How far past the level the kill
-    /// was made, checkable against the kernel's own statistics afterwards.
+    /// With `killed_at_crossing`: when and where the program killed, as its record gave it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub crossing_usage: Option<crate::decide::crossing::AtCrossing>,
+    pub crossing_kill: Option<CrossingKillFigures>,
+}
+
+/// Where a kill at the crossing was made: the kernel's time of the charge that crossed (the
+/// SIGKILL went out in the same program run), the watched cgroup's usage then and the usage
+/// level it was compared with (a working-set level plus the page cache the program had
+/// followed). The pass that completes the eviction may have been woken by another record,
+/// later: these say when the kill itself was, and how far past the level (checkable against
+/// the kernel's own statistics afterwards).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CrossingKillFigures {
+    /// `CLOCK_MONOTONIC` ns of the crossing charge and the SIGKILL.
+    pub at_ns: u64,
+    /// Usage at that charge, bytes.
+    pub usage_bytes: u64,
+    /// The usage level compared, bytes.
+    pub level_bytes: u64,
 }
 
 impl Decision {
@@ -270,7 +283,7 @@ impl Decision {
             release_ns: None,
             unprevented_ooms,
             killed_at_crossing: None,
-            crossing_usage: None,
+            crossing_kill: None,
         }
     }
 
@@ -332,8 +345,9 @@ impl Decision {
             release_ns = self.release_ns,
             unprevented_ooms = self.unprevented_ooms,
             killed_at_crossing = self.killed_at_crossing,
-            crossing_usage_bytes = self.crossing_usage.map(|a| a.usage_bytes),
-            crossing_level_bytes = self.crossing_usage.map(|a| a.level_bytes),
+            crossing_kill_at_ns = self.crossing_kill.map(|a| a.at_ns),
+            crossing_usage_bytes = self.crossing_kill.map(|a| a.usage_bytes),
+            crossing_level_bytes = self.crossing_kill.map(|a| a.level_bytes),
             "eviction decision"
         );
     }

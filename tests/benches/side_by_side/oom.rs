@@ -204,9 +204,9 @@ pub(crate) struct Rep {
     /// hog dead and the cache no longer reclaimed: its inactive file pages against those
     /// the program followed to the crossing (`event_threshold` − the level).
     after_kill: Option<MemStat>,
-    /// A kill at the crossing: usage then and the usage level the program compared it with
-    /// (the decision's `crossing_usage`).
-    crossing_usage: Option<reactor::decide::crossing::AtCrossing>,
+    /// A kill at the crossing: when, usage then and the usage level the program compared it
+    /// with (the decision's `crossing_kill`).
+    crossing_kill: Option<reactor::reactor::CrossingKillFigures>,
     woken_by: Option<String>,
     /// The waking event as the record prints it (kind, level, usage, a kill at the
     /// crossing): which record a decision the kernel did not complete answered.
@@ -234,7 +234,7 @@ impl Rep {
     /// own page-cache count and of the hog-record clock, whose error is the rest of
     /// kubepods' working set moving by up to about 1 MiB.
     fn past_level_bytes(&self) -> Option<i64> {
-        let at = self.crossing_usage?;
+        let at = self.crossing_kill?;
         let after = self.after_kill?;
         let ws = i128::from(at.usage_bytes) - i128::from(after.inactive_file);
         i64::try_from(ws - i128::from(self.clock.level)).ok()
@@ -510,9 +510,14 @@ impl Clock {
     }
 }
 
-/// When the agent's SIGKILL went out: the waking event plus the reaction lag, else the
-/// moment the signals were read just before it.
+/// When the agent's SIGKILL went out: a kill at the crossing's own time (the program's, at
+/// the charge that crossed: the pass that completed it may have been woken by another, later
+/// record), else the waking event plus the reaction lag, else the moment the signals were
+/// read just before it.
 fn kill_at(d: &Decision) -> u64 {
+    if let Some(k) = d.crossing_kill {
+        return k.at_ns;
+    }
     match (&d.wake.event, d.reaction_lag_ns) {
         (Some(e), Some(l)) => e.at_ns + l,
         _ => d.observed_at_ns + d.decide_to_kill_ns.unwrap_or(0),
@@ -657,7 +662,7 @@ async fn repetition(
         }
         rep.reaction_ns = d.reaction_lag_ns;
         rep.at_crossing = d.killed_at_crossing.is_some();
-        rep.crossing_usage = d.crossing_usage;
+        rep.crossing_kill = d.crossing_kill;
         rep.observe_to_kill_ns = d.decide_to_kill_ns;
         rep.observe_to_kill_cpu_ns = d.decide_to_kill_cpu_ns;
         if let (Some(e), false, Some(c)) = (&d.wake.event, d.wake.timer, crossing) {
@@ -1115,7 +1120,7 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             "woken_by": woken,
             "crossings": r.reps.iter().map(|x| json!({
                 "past_level_bytes": x.past_level_bytes(),
-                "crossing_usage": x.crossing_usage,
+                "crossing_kill": x.crossing_kill,
                 "clock_basis": x.clock.basis.key(),
                 "working_set_level_bytes": x.clock.level,
                 "working_set_without_hog_bytes": x.clock.offset,
