@@ -162,6 +162,11 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
             json!({"resource": d.resource, "change": d.change, "devices": d.devices}),
             format!("{} {}", d.resource, d.change),
         ),
+        Some(K::Condition(c)) => (
+            "condition",
+            json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message}),
+            format!("{} {} ({}): {}", c.r#type, c.status, c.reason, c.message),
+        ),
         None => ("unknown", json!({}), String::new()),
     }
 }

@@ -41,12 +41,14 @@ pub mod cgroupfs;
 pub mod disk;
 pub mod pods;
 pub mod procfs;
+pub mod psi;
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::config::Config;
 use crate::decide::pressure::{Observation, Observations};
+use crate::decide::psi_conditions::PsiReadings;
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
@@ -55,6 +57,7 @@ pub use cgroupfs::{CgroupFs, Layout, MemoryUsage};
 pub use disk::{dir_usage, statvfs, DirUsage, FsFigures};
 pub use pods::{kubepods_cgroup, pod_cgroup_path, ContainerCgroup, PodCgroup, PodReads};
 pub use procfs::{ProcFs, Tasks};
+pub use psi::PsiFiles;
 
 /// Why a signal could not be read; each names the file or setting at fault.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +141,8 @@ pub struct ObserveSettings {
     pub containerfs: PathBuf,
     /// Most directory entries one container's ephemeral-storage walk visits.
     pub ephemeral_walk_cap: u64,
+    /// Read the PSI figures of KEP-5394's node conditions (`featureGates.PSINodeCondition`).
+    pub psi_conditions: bool,
 }
 
 /// Default cap on the entries of one ephemeral-storage walk: a few milliseconds of `stat`s.
@@ -206,6 +211,7 @@ impl ObserveSettings {
             imagefs,
             containerfs,
             ephemeral_walk_cap: DEFAULT_EPHEMERAL_WALK_CAP,
+            psi_conditions: config.psi_node_condition(),
         })
     }
 }
@@ -260,6 +266,8 @@ pub struct Signals {
     pub containerfs: Option<FsFigures>,
     /// Tasks against the node's task limit.
     pub pids: Option<Tasks>,
+    /// The PSI `full` averages of KEP-5394's conditions (all `None` with the gate off).
+    pub psi: PsiReadings,
     /// Why any of the above is missing.
     pub errors: Vec<ObserveError>,
 }
@@ -274,6 +282,7 @@ impl Signals {
     pub fn observations(&self) -> Observations {
         let at = i128::from(self.monotonic_ns);
         let mut out = Observations::default();
+        out.psi = self.psi;
         let mut set = |signal: Signal, available: Quantity, capacity: Quantity| {
             out.set(
                 signal,
@@ -353,6 +362,8 @@ pub struct Observer {
     proc: ProcFs,
     /// The node's memory capacity: configured, or `MemTotal` read once at start.
     memory_capacity: u64,
+    /// The pressure files KEP-5394's conditions read, with their gate on.
+    psi: Option<PsiFiles>,
     scratch: String,
 }
 
@@ -377,11 +388,20 @@ impl Observer {
             Some(bytes) => bytes,
             None => proc.mem_total_bytes()?,
         };
+        // kubepods' pressure files exist on cgroup v2 only.
+        let psi = settings.psi_conditions.then(|| {
+            let kubepods = match cgroups.layout() {
+                Layout::V2 => cgroups.dir(&settings.kubepods_cgroup).ok(),
+                Layout::V1 => None,
+            };
+            PsiFiles::new(&settings.proc_root, kubepods.as_deref())
+        });
         Ok(Observer {
             settings,
             cgroups,
             proc,
             memory_capacity,
+            psi,
             scratch: String::with_capacity(256),
         })
     }
@@ -466,6 +486,10 @@ impl Observer {
                 None
             }
         };
+        let psi = match &self.psi {
+            Some(files) => files.read(&mut self.scratch, &mut errors),
+            None => PsiReadings::default(),
+        };
         Signals {
             monotonic_ns,
             wall,
@@ -475,6 +499,7 @@ impl Observer {
             imagefs,
             containerfs,
             pids,
+            psi,
             errors,
         }
     }

@@ -9,7 +9,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::decide::pressure::{thresholds_met, EvictionState, Observations};
-use crate::decide::psi_conditions::PsiSettings;
+use crate::decide::psi_conditions::{FullAverages, PsiSettings, SOURCES};
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::{NodeCondition, Signal};
 use crate::decide::thresholds::{format_quantity, Threshold};
@@ -77,6 +77,21 @@ pub struct NodePressure {
     pub thresholds: Vec<ThresholdState>,
     /// The three eviction conditions, then the four PSI ones with their gate on.
     pub conditions: Vec<ConditionState>,
+    /// With KEP-5394's gate on, the PSI figure each PSI condition read, and its threshold.
+    pub psi: Vec<PsiFigure>,
+}
+
+/// One PSI condition's figure at the pass (KEP-5394).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PsiFigure {
+    /// The condition it feeds.
+    pub condition: NodeCondition,
+    /// Where it is read (`system.memory`, `kubepods.io`, ...).
+    pub source: &'static str,
+    /// The `full` averages, when they could be read.
+    pub full: Option<FullAverages>,
+    /// The condition's threshold (percent; 0 is off).
+    pub threshold: f64,
 }
 
 impl ConditionState {
@@ -110,6 +125,7 @@ impl ConditionState {
 /// The conditions' states and when each last changed, kept by the loop between passes.
 #[derive(Clone, Debug)]
 pub struct Transitions {
+    psi: PsiSettings,
     listed: Vec<NodeCondition>,
     states: Vec<(bool, SystemTime)>,
 }
@@ -125,7 +141,11 @@ impl Transitions {
     pub fn new(psi: &PsiSettings) -> Transitions {
         let listed: Vec<NodeCondition> = CONDITIONS.iter().chain(psi.listed()).copied().collect();
         let states = vec![(false, SystemTime::now()); listed.len()];
-        Transitions { listed, states }
+        Transitions {
+            psi: *psi,
+            listed,
+            states,
+        }
     }
 
     /// The conditions the node reports, in order.
@@ -198,11 +218,24 @@ pub fn snapshot(
             }
         })
         .collect();
+    let psi = transitions
+        .psi
+        .listed()
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| PsiFigure {
+            condition: c,
+            source: SOURCES[i],
+            full: observations.psi.of(c),
+            threshold: transitions.psi.thresholds[i],
+        })
+        .collect();
     NodePressure {
         observed_at: wall,
         signals: signal_states,
         thresholds: threshold_states,
         conditions,
+        psi,
     }
 }
 
