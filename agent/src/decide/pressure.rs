@@ -145,9 +145,11 @@ pub fn pass(
 
 /// [`pass`] with KEP-5394's PSI conditions: each is seen while its rule holds on
 /// `observations.psi` ([`psi_conditions::step`]) and reported, like the eviction conditions,
-/// until the transition period has passed since it was last seen. The kubelet sets its PSI
-/// conditions in the node status setters without a transition period; the agent gives every
-/// condition the same one (docs/cgroup-v2.md).
+/// until the transition period has passed since it was last seen, so every condition the
+/// agent reports has the same one. The kubelet sets its PSI conditions in a node-status
+/// setter (`nodestatus.PSICondition`, PR #137357), outside the eviction manager whose
+/// `evictionPressureTransitionPeriod` this is; that setter's code was not available to
+/// read, so holding them for the period is the agent's choice (docs/cgroup-v2.md).
 pub fn pass_with_psi(
     thresholds: &[Threshold],
     psi: &PsiSettings,
@@ -187,7 +189,7 @@ pub fn pass_with_psi(
         conditions_last_observed_at.insert(c, now);
     }
     if !psi.enabled {
-        conditions_last_observed_at.retain(|c, _| !c.is_psi());
+        conditions_last_observed_at.retain(|c, _| !psi_conditions::is_psi(*c));
     }
     let conditions: Vec<NodeCondition> = conditions_last_observed_at
         .iter()

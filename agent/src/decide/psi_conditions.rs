@@ -211,6 +211,11 @@ pub fn message(condition: NodeCondition, on: bool) -> Option<&'static str> {
     })
 }
 
+/// Whether `condition` is one of the four PSI conditions.
+pub fn is_psi(condition: NodeCondition) -> bool {
+    PSI_CONDITIONS.contains(&condition)
+}
+
 fn slot(condition: NodeCondition) -> Option<usize> {
     PSI_CONDITIONS.iter().position(|c| *c == condition)
 }

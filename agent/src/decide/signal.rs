@@ -92,11 +92,6 @@ impl NodeCondition {
             NodeCondition::KubepodsDiskContentionPressure => "KubepodsDiskContentionPressure",
         }
     }
-
-    /// Whether this is one of KEP-5394's PSI conditions.
-    pub fn is_psi(self) -> bool {
-        crate::decide::psi_conditions::PSI_CONDITIONS.contains(&self)
-    }
 }
 
 impl Signal {
