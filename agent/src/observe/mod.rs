@@ -145,6 +145,10 @@ pub struct ObserveSettings {
     pub psi_conditions: bool,
 }
 
+/// How old the PSI figures may be before a pass reads them again: the kernel recomputes
+/// its averages every 2 s.
+const PSI_REREAD_NS: u64 = 1_000_000_000;
+
 /// Default cap on the entries of one ephemeral-storage walk: a few milliseconds of `stat`s.
 pub const DEFAULT_EPHEMERAL_WALK_CAP: u64 = 100_000;
 
@@ -364,6 +368,8 @@ pub struct Observer {
     memory_capacity: u64,
     /// The pressure files KEP-5394's conditions read, with their gate on.
     psi: Option<PsiFiles>,
+    /// Their last reading and when it was made (monotonic ns).
+    psi_last: (PsiReadings, Option<u64>),
     scratch: String,
 }
 
@@ -402,6 +408,7 @@ impl Observer {
             proc,
             memory_capacity,
             psi,
+            psi_last: (PsiReadings::default(), None),
             scratch: String::with_capacity(256),
         })
     }
@@ -486,8 +493,19 @@ impl Observer {
                 None
             }
         };
+        // The kernel updates the averages every 2 s; reading them once a second is enough,
+        // and keeps four file reads off the passes the close watch makes every millisecond.
         let psi = match &self.psi {
-            Some(files) => files.read(&mut self.scratch, &mut errors),
+            Some(files) => {
+                let (last, at) = self.psi_last;
+                if at.is_some_and(|at| monotonic_ns.saturating_sub(at) < PSI_REREAD_NS) {
+                    last
+                } else {
+                    let r = files.read(&mut self.scratch, &mut errors);
+                    self.psi_last = (r, Some(monotonic_ns));
+                    r
+                }
+            }
             None => PsiReadings::default(),
         };
         Signals {
@@ -743,5 +761,42 @@ mod tests {
             o.get(Signal::MemoryAvailable).unwrap().available,
             Quantity::ZERO
         );
+    }
+
+    #[test]
+    fn psi_figures_are_read_with_the_gate_and_at_most_once_a_second() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("cgroup");
+        set(&root, "/", "cgroup.controllers", "cpu memory pids\n");
+        set(&root, "/", "memory.stat", &v2_stat(1 << 30, 0, 0));
+        let line = |f10: f64, f60: f64| {
+            format!("some avg10={f10:.2} avg60={f60:.2} avg300=0.00 total=9\nfull avg10={f10:.2} avg60={f60:.2} avg300=0.00 total=9\n")
+        };
+        set(&root, "/kubepods", "memory.pressure", &line(40.0, 12.5));
+        set(&root, "/kubepods", "io.pressure", &line(0.0, 0.0));
+        let proc_root = tmp.path().join("proc");
+        std::fs::create_dir_all(proc_root.join("pressure")).unwrap();
+        std::fs::write(proc_root.join("pressure/memory"), line(2.0, 0.5)).unwrap();
+        std::fs::write(proc_root.join("pressure/io"), line(0.25, 0.0)).unwrap();
+        let mut config = Config::default();
+        config.node.memory_capacity = "8Gi".into();
+        config.feature_gates.insert("PSINodeCondition".into(), true);
+        let mut settings = fixture_settings(tmp.path(), &config);
+        settings.proc_root = proc_root.clone();
+        assert!(settings.psi_conditions);
+        let mut obs = Observer::new(settings.clone()).unwrap();
+        let s = obs.observe();
+        let f = |avg10, avg60| Some(crate::decide::psi_conditions::FullAverages { avg10, avg60 });
+        assert_eq!(
+            s.observations().psi.full,
+            [f(2.0, 0.5), f(0.25, 0.0), f(40.0, 12.5), f(0.0, 0.0)]
+        );
+        // Read again within the second: the same figures, not the file's new ones.
+        set(&root, "/kubepods", "memory.pressure", &line(0.0, 3.0));
+        assert_eq!(obs.observe().psi.full[2], f(40.0, 12.5));
+        // Gate off: nothing read.
+        settings.psi_conditions = false;
+        let mut off = Observer::new(settings).unwrap();
+        assert_eq!(off.observe().psi, PsiReadings::default());
     }
 }
