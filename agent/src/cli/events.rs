@@ -22,7 +22,7 @@ pub(crate) struct EventsArgs {
     #[arg(long)]
     json: bool,
     /// Only these kinds (`pressure`, `admission`, `preemption`, `eviction`, `oom_kill`,
-    /// `removed`, `recovery`, ...).
+    /// `removed`, `recovery`, `condition`, ...).
     #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
     #[command(flatten)]
