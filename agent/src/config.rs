@@ -30,6 +30,7 @@ use crate::decide::quantity::Quantity;
 
 pub mod kubelet;
 pub mod memory;
+pub mod psi;
 
 /// A non-negative Go duration (`"10s"`, `"1m30s"`) that prints back in Go's form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -131,7 +132,9 @@ pub struct Config {
     pub single_process_oom_kill: Option<bool>,
     /// The kubelet's `featureGates`. `MemoryQoS: true` writes `memory.min` and `memory.high`
     /// on cgroup v2 as the kubelet does (off by default, as it is alpha in v1.34); `NodeSwap`
-    /// is GA and cannot be turned off; other gates change nothing here and are ignored.
+    /// is GA and cannot be turned off; `PSINodeCondition: true` reports KEP-5394's four PSI
+    /// node conditions (off by default, alpha in v1.36); other gates change nothing here and
+    /// are ignored.
     pub feature_gates: BTreeMap<String, bool>,
     /// Where a container's `memory.high` sits between its memory request and limit, in
     /// (0, 1] (the kubelet's default 0.9). Used with `MemoryQoS` only.
@@ -143,6 +146,16 @@ pub struct Config {
     /// Refuse to start when the node has swap (the kubelet's default `true`); a node that
     /// runs with swap sets `false`.
     pub fail_swap_on: bool,
+    /// KEP-5394's threshold for `SystemMemoryContentionPressure`: `/proc/pressure/memory`
+    /// `full` averages, in percent (default 0.9; 0 turns the condition off). Used with
+    /// `featureGates.PSINodeCondition` only.
+    pub system_memory_contention_threshold: f64,
+    /// The same for `SystemDiskContentionPressure` (`/proc/pressure/io`).
+    pub system_disk_contention_threshold: f64,
+    /// The same for `KubepodsMemoryContentionPressure` (kubepods' `memory.pressure`, v2).
+    pub kubepods_memory_contention_threshold: f64,
+    /// The same for `KubepodsDiskContentionPressure` (kubepods' `io.pressure`, v2).
+    pub kubepods_disk_contention_threshold: f64,
     /// The cgroup the agent builds `kubepods/…` under.
     pub cgroup_root: String,
     /// How cgroup names are formed; only `cgroupfs` is supported.
@@ -334,6 +347,10 @@ impl Default for Config {
             memory_throttling_factor: crate::decide::memory_qos::DEFAULT_THROTTLING_FACTOR,
             memory_swap: memory::MemorySwapConfig::default(),
             fail_swap_on: true,
+            system_memory_contention_threshold: crate::decide::psi_conditions::DEFAULT_THRESHOLD,
+            system_disk_contention_threshold: crate::decide::psi_conditions::DEFAULT_THRESHOLD,
+            kubepods_memory_contention_threshold: crate::decide::psi_conditions::DEFAULT_THRESHOLD,
+            kubepods_disk_contention_threshold: crate::decide::psi_conditions::DEFAULT_THRESHOLD,
             cgroup_root: "/".to_string(),
             cgroup_driver: "cgroupfs".to_string(),
             static_pod_path: String::new(),
@@ -582,6 +599,7 @@ impl Config {
         }
         self.validate_sense()?;
         self.validate_memory_qos()?;
+        self.validate_psi_conditions()?;
         match self.runtime.kind.as_str() {
             "process" | "cri" => {}
             other => {

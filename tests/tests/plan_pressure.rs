@@ -342,3 +342,69 @@ fn memory_reclaim_off_or_disk_shows_no_choice() {
         "{e}"
     );
 }
+
+/// KEP-5394's PSI conditions: with the gate on, the `full` averages of each observation set
+/// them by the KEP's rule (avg60 and avg10 at the threshold to rise, avg60 under it to fall)
+/// and they are held for the transition period; a kubelet config pasted as `config` (its
+/// `featureGates` and threshold keys among the rest) is read as it is.
+#[test]
+fn psi_averages_raise_the_psi_conditions_behind_their_gate() {
+    let psi = |memory: (f64, f64), io: (f64, f64)| {
+        json!({"system.memory": {"avg10": memory.0, "avg60": memory.1},
+               "kubepods.io": {"avg10": io.0, "avg60": io.1}})
+    };
+    let input = |gate: bool| {
+        json!({"config": {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+                   "featureGates": {"PSINodeCondition": gate, "MemoryQoS": true},
+                   "systemMemoryContentionThreshold": 2.5, "kubepodsDiskContentionThreshold": 0,
+                   "evictionPressureTransitionPeriod": "1m"},
+        "capacity": CAPACITY(),
+        "observations": [
+            {"at": at(0), "memory.available": "4Gi", "psi": psi((0.0, 0.0), (100.0, 100.0))},
+            {"at": at(10), "memory.available": "4Gi", "psi": psi((30.0, 2.5), (100.0, 100.0))},
+            {"at": at(20), "memory.available": "4Gi", "psi": psi((1.0, 2.0), (0.0, 0.0))},
+            // No figure read at 69 s: still held, 59 s after the rule last held (at 10 s).
+            {"at": at(69), "memory.available": "4Gi"},
+            {"at": at(70), "memory.available": "4Gi", "psi": psi((0.0, 0.5), (0.0, 0.0))}
+        ]})
+    };
+    let out = plan_ok("pressure", &input(true));
+    let conditions: Vec<Value> = out["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["conditions"].clone())
+        .collect();
+    let on = json!(["SystemMemoryContentionPressure"]);
+    // The kubepods I/O threshold is 0: that condition never turns on, even at 100 %.
+    assert_eq!(
+        conditions,
+        [json!([]), on.clone(), on.clone(), on, json!([])],
+        "{out}"
+    );
+    let out = plan_ok("pressure", &input(false));
+    for step in out["steps"].as_array().expect("steps") {
+        assert_eq!(step["conditions"], json!([]), "{out}");
+    }
+    for (config, psi, needle) in [
+        (
+            json!({"kubepodsMemoryContentionThreshold": 120}),
+            json!({}),
+            "config.kubepodsMemoryContentionThreshold",
+        ),
+        (
+            json!({}),
+            json!({"kubepods.cpu": {"avg10": 1, "avg60": 1}}),
+            "observations[0].psi.kubepods.cpu",
+        ),
+        (
+            json!({}),
+            json!({"system.io": {"avg10": -1, "avg60": 1}}),
+            "observations[0].psi.system.io.avg10",
+        ),
+    ] {
+        let input = json!({"config": config, "observations": [{"at": at(0), "psi": psi}]});
+        let err = plan_refused("pressure", input.to_string().as_bytes());
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}

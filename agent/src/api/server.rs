@@ -271,6 +271,17 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             took_nanos: *took_ns,
             error: error.clone(),
         }),
+        NodeEventKind::Condition {
+            condition,
+            on,
+            reason,
+            message,
+        } => K::Condition(pb::NodeConditionEvent {
+            r#type: condition.clone(),
+            status: if *on { "True" } else { "False" }.to_string(),
+            reason: reason.clone(),
+            message: message.clone(),
+        }),
         NodeEventKind::Removed { pod, uid, cause } => K::Removed(pb::PodRemovedEvent {
             pod: Some(split(pod)),
             uid: uid.clone(),
@@ -313,6 +324,7 @@ fn kind_name(k: &pb::event::Kind) -> &'static str {
         K::Removed(_) => "removed",
         K::Recovery(_) => "recovery",
         K::MemoryReclaim(_) => "memory_reclaim",
+        K::Condition(_) => "condition",
     }
 }
 
@@ -486,6 +498,7 @@ impl Agent for AgentService {
                     total_bytes: s.total,
                     used_bytes: s.used,
                 }),
+            psi: pressure.as_ref().map(psi_figures).unwrap_or_default(),
         }))
     }
 
@@ -689,6 +702,22 @@ fn charge_watches(watch: &crate::sense::ebpf::kernel_watch::KernelWatch) -> Vec<
             inactive_file_bytes: w.report.inactive_file_bytes,
             level_bytes: w.report.level_bytes,
             reach_bytes: w.report.reach_bytes,
+        })
+        .collect()
+}
+
+/// The PSI figures KEP-5394's conditions read at the loop's last pass (none with the gate
+/// off).
+fn psi_figures(p: &crate::reactor::NodePressure) -> Vec<pb::PsiFigure> {
+    p.psi
+        .iter()
+        .map(|f| pb::PsiFigure {
+            condition: f.condition.name().to_string(),
+            source: f.source.to_string(),
+            read: f.full.is_some(),
+            full_avg10: f.full.map_or(0.0, |a| a.avg10),
+            full_avg60: f.full.map_or(0.0, |a| a.avg60),
+            threshold: f.threshold,
         })
         .collect()
 }

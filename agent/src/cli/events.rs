@@ -22,7 +22,7 @@ pub(crate) struct EventsArgs {
     #[arg(long)]
     json: bool,
     /// Only these kinds (`pressure`, `admission`, `preemption`, `eviction`, `oom_kill`,
-    /// `removed`, `recovery`, ...).
+    /// `removed`, `recovery`, `condition`, ...).
     #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
     #[command(flatten)]
@@ -161,6 +161,11 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
             "device",
             json!({"resource": d.resource, "change": d.change, "devices": d.devices}),
             format!("{} {}", d.resource, d.change),
+        ),
+        Some(K::Condition(c)) => (
+            "condition",
+            json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message}),
+            format!("{} {} ({}): {}", c.r#type, c.status, c.reason, c.message),
         ),
         None => ("unknown", json!({}), String::new()),
     }

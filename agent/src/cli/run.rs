@@ -43,11 +43,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use reactor::decide::signal::NodeCondition;
 use reactor::human;
 use reactor::node::{EventHub, NodeEventKind};
 use reactor::observe::{ObserveSettings, Observer};
 use reactor::reactor::thread::LoopThread;
-use reactor::reactor::{concerns_node, memcg_targets, Action, Decision, Reactor, ReactorSettings};
+use reactor::reactor::{
+    concerns_node, memcg_targets, Action, Decision, NodePressure, Reactor, ReactorSettings,
+};
 use reactor::record::metrics::serve::{parse_address, MetricsServer};
 use reactor::record::metrics::Metrics;
 use reactor::sense::{AttachReport, Kind, Received, Source};
@@ -182,6 +185,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         });
         let handle = reactor.handle();
         node.serve_api(&config, sense.report(), &handle, sense.kernel_watch())?;
+        let conditions = tokio::spawn(forward_conditions(handle.pressure(), events.clone()));
         let forwarder = tokio::spawn(forward_decisions(handle.subscribe(), events));
         let (_, mut task) = loop_thread.spawn(reactor, sense, shutdown.subscribe());
         tracing::info!(pid = std::process::id(), "reactor running");
@@ -194,6 +198,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
             }
         };
         forwarder.abort();
+        conditions.abort();
         let _ = recorder.await;
         node.stop().await;
         match sense {
@@ -248,6 +253,54 @@ async fn record_events(
             tracing::debug!(source = %e.source, lag = %human::duration_ns(r.lag_ns), lag_ns = r.lag_ns, "tick");
         } else {
             tracing::info!(source = %e.source, cgroup, kind = %e.kind, at_ns = e.at_ns, lag = %human::duration_ns(r.lag_ns), lag_ns = r.lag_ns, "pressure event");
+        }
+    }
+}
+
+/// Node condition changes on the event stream and in the log, with the kubelet's reason and
+/// message, and for a PSI condition (KEP-5394) the figure and threshold it was set on, as
+/// the KEP asks of the event ("record the reasons (based on PSI data)"). A condition starts
+/// False; only a change makes an event. Ends when the loop ends.
+async fn forward_conditions(
+    mut rx: tokio::sync::watch::Receiver<Option<NodePressure>>,
+    events: EventHub,
+) {
+    let mut was: Vec<(NodeCondition, bool)> = Vec::new();
+    while rx.changed().await.is_ok() {
+        let mut changed = Vec::new();
+        if let Some(p) = rx.borrow_and_update().as_ref() {
+            for c in &p.conditions {
+                let before = match was.iter_mut().find(|(k, _)| *k == c.condition) {
+                    Some((_, on)) => std::mem::replace(on, c.on),
+                    None => {
+                        was.push((c.condition, c.on));
+                        false
+                    }
+                };
+                if before == c.on {
+                    continue;
+                }
+                let mut message = c.message().to_string();
+                if let Some(f) = p.psi.iter().find(|f| f.condition == c.condition) {
+                    match f.full {
+                        Some(a) => message.push_str(&format!(
+                            " ({} full avg10 {:.2}, avg60 {:.2}; threshold {})",
+                            f.source, a.avg10, a.avg60, f.threshold
+                        )),
+                        None => message.push_str(&format!(" ({} not read)", f.source)),
+                    }
+                }
+                changed.push((c.condition, c.on, c.reason(), message));
+            }
+        }
+        for (condition, on, reason, message) in changed {
+            tracing::info!(condition = condition.name(), status = on, reason, message = %message, "node condition");
+            events.publish(NodeEventKind::Condition {
+                condition: condition.name().to_string(),
+                on,
+                reason: reason.to_string(),
+                message,
+            });
         }
     }
 }

@@ -110,6 +110,10 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                 })).collect::<Vec<_>>(),
                 "swap": s.swap.as_ref().map(|w| json!({
                     "totalBytes": w.total_bytes, "usedBytes": w.used_bytes})),
+                "psi": s.psi.iter().map(|p| json!({
+                    "condition": p.condition, "source": p.source,
+                    "full": p.read.then(|| json!({"avg10": p.full_avg10, "avg60": p.full_avg60})),
+                    "threshold": p.threshold})).collect::<Vec<_>>(),
                 "capacity": to_map(sorted(&resources.capacity)),
                 "allocatable": to_map(sorted(&resources.allocatable)),
                 "nextToEvict": next.iter().map(|(rank, n)| json!({
@@ -152,6 +156,19 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                 human::signal_value(&sig.name, &sig.capacity),
                 if th.is_empty() { "none".into() } else { th.join(", ") }
             );
+        }
+        for p in &s.psi {
+            let figure = if p.read {
+                format!("full avg10 {:.2}, avg60 {:.2}", p.full_avg10, p.full_avg60)
+            } else {
+                "not read".to_string()
+            };
+            let threshold = if p.threshold > 0.0 {
+                format!("threshold {}", p.threshold)
+            } else {
+                "threshold 0: off".to_string()
+            };
+            println!("psi {} ({}): {figure} ({threshold})", p.source, p.condition);
         }
         for x in &s.sources {
             println!(

@@ -140,6 +140,11 @@ const FIELDS: &[&str] = &[
     "imageServiceEndpoint",
     "failCgroupV1",
     "userNamespaces",
+    // KEP-5394 (alpha in v1.36, kubernetes/kubernetes PR #137357).
+    "systemMemoryContentionThreshold",
+    "systemDiskContentionThreshold",
+    "kubepodsMemoryContentionThreshold",
+    "kubepodsDiskContentionThreshold",
 ];
 
 /// Checks `apiVersion`/`kind` when present and removes them, then removes the

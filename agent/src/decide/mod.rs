@@ -15,6 +15,7 @@ pub mod memory_reclaim;
 pub mod pod;
 pub mod preempt;
 pub mod pressure;
+pub mod psi_conditions;
 pub mod qos;
 pub mod quantity;
 pub mod quantity_text;

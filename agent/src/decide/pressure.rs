@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::decide::psi_conditions::{self, PsiReadings, PsiSettings, PsiState};
 use crate::decide::quantity::Quantity;
 use crate::decide::quantity_text::binary_si;
 use crate::decide::signal::{NodeCondition, Resource, Signal};
@@ -32,6 +33,8 @@ pub struct Observation {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observations {
     by_signal: [Option<Observation>; 9],
+    /// The PSI `full` averages the KEP-5394 conditions read (none unless read).
+    pub psi: PsiReadings,
 }
 
 fn slot(signal: Signal) -> usize {
@@ -62,6 +65,8 @@ pub struct EvictionState {
     pub thresholds_met: Vec<usize>,
     /// When each signal was last measured, to act only on fresh statistics.
     pub last_observed: Observations,
+    /// The PSI conditions' rule as it stood at the last pass (KEP-5394's hysteresis).
+    pub psi: PsiState,
 }
 
 /// What to reclaim in this pass.
@@ -120,8 +125,34 @@ pub fn thresholds_met(
 
 /// Runs one housekeeping pass at `now`, as the kubelet's `synchronize` does up to the choice
 /// of what to reclaim. `transition_period_nanos` is `evictionPressureTransitionPeriod`.
+/// The PSI conditions are off; [`pass_with_psi`] takes their settings.
 pub fn pass(
     thresholds: &[Threshold],
+    state: &EvictionState,
+    observations: &Observations,
+    now: Nanos,
+    transition_period_nanos: i128,
+) -> (EvictionState, PassResult) {
+    pass_with_psi(
+        thresholds,
+        &PsiSettings::default(),
+        state,
+        observations,
+        now,
+        transition_period_nanos,
+    )
+}
+
+/// [`pass`] with KEP-5394's PSI conditions: each is seen while its rule holds on
+/// `observations.psi` ([`psi_conditions::step`]) and reported, like the eviction conditions,
+/// until the transition period has passed since it was last seen, so every condition the
+/// agent reports has the same one. The kubelet sets its PSI conditions in a node-status
+/// setter (`nodestatus.PSICondition`, PR #137357), outside the eviction manager whose
+/// `evictionPressureTransitionPeriod` this is; that setter's code was not available to
+/// read, so holding them for the period is the agent's choice (docs/cgroup-v2.md).
+pub fn pass_with_psi(
+    thresholds: &[Threshold],
+    psi: &PsiSettings,
     state: &EvictionState,
     observations: &Observations,
     now: Nanos,
@@ -152,6 +183,13 @@ pub fn pass(
     let mut conditions_last_observed_at = state.conditions_last_observed_at.clone();
     for &i in &met {
         conditions_last_observed_at.insert(thresholds[i].signal.condition(), now);
+    }
+    let psi_state = psi_conditions::step(psi, &state.psi, &observations.psi);
+    for c in psi_state.contended() {
+        conditions_last_observed_at.insert(c, now);
+    }
+    if !psi.enabled {
+        conditions_last_observed_at.retain(|c, _| !psi_conditions::is_psi(*c));
     }
     let conditions: Vec<NodeCondition> = conditions_last_observed_at
         .iter()
@@ -187,6 +225,7 @@ pub fn pass(
         conditions_last_observed_at,
         thresholds_met: acting.clone(),
         last_observed: observations.clone(),
+        psi: psi_state,
     };
     (
         next,
@@ -478,5 +517,88 @@ mod tests {
         let (_, r) = pass(&ts, &EvictionState::default(), &mem(1, SEC), SEC, 300 * SEC);
         assert!(r.met.is_empty());
         assert!(r.conditions.is_empty());
+    }
+
+    fn psi(system_memory: (f64, f64)) -> Observations {
+        let mut o = mem(900, 0);
+        o.psi.full[0] = Some(psi_conditions::FullAverages {
+            avg10: system_memory.0,
+            avg60: system_memory.1,
+        });
+        o
+    }
+
+    #[test]
+    fn a_psi_condition_rises_holds_for_the_transition_period_and_falls() {
+        let ts = settings(&[("memory.available", "100Mi")], &[]);
+        let on = PsiSettings {
+            enabled: true,
+            ..PsiSettings::default()
+        };
+        let period = 30 * SEC;
+        let sys = NodeCondition::SystemMemoryContentionPressure;
+        // (at, avg10, avg60, reported?)
+        let steps = [
+            (0, 0.0, 0.0, false),
+            // avg10 over, avg60 not yet: the KEP waits for the minute.
+            (10, 5.0, 0.5, false),
+            // Both over: True.
+            (20, 12.0, 2.0, true),
+            // avg60 still over, avg10 falling under: the rule keeps it (last seen now).
+            (30, 0.2, 1.5, true),
+            // avg60 under: the rule lets go, the transition period holds it...
+            (40, 0.0, 0.5, true),
+            // ... 29 s after it was last seen (at 30 s) ...
+            (59, 0.0, 0.1, true),
+            // ... and not at 30 s.
+            (60, 0.0, 0.0, false),
+        ];
+        let mut state = EvictionState::default();
+        for (at, avg10, avg60, want) in steps {
+            let (next, r) = pass_with_psi(&ts, &on, &state, &psi((avg10, avg60)), at * SEC, period);
+            state = next;
+            assert_eq!(
+                r.conditions.contains(&sys),
+                want,
+                "at {at}s: {:?}",
+                r.conditions
+            );
+            assert!(
+                r.met.is_empty() && r.reclaim.is_none(),
+                "PSI evicts nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn psi_conditions_need_their_gate() {
+        let ts = settings(&[("memory.available", "100Mi")], &[]);
+        let (_, r) = pass(
+            &ts,
+            &EvictionState::default(),
+            &psi((100.0, 100.0)),
+            SEC,
+            300 * SEC,
+        );
+        assert!(r.conditions.is_empty(), "{:?}", r.conditions);
+        // Turned off while held: dropped at once, not after the transition period.
+        let on = PsiSettings {
+            enabled: true,
+            ..PsiSettings::default()
+        };
+        let (state, r) = pass_with_psi(
+            &ts,
+            &on,
+            &EvictionState::default(),
+            &psi((100.0, 100.0)),
+            SEC,
+            300 * SEC,
+        );
+        assert_eq!(
+            r.conditions,
+            [NodeCondition::SystemMemoryContentionPressure]
+        );
+        let (_, r) = pass(&ts, &state, &psi((100.0, 100.0)), 2 * SEC, 300 * SEC);
+        assert!(r.conditions.is_empty(), "{:?}", r.conditions);
     }
 }

@@ -69,6 +69,14 @@ pub enum NodeCondition {
     DiskPressure,
     /// The pid signal is under its threshold.
     PidPressure,
+    /// PSI (KEP-5394): the system's memory `full` stall over its threshold.
+    SystemMemoryContentionPressure,
+    /// PSI (KEP-5394): the system's I/O `full` stall over its threshold.
+    SystemDiskContentionPressure,
+    /// PSI (KEP-5394): kubepods' memory `full` stall over its threshold.
+    KubepodsMemoryContentionPressure,
+    /// PSI (KEP-5394): kubepods' I/O `full` stall over its threshold.
+    KubepodsDiskContentionPressure,
 }
 
 impl NodeCondition {
@@ -78,6 +86,10 @@ impl NodeCondition {
             NodeCondition::MemoryPressure => "MemoryPressure",
             NodeCondition::DiskPressure => "DiskPressure",
             NodeCondition::PidPressure => "PIDPressure",
+            NodeCondition::SystemMemoryContentionPressure => "SystemMemoryContentionPressure",
+            NodeCondition::SystemDiskContentionPressure => "SystemDiskContentionPressure",
+            NodeCondition::KubepodsMemoryContentionPressure => "KubepodsMemoryContentionPressure",
+            NodeCondition::KubepodsDiskContentionPressure => "KubepodsDiskContentionPressure",
         }
     }
 }

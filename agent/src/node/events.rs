@@ -146,6 +146,17 @@ pub enum NodeEventKind {
         /// One line for people.
         message: String,
     },
+    /// A node condition turned True or False (after its transition period).
+    Condition {
+        /// Condition type.
+        condition: String,
+        /// Whether it is True now.
+        on: bool,
+        /// The kubelet's reason.
+        reason: String,
+        /// The kubelet's message (for a PSI condition, with the figure read).
+        message: String,
+    },
     /// A pod was removed from the node (stopped, its cgroup gone).
     Removed {
         /// `namespace/name`.

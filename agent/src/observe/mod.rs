@@ -41,12 +41,14 @@ pub mod cgroupfs;
 pub mod disk;
 pub mod pods;
 pub mod procfs;
+pub mod psi;
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::config::Config;
 use crate::decide::pressure::{Observation, Observations};
+use crate::decide::psi_conditions::PsiReadings;
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
@@ -55,6 +57,7 @@ pub use cgroupfs::{CgroupFs, Layout, MemoryUsage};
 pub use disk::{dir_usage, statvfs, DirUsage, FsFigures};
 pub use pods::{kubepods_cgroup, pod_cgroup_path, ContainerCgroup, PodCgroup, PodReads};
 pub use procfs::{ProcFs, Tasks};
+pub use psi::PsiFiles;
 
 /// Why a signal could not be read; each names the file or setting at fault.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +141,13 @@ pub struct ObserveSettings {
     pub containerfs: PathBuf,
     /// Most directory entries one container's ephemeral-storage walk visits.
     pub ephemeral_walk_cap: u64,
+    /// Read the PSI figures of KEP-5394's node conditions (`featureGates.PSINodeCondition`).
+    pub psi_conditions: bool,
 }
+
+/// How old the PSI figures may be before a pass reads them again: the kernel recomputes
+/// its averages every 2 s.
+const PSI_REREAD_NS: u64 = 1_000_000_000;
 
 /// Default cap on the entries of one ephemeral-storage walk: a few milliseconds of `stat`s.
 pub const DEFAULT_EPHEMERAL_WALK_CAP: u64 = 100_000;
@@ -206,6 +215,7 @@ impl ObserveSettings {
             imagefs,
             containerfs,
             ephemeral_walk_cap: DEFAULT_EPHEMERAL_WALK_CAP,
+            psi_conditions: config.psi_node_condition(),
         })
     }
 }
@@ -260,6 +270,8 @@ pub struct Signals {
     pub containerfs: Option<FsFigures>,
     /// Tasks against the node's task limit.
     pub pids: Option<Tasks>,
+    /// The PSI `full` averages of KEP-5394's conditions (all `None` with the gate off).
+    pub psi: PsiReadings,
     /// Why any of the above is missing.
     pub errors: Vec<ObserveError>,
 }
@@ -274,6 +286,7 @@ impl Signals {
     pub fn observations(&self) -> Observations {
         let at = i128::from(self.monotonic_ns);
         let mut out = Observations::default();
+        out.psi = self.psi;
         let mut set = |signal: Signal, available: Quantity, capacity: Quantity| {
             out.set(
                 signal,
@@ -353,6 +366,10 @@ pub struct Observer {
     proc: ProcFs,
     /// The node's memory capacity: configured, or `MemTotal` read once at start.
     memory_capacity: u64,
+    /// The pressure files KEP-5394's conditions read, with their gate on.
+    psi: Option<PsiFiles>,
+    /// Their last reading and when it was made (monotonic ns).
+    psi_last: (PsiReadings, Option<u64>),
     scratch: String,
 }
 
@@ -377,11 +394,21 @@ impl Observer {
             Some(bytes) => bytes,
             None => proc.mem_total_bytes()?,
         };
+        // kubepods' pressure files exist on cgroup v2 only.
+        let psi = settings.psi_conditions.then(|| {
+            let kubepods = match cgroups.layout() {
+                Layout::V2 => cgroups.dir(&settings.kubepods_cgroup).ok(),
+                Layout::V1 => None,
+            };
+            PsiFiles::new(&settings.proc_root, kubepods.as_deref())
+        });
         Ok(Observer {
             settings,
             cgroups,
             proc,
             memory_capacity,
+            psi,
+            psi_last: (PsiReadings::default(), None),
             scratch: String::with_capacity(256),
         })
     }
@@ -466,6 +493,21 @@ impl Observer {
                 None
             }
         };
+        // The kernel updates the averages every 2 s; reading them once a second is enough,
+        // and keeps four file reads off the passes the close watch makes every millisecond.
+        let psi = match &self.psi {
+            Some(files) => {
+                let (last, at) = self.psi_last;
+                if at.is_some_and(|at| monotonic_ns.saturating_sub(at) < PSI_REREAD_NS) {
+                    last
+                } else {
+                    let r = files.read(&mut self.scratch, &mut errors);
+                    self.psi_last = (r, Some(monotonic_ns));
+                    r
+                }
+            }
+            None => PsiReadings::default(),
+        };
         Signals {
             monotonic_ns,
             wall,
@@ -475,6 +517,7 @@ impl Observer {
             imagefs,
             containerfs,
             pids,
+            psi,
             errors,
         }
     }
@@ -718,5 +761,42 @@ mod tests {
             o.get(Signal::MemoryAvailable).unwrap().available,
             Quantity::ZERO
         );
+    }
+
+    #[test]
+    fn psi_figures_are_read_with_the_gate_and_at_most_once_a_second() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("cgroup");
+        set(&root, "/", "cgroup.controllers", "cpu memory pids\n");
+        set(&root, "/", "memory.stat", &v2_stat(1 << 30, 0, 0));
+        let line = |f10: f64, f60: f64| {
+            format!("some avg10={f10:.2} avg60={f60:.2} avg300=0.00 total=9\nfull avg10={f10:.2} avg60={f60:.2} avg300=0.00 total=9\n")
+        };
+        set(&root, "/kubepods", "memory.pressure", &line(40.0, 12.5));
+        set(&root, "/kubepods", "io.pressure", &line(0.0, 0.0));
+        let proc_root = tmp.path().join("proc");
+        std::fs::create_dir_all(proc_root.join("pressure")).unwrap();
+        std::fs::write(proc_root.join("pressure/memory"), line(2.0, 0.5)).unwrap();
+        std::fs::write(proc_root.join("pressure/io"), line(0.25, 0.0)).unwrap();
+        let mut config = Config::default();
+        config.node.memory_capacity = "8Gi".into();
+        config.feature_gates.insert("PSINodeCondition".into(), true);
+        let mut settings = fixture_settings(tmp.path(), &config);
+        settings.proc_root = proc_root.clone();
+        assert!(settings.psi_conditions);
+        let mut obs = Observer::new(settings.clone()).unwrap();
+        let s = obs.observe();
+        let f = |avg10, avg60| Some(crate::decide::psi_conditions::FullAverages { avg10, avg60 });
+        assert_eq!(
+            s.observations().psi.full,
+            [f(2.0, 0.5), f(0.25, 0.0), f(40.0, 12.5), f(0.0, 0.0)]
+        );
+        // Read again within the second: the same figures, not the file's new ones.
+        set(&root, "/kubepods", "memory.pressure", &line(0.0, 3.0));
+        assert_eq!(obs.observe().psi.full[2], f(40.0, 12.5));
+        // Gate off: nothing read.
+        settings.psi_conditions = false;
+        let mut off = Observer::new(settings).unwrap();
+        assert_eq!(off.observe().psi, PsiReadings::default());
     }
 }

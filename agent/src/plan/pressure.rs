@@ -15,7 +15,10 @@ use serde_json::Value;
 
 use crate::decide::duration::{format_go_duration, parse_go_duration_nanos};
 use crate::decide::memory_reclaim::{memory_shortfall, next_step, ReclaimView, Step};
-use crate::decide::pressure::{pass, EvictionState, Observation, Observations};
+use crate::decide::pressure::{pass_with_psi, EvictionState, Observation, Observations};
+use crate::decide::psi_conditions::{
+    FullAverages, PsiReadings, PsiSettings, DEFAULT_THRESHOLD, SOURCES, THRESHOLD_KEYS,
+};
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::thresholds::{
@@ -89,6 +92,48 @@ struct ConfigIn {
     enforce_node_allocatable: Option<Vec<String>>,
     #[serde(default)]
     memory_reclaim: Option<MemoryReclaimIn>,
+    /// The kubelet's feature gates; only `PSINodeCondition` changes the plan.
+    #[serde(default)]
+    feature_gates: Option<BTreeMap<String, bool>>,
+    #[serde(default)]
+    system_memory_contention_threshold: Option<f64>,
+    #[serde(default)]
+    system_disk_contention_threshold: Option<f64>,
+    #[serde(default)]
+    kubepods_memory_contention_threshold: Option<f64>,
+    #[serde(default)]
+    kubepods_disk_contention_threshold: Option<f64>,
+}
+
+impl ConfigIn {
+    /// KEP-5394's gate and thresholds (the kubelet's defaults where not given); a threshold
+    /// that is not a percentage is refused naming its key.
+    fn psi(&self) -> Result<PsiSettings, InputError> {
+        let enabled = self
+            .feature_gates
+            .as_ref()
+            .and_then(|g| g.get("PSINodeCondition"))
+            .copied()
+            .unwrap_or(false);
+        let given = [
+            self.system_memory_contention_threshold,
+            self.system_disk_contention_threshold,
+            self.kubepods_memory_contention_threshold,
+            self.kubepods_disk_contention_threshold,
+        ];
+        let mut thresholds = [DEFAULT_THRESHOLD; 4];
+        for (i, g) in given.into_iter().enumerate() {
+            if let Some(v) = g {
+                PsiSettings::check_threshold(v)
+                    .map_err(|e| invalid(format!("config.{}", THRESHOLD_KEYS[i]), e))?;
+                thresholds[i] = v;
+            }
+        }
+        Ok(PsiSettings {
+            enabled,
+            thresholds,
+        })
+    }
 }
 
 /// The agent's `memoryReclaim` section; only `enabled` changes the plan (the time bound is
@@ -307,6 +352,10 @@ fn parse_observations(
                 active_file = Some(amount(value).map_err(|e| invalid(&path, e))?);
                 continue;
             }
+            if key == "psi" {
+                observations.psi = psi_readings(value, &path)?;
+                continue;
+            }
             let signal = Signal::parse(key)
                 .ok_or_else(|| invalid(&path, format!("unsupported eviction signal {key:?}")))?;
             let available = amount(value).map_err(|e| invalid(&path, e))?;
@@ -339,6 +388,7 @@ pub fn run(bytes: &[u8]) -> Result<serde_json::Value, InputError> {
 fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
     let layout = input.filesystems.unwrap_or_default().0;
     let config = input.config.unwrap_or_default();
+    let psi = config.psi()?;
     let capacity = input.capacity.unwrap_or_default();
     let settings = EvictionSettings {
         hard_given: config.eviction_hard.is_some(),
@@ -402,8 +452,9 @@ fn plan(input: PressureIn) -> Result<PressurePlan, InputError> {
     let mut state = EvictionState::default();
     let mut steps = Vec::with_capacity(observations.len());
     for o in observations {
-        let (next, result) = pass(
+        let (next, result) = pass_with_psi(
             &thresholds,
+            &psi,
             &state,
             &o.observations,
             o.at,
@@ -480,6 +531,57 @@ fn memory_reclaim_out(
         request,
         reason,
     }
+}
+
+/// An observation's `psi`: `{"system.memory": {"avg10": 12.5, "avg60": 3.1}, ...}`, the
+/// `full` averages (percent) of the figures KEP-5394's conditions read; a figure left out
+/// is one not read (its condition keeps its state).
+fn psi_readings(value: &Value, path: &str) -> Result<PsiReadings, InputError> {
+    let Value::Object(map) = value else {
+        return Err(invalid(
+            path,
+            format!(
+                "expected an object of PSI figures ({}), found {value}",
+                SOURCES.join(", ")
+            ),
+        ));
+    };
+    let mut out = PsiReadings::default();
+    for (source, figure) in map {
+        let at = format!("{path}.{source}");
+        let i = SOURCES.iter().position(|s| s == source).ok_or_else(|| {
+            invalid(
+                &at,
+                format!("unknown PSI figure (one of {})", SOURCES.join(", ")),
+            )
+        })?;
+        let Value::Object(f) = figure else {
+            return Err(invalid(
+                &at,
+                format!("expected {{\"avg10\": N, \"avg60\": N}}, found {figure}"),
+            ));
+        };
+        if let Some(k) = f.keys().find(|k| *k != "avg10" && *k != "avg60") {
+            return Err(invalid(format!("{at}.{k}"), "unknown field (avg10, avg60)"));
+        }
+        let avg = |k: &str| -> Result<f64, InputError> {
+            let v = f
+                .get(k)
+                .ok_or_else(|| invalid(&at, format!("missing field `{k}`")))?;
+            match v.as_f64() {
+                Some(n) if (0.0..=100.0).contains(&n) => Ok(n),
+                _ => Err(invalid(
+                    format!("{at}.{k}"),
+                    format!("{v} is not a percentage from 0 to 100"),
+                )),
+            }
+        };
+        out.full[i] = Some(FullAverages {
+            avg10: avg("avg10")?,
+            avg60: avg("avg60")?,
+        });
+    }
+    Ok(out)
 }
 
 /// An observation's amount: a quantity string or a plain integer.
@@ -649,5 +751,133 @@ mod tests {
             json!({"choice": "reclaim", "shortfall": "300Mi", "activeFile": "310Mi",
                    "request": "256Mi", "reason": null})
         );
+    }
+
+    #[test]
+    fn psi_averages_set_the_psi_conditions_with_the_transition_period() {
+        let obs = |at: &str, avg10: f64, avg60: f64| {
+            json!({"at": at, "memory.available": "900Mi",
+                   "psi": {"kubepods.memory": {"avg10": avg10, "avg60": avg60},
+                           "system.io": {"avg10": 0.0, "avg60": 0.0}}})
+        };
+        let input = |gates: Value| {
+            json!({
+                "config": {"featureGates": gates, "kubepodsMemoryContentionThreshold": 5,
+                           "evictionPressureTransitionPeriod": "30s"},
+                "capacity": {"memory": "1Gi"},
+                "observations": [
+                    obs("2026-01-01T00:00:00Z", 1.0, 0.5),
+                    // avg10 over, avg60 not: the KEP waits for the minute.
+                    obs("2026-01-01T00:00:10Z", 20.0, 4.0),
+                    obs("2026-01-01T00:00:20Z", 20.0, 6.0),
+                    // Trending lower (avg60 over, avg10 under): kept.
+                    obs("2026-01-01T00:00:30Z", 2.0, 5.5),
+                    // avg60 under: held by the transition period from 00:30...
+                    obs("2026-01-01T00:00:40Z", 0.0, 4.0),
+                    obs("2026-01-01T00:00:59Z", 0.0, 3.0),
+                    // ... until 01:00.
+                    obs("2026-01-01T00:01:00Z", 0.0, 2.0)
+                ]
+            })
+        };
+        let out = run_json(input(json!({"PSINodeCondition": true}))).unwrap();
+        let conditions: Vec<Value> = out["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["conditions"].clone())
+            .collect();
+        let on = json!(["KubepodsMemoryContentionPressure"]);
+        assert_eq!(
+            conditions,
+            [
+                json!([]),
+                json!([]),
+                on.clone(),
+                on.clone(),
+                on.clone(),
+                on,
+                json!([])
+            ],
+            "{out}"
+        );
+        assert!(out["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["evict"].is_null()));
+        // The gate off (the default): the same figures set nothing.
+        let out = run_json(input(json!({}))).unwrap();
+        assert!(
+            out["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["conditions"] == json!([])),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_psi_defaults_are_the_kubelets() {
+        // 0.9 % for every condition when no threshold is given.
+        let out = run_json(json!({
+            "config": {"featureGates": {"PSINodeCondition": true}},
+            "observations": [{"at": "2026-01-01T00:00:00Z",
+                "psi": {"system.memory": {"avg10": 0.9, "avg60": 0.9},
+                        "system.io": {"avg10": 0.89, "avg60": 50.0}}}]
+        }))
+        .unwrap();
+        assert_eq!(
+            out["steps"][0]["conditions"],
+            json!(["SystemMemoryContentionPressure"])
+        );
+    }
+
+    #[test]
+    fn bad_psi_input_is_one_line_naming_the_field() {
+        for (config, psi, needle) in [
+            (
+                json!({}),
+                json!({"node.memory": {"avg10": 1, "avg60": 1}}),
+                "observations[0].psi.node.memory: unknown PSI figure",
+            ),
+            (
+                json!({}),
+                json!({"system.io": {"avg10": 1}}),
+                "observations[0].psi.system.io: missing field `avg60`",
+            ),
+            (
+                json!({}),
+                json!({"system.io": {"avg10": 101, "avg60": 1}}),
+                "observations[0].psi.system.io.avg10:",
+            ),
+            (
+                json!({}),
+                json!({"system.io": {"avg10": "high", "avg60": 1}}),
+                "observations[0].psi.system.io.avg10:",
+            ),
+            (
+                json!({}),
+                json!({"system.io": {"avg10": 1, "avg60": 1, "avg300": 1}}),
+                "observations[0].psi.system.io.avg300: unknown field",
+            ),
+            (
+                json!({}),
+                json!([1]),
+                "observations[0].psi: expected an object",
+            ),
+            (
+                json!({"systemDiskContentionThreshold": -1}),
+                json!({}),
+                "config.systemDiskContentionThreshold:",
+            ),
+        ] {
+            let e = run_json(json!({"config": config,
+                "observations": [{"at": "2026-01-01T00:00:00Z", "psi": psi}]}))
+            .unwrap_err();
+            assert!(e.contains(needle), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 }

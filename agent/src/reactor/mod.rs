@@ -65,8 +65,8 @@ use tokio::sync::{broadcast, watch};
 use crate::act::cgroups::CgroupManager;
 use crate::decide::inflight::uncovered;
 use crate::decide::pressure::{
-    pass, pick_reclaim, reclaim_of, thresholds_met, EvictionState, Observations, PassResult,
-    Reclaim,
+    pass_with_psi, pick_reclaim, reclaim_of, thresholds_met, EvictionState, Observations,
+    PassResult, Reclaim,
 };
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::NodeCondition;
@@ -246,6 +246,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         reclaimer: Option<Arc<dyn NodeReclaim>>,
     ) -> Reactor<P> {
         let (stop_tx, stop_rx) = inflight::stop_channel();
+        let transitions = status::Transitions::new(&settings.psi);
         Reactor {
             settings,
             observer,
@@ -258,7 +259,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             decisions: broadcast::channel(1024).0,
             conditions: watch::channel(Vec::new()).0,
             pressure: watch::channel(None).0,
-            transitions: status::Transitions::default(),
+            transitions,
             seq: 0,
             pass_cpu: None,
             unprevented_ooms: 0,
@@ -536,8 +537,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             let now = i128::from(signals.monotonic_ns);
             let transition =
                 i128::try_from(self.settings.transition_period.as_nanos()).unwrap_or(i128::MAX);
-            let (next, result) = pass(
+            let (next, result) = pass_with_psi(
                 &self.settings.thresholds,
+                &self.settings.psi,
                 &self.state,
                 &observations,
                 now,
@@ -877,7 +879,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             );
         }
-        for c in status::CONDITIONS {
+        for &c in self.transitions.listed() {
             m.set_condition(c, on.contains(&c));
         }
     }

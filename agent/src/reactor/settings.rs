@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::decide::psi_conditions::PsiSettings;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::thresholds::{
     parse_thresholds, with_containerfs_thresholds, EvictionSettings, Threshold, ThresholdError,
@@ -63,6 +64,8 @@ pub struct ReactorSettings {
     /// `killAtCrossing`: stage the pod a hard memory threshold would evict first for the
     /// eBPF charge program to kill at the crossing ([`crate::sense::ebpf::stage`]).
     pub kill_at_crossing: bool,
+    /// KEP-5394's PSI node conditions: the gate and the thresholds.
+    pub psi: PsiSettings,
 }
 
 impl ReactorSettings {
@@ -109,6 +112,7 @@ impl ReactorSettings {
                 .enabled
                 .then_some(config.memory_reclaim.timeout.0),
             kill_at_crossing: config.kill_at_crossing,
+            psi: config.psi_settings(),
         })
     }
 }

@@ -9,12 +9,14 @@
 use std::time::{Duration, SystemTime};
 
 use crate::decide::pressure::{thresholds_met, EvictionState, Observations};
+use crate::decide::psi_conditions::{FullAverages, PsiSettings, SOURCES};
 use crate::decide::quantity::Quantity;
 use crate::decide::signal::{NodeCondition, Signal};
 use crate::decide::thresholds::{format_quantity, Threshold};
 use crate::observe::Signals;
 
-/// The three node conditions, in the order the node status lists them.
+/// The three eviction node conditions, in the order the node status lists them (KEP-5394's
+/// PSI conditions follow them with their gate on: [`Transitions::new`]).
 pub const CONDITIONS: [NodeCondition; 3] = [
     NodeCondition::MemoryPressure,
     NodeCondition::DiskPressure,
@@ -73,8 +75,23 @@ pub struct NodePressure {
     pub signals: Vec<SignalState>,
     /// Every configured threshold.
     pub thresholds: Vec<ThresholdState>,
-    /// The three conditions.
+    /// The three eviction conditions, then the four PSI ones with their gate on.
     pub conditions: Vec<ConditionState>,
+    /// With KEP-5394's gate on, the PSI figure each PSI condition read, and its threshold.
+    pub psi: Vec<PsiFigure>,
+}
+
+/// One PSI condition's figure at the pass (KEP-5394).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PsiFigure {
+    /// The condition it feeds.
+    pub condition: NodeCondition,
+    /// Where it is read (`system.memory`, `kubepods.io`, ...).
+    pub source: &'static str,
+    /// The `full` averages, when they could be read.
+    pub full: Option<FullAverages>,
+    /// The condition's threshold (percent; 0 is off).
+    pub threshold: f64,
 }
 
 impl ConditionState {
@@ -87,6 +104,7 @@ impl ConditionState {
             (NodeCondition::DiskPressure, false) => "KubeletHasNoDiskPressure",
             (NodeCondition::PidPressure, true) => "KubeletHasInsufficientPID",
             (NodeCondition::PidPressure, false) => "KubeletHasSufficientPID",
+            (c, on) => crate::decide::psi_conditions::reason(c, on).unwrap_or_default(),
         }
     }
 
@@ -99,6 +117,7 @@ impl ConditionState {
             (NodeCondition::DiskPressure, false) => "kubelet has no disk pressure",
             (NodeCondition::PidPressure, true) => "kubelet has insufficient PID available",
             (NodeCondition::PidPressure, false) => "kubelet has sufficient PID available",
+            (c, on) => crate::decide::psi_conditions::message(c, on).unwrap_or_default(),
         }
     }
 }
@@ -106,14 +125,32 @@ impl ConditionState {
 /// The conditions' states and when each last changed, kept by the loop between passes.
 #[derive(Clone, Debug)]
 pub struct Transitions {
-    states: [(bool, SystemTime); 3],
+    psi: PsiSettings,
+    listed: Vec<NodeCondition>,
+    states: Vec<(bool, SystemTime)>,
 }
 
 impl Default for Transitions {
     fn default() -> Self {
+        Transitions::new(&PsiSettings::default())
+    }
+}
+
+impl Transitions {
+    /// The three eviction conditions, and KEP-5394's four PSI ones with their gate on.
+    pub fn new(psi: &PsiSettings) -> Transitions {
+        let listed: Vec<NodeCondition> = CONDITIONS.iter().chain(psi.listed()).copied().collect();
+        let states = vec![(false, SystemTime::now()); listed.len()];
         Transitions {
-            states: [(false, SystemTime::now()); 3],
+            psi: *psi,
+            listed,
+            states,
         }
+    }
+
+    /// The conditions the node reports, in order.
+    pub fn listed(&self) -> &[NodeCondition] {
+        &self.listed
     }
 }
 
@@ -164,7 +201,8 @@ pub fn snapshot(
             })
         })
         .collect();
-    let conditions = CONDITIONS
+    let conditions = transitions
+        .listed
         .iter()
         .zip(transitions.states.iter_mut())
         .map(|(&c, (was, since))| {
@@ -180,11 +218,24 @@ pub fn snapshot(
             }
         })
         .collect();
+    let psi = transitions
+        .psi
+        .listed()
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| PsiFigure {
+            condition: c,
+            source: SOURCES[i],
+            full: observations.psi.of(c),
+            threshold: transitions.psi.thresholds[i],
+        })
+        .collect();
     NodePressure {
         observed_at: wall,
         signals: signal_states,
         thresholds: threshold_states,
         conditions,
+        psi,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod memory_qos;
 pub mod oom;
 pub mod pods;
 pub mod pressure;
+pub mod psi_conditions;
 pub mod reclaim;
 
 use std::path::Path;
@@ -70,6 +71,10 @@ pub const CHECKS: &[Entry] = &[
     on(
         "limited_swap_burstable_swaps_guaranteed_does_not",
         memory_qos::limited_swap,
+    ),
+    on(
+        "psi_condition_true_under_a_stall_false_after_the_transition_period",
+        psi_conditions::kubepods_memory_condition_rises_and_falls,
     ),
     on(
         "memory_oom_group_kills_the_whole_container",
