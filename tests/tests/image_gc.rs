@@ -52,6 +52,7 @@ fn settings(policy: ImageGcPolicy, state_dir: Option<PathBuf>) -> ImageGcSetting
         // The sandbox image comes from containerd's status, as on a real node.
         sandbox_image: None,
         imagefs_path: None,
+        dry_run: false,
     }
 }
 

@@ -127,6 +127,25 @@ pub enum Action {
         /// Why the runtime's stop failed, if it ended and did.
         error: Option<String>,
     },
+    /// A dry run (`dryRun`): the eviction the loop would have made, with the message the pod
+    /// would have ended with. Nothing was killed or stopped; recorded once per pod per
+    /// pressure episode ([`crate::decide::dry_run`]).
+    WouldEvict {
+        /// The pod uid.
+        uid: String,
+        /// `namespace/name`.
+        pod: String,
+        /// The signal whose threshold was met.
+        signal: String,
+        /// The pod's QoS class.
+        qos: String,
+        /// The grace period it would have been given, seconds.
+        grace_seconds: i64,
+        /// The kubelet's eviction message.
+        message: String,
+        /// The eviction event's annotations.
+        annotations: BTreeMap<String, String>,
+    },
     /// A threshold was met but no pod could be evicted (none, or only critical ones).
     NothingToEvict,
     /// The kernel OOM killer killed a process: pressure the agent did not prevent.
@@ -241,6 +260,9 @@ pub struct Decision {
     /// was made, checkable against the kernel's own statistics afterwards.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crossing_usage: Option<crate::decide::crossing::AtCrossing>,
+    /// The loop runs a dry run (`dryRun`): what this record says would be done was not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 impl Decision {
@@ -271,6 +293,7 @@ impl Decision {
             unprevented_ooms,
             killed_at_crossing: None,
             crossing_usage: None,
+            dry_run: false,
         }
     }
 
@@ -334,6 +357,7 @@ impl Decision {
             killed_at_crossing = self.killed_at_crossing,
             crossing_usage_bytes = self.crossing_usage.map(|a| a.usage_bytes),
             crossing_level_bytes = self.crossing_usage.map(|a| a.level_bytes),
+            dry_run = self.dry_run,
             "eviction decision"
         );
     }

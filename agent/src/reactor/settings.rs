@@ -63,6 +63,12 @@ pub struct ReactorSettings {
     /// `killAtCrossing`: stage the pod a hard memory threshold would evict first for the
     /// eBPF charge program to kill at the crossing ([`crate::sense::ebpf::stage`]).
     pub kill_at_crossing: bool,
+    /// `dryRun`: record the evictions the loop would make ([`Action::WouldEvict`], once per
+    /// pod per pressure episode: [`crate::decide::dry_run`]) and make none; no victim is
+    /// staged for the charge program and no page cache is reclaimed.
+    ///
+    /// [`Action::WouldEvict`]: super::Action::WouldEvict
+    pub dry_run: bool,
 }
 
 impl ReactorSettings {
@@ -109,6 +115,7 @@ impl ReactorSettings {
                 .enabled
                 .then_some(config.memory_reclaim.timeout.0),
             kill_at_crossing: config.kill_at_crossing,
+            dry_run: config.dry_run,
         })
     }
 }
