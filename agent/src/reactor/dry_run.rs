@@ -20,36 +20,24 @@
 //! gone, and re-reading a node that stays past its threshold every millisecond would only
 //! cost the node CPU.
 
-use super::evict::MemoryReads;
-use super::pods::{ActivePods, PodControl};
+use super::evict::Chosen;
+use super::pods::PodControl;
 use super::record::{Action, Decision};
 use super::Reactor;
 use crate::decide::dry_run::WouldEvict;
 use crate::decide::pressure::{threshold_met_text, Reclaim};
 use crate::decide::rank::eviction_message;
-use crate::decide::signal::FsLayout;
 use crate::decide::summary::MemoryStats;
 use crate::decide::thresholds::pod_grace_period_seconds;
-use crate::observe::{PodReads, Signals};
+use crate::observe::PodReads;
 use crate::sense::monotonic_ns;
-
-/// What [`Reactor::would_evict`] is given: the pass's choice, as `evict_one` made it.
-pub(super) struct Choice<'a> {
-    pub(super) reclaim: &'a Reclaim,
-    pub(super) met: &'a [usize],
-    pub(super) signals: &'a Signals,
-    pub(super) layout: FsLayout,
-    pub(super) pods: &'a ActivePods,
-    pub(super) victim: usize,
-    pub(super) memory_reads: Option<MemoryReads>,
-}
 
 impl<P: PodControl + 'static> Reactor<P> {
     /// Records the eviction the pass chose instead of making it (see the module doc);
     /// fills in `decision`: [`Action::WouldEvict`] when the pod is recorded now,
     /// [`Action::None`] when it was recorded in this episode already.
-    pub(super) fn would_evict(&mut self, choice: Choice<'_>, decision: &mut Decision) {
-        let Choice {
+    pub(super) fn would_evict(&mut self, choice: Chosen<'_>, decision: &mut Decision) {
+        let Chosen {
             reclaim,
             met,
             signals,

@@ -47,6 +47,18 @@ pub(super) struct Forced {
     pub(super) figures: Option<PodStats>,
 }
 
+/// The victim a pass chose, with what the choice read: what a dry run records instead of
+/// the eviction (`Reactor::would_evict`).
+pub(super) struct Chosen<'a> {
+    pub(super) reclaim: &'a Reclaim,
+    pub(super) met: &'a [usize],
+    pub(super) signals: &'a Signals,
+    pub(super) layout: FsLayout,
+    pub(super) pods: &'a ActivePods,
+    pub(super) victim: usize,
+    pub(super) memory_reads: Option<MemoryReads>,
+}
+
 impl<P: PodControl + 'static> Reactor<P> {
     /// Ranks and starts evicting the first non-critical pod (the kill itself, for grace 0,
     /// is made here; the runtime's stop runs off the loop, see [`super::inflight`]); fills in
@@ -127,7 +139,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         // A dry run records the eviction instead of making it (`dry_run`); nothing is in
         // flight there, so nothing is escalated either.
         if self.settings.dry_run {
-            let choice = super::dry_run::Choice {
+            let choice = Chosen {
                 reclaim,
                 met,
                 signals,
