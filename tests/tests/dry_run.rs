@@ -314,3 +314,99 @@ fn without_a_dry_run_the_same_probe_sees_the_hog_staged() {
     let metrics = agent.scrape();
     assert_eq!(sample(&metrics, "reactor_dry_run"), Some(0.0), "{metrics}");
 }
+
+/// A pod running `sleep` with a memory request (empty: BestEffort).
+fn sleeper(name: &str, request: &str, priority: Option<i32>) -> Value {
+    let requests = if request.is_empty() {
+        json!({})
+    } else {
+        json!({"memory": request})
+    };
+    let mut spec = json!({"terminationGracePeriodSeconds": 2,
+                          "containers": [{"name": "main", "command": ["sleep", "600"],
+                                          "resources": {"requests": requests}}]});
+    if let Some(p) = priority {
+        spec["priority"] = json!(p);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+}
+
+/// A critical pod that fits only by preempting: in a dry run the preemption is recorded
+/// (event, metric), the victim keeps running, and the critical pod is refused with the
+/// kubelet's reason, its message naming who would have been preempted.
+#[test]
+fn a_dry_run_records_the_preemption_and_stops_nothing() {
+    if !ready() {
+        return;
+    }
+    // Allocatable for admission: 1Gi - 100Mi (hard eviction threshold) = 924Mi.
+    let agent = TestAgent::start(
+        "dry-run-preempt",
+        "node: {memoryCapacity: 1Gi, cpuCapacity: '2'}\n\
+         evictionHard: {memory.available: 100Mi}\ndryRun: true\n",
+    );
+    let (_events_child, events) = agent.follow_events(Some("preemption"));
+    for (name, request) in [("be", ""), ("small", "200Mi"), ("big", "600Mi")] {
+        agent.apply_ok(&sleeper(name, request, None));
+    }
+    let small_cg = agent.pod("default/small").unwrap()["cgroup"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let app = format!("{small_cg}/main");
+    agent.wait("small running", || agent.procs(&app).len() == 1);
+    let small_pid = agent.procs(&app)[0];
+
+    let out = agent.apply(
+        "crit.json",
+        &sleeper("crit", "300Mi", Some(2_000_000_000)).to_string(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["admitted"], false, "{answer}");
+    assert_eq!(answer["reason"], "OutOfmemory", "{answer}");
+    assert_eq!(
+        answer["message"],
+        format!(
+            "Node didn't have enough resource: memory, requested: {}, used: {}, capacity: {} \
+             (dry run: admitting it would have preempted default/small)",
+            300u64 << 20,
+            800u64 << 20,
+            924u64 << 20
+        ),
+        "{answer}"
+    );
+    let e = events
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a preemption event");
+    assert_eq!(e["event"]["dryRun"], true, "{e}");
+    assert_eq!(e["event"]["preemptor"], "default/crit", "{e}");
+    assert_eq!(e["event"]["victims"], json!(["default/small"]), "{e}");
+
+    // Nothing was stopped.
+    std::thread::sleep(Duration::from_millis(500));
+    let small = agent.pod("default/small").unwrap();
+    assert_eq!(small["phase"], "Running", "{small}");
+    assert_eq!(
+        agent.procs(&app),
+        [small_pid],
+        "the victim's process is the same"
+    );
+    let metrics = agent.scrape();
+    assert_eq!(
+        sample(&metrics, "reactor_dry_run_preemptions_total"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "reactor_preemptions_total"),
+        Some(0.0),
+        "{metrics}"
+    );
+}
