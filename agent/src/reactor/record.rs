@@ -180,7 +180,8 @@ pub struct MemoryReclaim {
     /// `resolved` (the threshold cleared: nothing evicted), `skipped` (not tried: the
     /// active file pages could not cover the shortfall), `bounded` (tried, stopped at the
     /// time or step bound with the threshold still met), `short` (tried; what was left was
-    /// no longer file pages), or `failed` (the write failed).
+    /// no longer file pages), `failed` (the write failed), or `dry-run` (a dry run: nothing
+    /// written; `requested_bytes` is what the first step would have asked for).
     pub outcome: String,
     /// The shortfall when the decision was taken: threshold plus minimum reclaim minus
     /// available, bytes.
