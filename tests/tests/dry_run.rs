@@ -410,3 +410,23 @@ fn a_dry_run_records_the_preemption_and_stops_nothing() {
         "{metrics}"
     );
 }
+
+/// `reactor run --dry-run` is `dryRun: true`: the agent says so at start and on `/metrics`
+/// and in `reactor status`, with the config file saying nothing of it.
+#[test]
+fn the_run_flag_turns_the_dry_run_on() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start_with_args("dry-run-flag", NODE, &["--dry-run"]);
+    let metrics = agent.scrape();
+    assert_eq!(sample(&metrics, "reactor_dry_run"), Some(1.0), "{metrics}");
+    let out = agent.cli(&["status", "--json"]);
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["dryRun"], true, "{status}");
+    let log = agent.log();
+    assert!(
+        log.contains("dry run: the agent observes and decides"),
+        "{log}"
+    );
+}

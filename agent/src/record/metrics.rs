@@ -500,7 +500,8 @@ impl Metrics {
         );
         registry.register(
             "reactor_dry_run_image_deletions",
-            "Images a dry run would have deleted (image GC and disk-pressure reclaim); none was",
+            "Images a dry run would have deleted, counted per image GC round or disk-pressure \
+             reclaim (an image each round would delete is counted by each); none was",
             m.dry_run_image_deletions.clone(),
         );
         for outcome in MEMORY_RECLAIM_OUTCOMES {
