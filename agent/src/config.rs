@@ -182,7 +182,8 @@ pub struct Config {
     /// Dry run (the agent's own; off by default): the agent observes and decides as always,
     /// and records every eviction, preemption and image deletion it would make (events,
     /// metrics, `reactor status`, marked as a dry run), but kills, stops and deletes
-    /// nothing, and never stages a victim for the eBPF charge program. Cgroup settings for
+    /// nothing (an orphan past `orphanGracePeriod` is kept), and never stages a victim for
+    /// the eBPF charge program. Cgroup settings for
     /// the pods it runs are still written (they destroy nothing). `reactor run --dry-run`
     /// sets it too.
     pub dry_run: bool,

@@ -142,7 +142,8 @@ pub enum NodeEventKind {
     /// `node::recover`'s re-admissions, orphans and finished stops).
     Recovery {
         /// `set-aside`, `fell-back`, `write-failed`, `write-recovered`, `re-admitted`,
-        /// `orphaned`, `orphan-removed`, `orphan-replaced`, `stop-finished`.
+        /// `orphaned`, `orphan-removed`, `orphan-kept` (a dry run), `orphan-replaced`,
+        /// `stop-finished`.
         action: String,
         /// The state file, empty for a pod.
         file: String,

@@ -149,7 +149,8 @@ pub struct PodManagerConfig<R> {
     /// (`orphanGracePeriod`; see `node::recover`).
     pub orphan_grace_period: Duration,
     /// `dryRun`: a critical pod that needs others preempted is refused, and the preemption
-    /// is recorded (marked a dry run), not made.
+    /// is recorded (marked a dry run), not made; an orphan past its grace period is kept
+    /// (an `orphan-kept` recovery event), not removed.
     pub dry_run: bool,
 }
 
@@ -198,6 +199,7 @@ impl PodManager {
             pending: BTreeMap::new(),
             orphan_grace: config.orphan_grace_period,
             dry_run: config.dry_run,
+            orphans_kept: Default::default(),
             state_dir: config.state_dir.clone(),
             tx: urgent.downgrade(),
             killing: killing.clone(),
@@ -459,6 +461,8 @@ pub(super) struct Actor<R> {
     pub(super) orphan_grace: Duration,
     /// `dryRun` (see [`PodManagerConfig::dry_run`]).
     pub(super) dry_run: bool,
+    /// In a dry run, the orphans past their grace period said already (`orphan-kept`).
+    pub(super) orphans_kept: std::collections::BTreeSet<String>,
     /// `stateDir`, where the process runtime's log directories name lost pods.
     pub(super) state_dir: PathBuf,
     pub(super) pending: BTreeMap<String, Pending>,
