@@ -16,7 +16,9 @@
 //! before it is removed; `0s` removes it at the first tick), `memoryReclaim.enabled` and
 //! `memoryReclaim.timeout` (page-cache reclaim before a memory eviction, cgroup v2; off by
 //! default), `killAtCrossing` (the eBPF charge program kills the staged victim at a hard
-//! memory threshold's crossing; on by default), next to `stateDir`, `apiSocket`,
+//! memory threshold's crossing; on by default), `dryRun` (observe and decide, record every
+//! eviction, preemption and image deletion the agent would make, and make none; off by
+//! default), next to `stateDir`, `apiSocket`,
 //! `metricsAddress`, `sense`, `runtime`, `node` and `log`.
 
 use std::collections::BTreeMap;
@@ -190,6 +192,14 @@ pub struct Config {
     /// eviction. `false`: every kill is the loop's, after its pass. Off while
     /// `memoryReclaim.enabled` (reclaim first is the loop's call at the crossing).
     pub kill_at_crossing: bool,
+    /// Dry run (the agent's own; off by default): the agent observes and decides as always,
+    /// and records every eviction, preemption and image deletion it would make (events,
+    /// metrics, `reactor status`, marked as a dry run), but kills, stops and deletes
+    /// nothing (an orphan past `orphanGracePeriod` is kept), and never stages a victim for
+    /// the eBPF charge program. Cgroup settings for
+    /// the pods it runs are still written (they destroy nothing). `reactor run --dry-run`
+    /// sets it too.
+    pub dry_run: bool,
     /// The node this agent models.
     pub node: NodeConfig,
     /// Which kernel sources the agent listens to.
@@ -360,6 +370,7 @@ impl Default for Config {
             realtime_priority: 0,
             memory_reclaim: MemoryReclaimConfig::default(),
             kill_at_crossing: true,
+            dry_run: false,
             node: NodeConfig {
                 nodefs_path: PathBuf::from("/var/lib/reactor"),
                 ..NodeConfig::default()
@@ -809,6 +820,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("enable"), "{err}");
+    }
+
+    #[test]
+    fn dry_run_is_off_by_default_and_a_boolean() {
+        assert!(!Config::default().dry_run);
+        assert!(Config::default().to_yaml().contains("dryRun: false"));
+        assert!(Config::from_yaml("dryRun: true\n").unwrap().dry_run);
+        // A quoted word is a string, not a boolean (bare `yes` is YAML's own true).
+        for bad in ["\"yes\"", "\"true\"", "1", "[true]", "on-ish"] {
+            let err = Config::from_yaml(&format!("dryRun: {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("config key dryRun:"), "{bad}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]

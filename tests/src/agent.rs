@@ -21,6 +21,8 @@ pub struct TestAgent {
     pub static_dir: PathBuf,
     /// Its cgroup root (dropped after the agent and every pod process are gone).
     pub root: TestCgroupRoot,
+    /// Arguments given to `reactor run` after `--config FILE` (`--dry-run`).
+    pub run_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -113,8 +115,18 @@ impl TestAgent {
             socket,
             static_dir,
             root,
+            run_args: Vec::new(),
             child: None,
         };
+        agent.restart();
+        agent
+    }
+
+    /// Like [`TestAgent::start`], with `args` after `reactor run --config FILE`.
+    pub fn start_with_args(name: &str, extra: &str, args: &[&str]) -> TestAgent {
+        let mut agent = TestAgent::start(name, extra);
+        agent.kill(rustix::process::Signal::TERM);
+        agent.run_args = args.iter().map(|a| a.to_string()).collect();
         agent.restart();
         agent
     }
@@ -130,6 +142,7 @@ impl TestAgent {
         let child = Command::new(reactor_bin())
             .args(["run", "--config"])
             .arg(&self.config)
+            .args(&self.run_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -21,6 +21,7 @@ fn bad_config_or_flags_exit_2_with_one_line() {
             &[],
             "memory.available",
         ),
+        ("dryRun: \"yes\"\n", &[], "config key dryRun:"),
         ("", &["--interval", "0s"], "--interval"),
         ("", &["--threshold", "1Mi"], "--threshold"),
         ("", &["--cgroup", "/a/../b"], "--cgroup"),

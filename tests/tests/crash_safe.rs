@@ -404,6 +404,53 @@ fn a_pod_whose_spec_is_lost_everywhere_is_an_orphan_until_its_grace_period_ends(
     assert_no_hidden_process(&agent, &pods);
 }
 
+/// `dryRun`: an orphan past its grace period is kept, not removed. One `orphan-kept`
+/// recovery event says it would have been removed; it stays listed and its process runs on.
+#[test]
+fn a_dry_run_keeps_an_orphan_past_its_grace_period() {
+    if !ready() {
+        return;
+    }
+    let mut agent = TestAgent::start("crash-orphan-dry", "orphanGracePeriod: 1s\ndryRun: true\n");
+    run_sleepers(&agent, &["lost"]);
+    let lost_uid = agent.pod("default/lost").unwrap()["uid"].clone();
+    agent.kill(Signal::KILL);
+    let state = state_dir(&agent);
+    for f in [
+        "pods.json",
+        "pods.json.prev",
+        "process-runtime.json",
+        "process-runtime.json.prev",
+    ] {
+        if state.join(f).exists() {
+            std::fs::write(state.join(f), b"\x00garbage\xff").unwrap();
+        }
+    }
+    agent.restart();
+    let (_f, events) = agent.follow_events(None);
+    let kept = wait_event(&events, Duration::from_secs(20), |e| {
+        e["kind"] == "recovery" && e["event"]["action"] == "orphan-kept"
+    })
+    .unwrap_or_else(|| panic!("no orphan-kept event: {}", agent.log()));
+    assert_eq!(kept["event"]["uid"], lost_uid, "{kept}");
+    // Past its grace period: still there, running, said once.
+    let later = wait_event(&events, Duration::from_secs(3), |e| {
+        e["kind"] == "removed" || (e["kind"] == "recovery" && e["event"]["action"] == "orphan-kept")
+    });
+    assert!(later.is_none(), "{later:?}");
+    let pods = listed(&agent);
+    let lost = &pods["default/lost"];
+    assert_eq!(
+        (&lost["phase"], &lost["reason"]),
+        (&json!("Running"), &json!("Orphaned")),
+        "{lost}"
+    );
+    assert!(
+        busy_pod_cgroups(&agent).contains_key(lost_uid.as_str().unwrap()),
+        "its process runs on"
+    );
+}
+
 /// How a state file is damaged.
 #[derive(Clone, Copy, Debug)]
 enum Damage {

@@ -52,6 +52,7 @@ fn settings(policy: ImageGcPolicy, state_dir: Option<PathBuf>) -> ImageGcSetting
         // The sandbox image comes from containerd's status, as on a real node.
         sandbox_image: None,
         imagefs_path: None,
+        dry_run: false,
     }
 }
 
@@ -523,6 +524,84 @@ async fn delete_unused_images_reclaims_with_periodic_gc_off() {
         .expect_err("removed container")
         .is_not_found());
     task.stop().await;
+}
+
+/// `dryRun`: the disk-pressure reclaim plans as always and removes nothing. It lists the
+/// exited container, the not-ready sandbox and the unused images it would have removed
+/// (the event marked a dry run), and containerd still holds every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_reclaim_lists_what_it_would_delete_and_deletes_nothing() {
+    if !ready() {
+        return;
+    }
+    let tree = TestCgroupTree::new("image-dry-run");
+    let ctd = Containerd::start("dry-run").expect("start containerd");
+    let client = ctd.client().await;
+    let keep = import(&ctd, "keep", MIB);
+    let dead = import(&ctd, "dead", 2 * MIB);
+    let idle = [import(&ctd, "idle1", MIB), import(&ctd, "idle2", 3 * MIB)];
+    let mut s = settings(policy(100, 90, 0), None);
+    s.dry_run = true;
+    let m = manager(&ctd, s).await;
+    let live = run_pod(&client, &tree, "live", &ctd).await;
+    run_container(&client, &live, "keep", &keep, SLEEP, &ctd).await;
+    let gone = run_pod(&client, &tree, "gone", &ctd).await;
+    let exited = run_container(&client, &gone, "dead", &dead, &["/bin/true"], &ctd).await;
+    client
+        .stop_pod_sandbox(&gone.id)
+        .await
+        .expect("StopPodSandbox");
+    let before = listed(&client).await;
+
+    let mut events = m.subscribe();
+    let r = m.delete_unused_images().await.expect("reclaim");
+    eprintln!("dry-run reclaim: {r:?}");
+    // What it would have removed: as a real reclaim would.
+    assert_eq!(r.containers_removed, std::slice::from_ref(&exited));
+    assert_eq!(r.sandboxes_removed, std::slice::from_ref(&gone.id));
+    let would: BTreeSet<String> = r.deleted.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(would, ids([&dead, &idle[0], &idle[1]]));
+    let freed: u64 = would.iter().map(|id| before[id]).sum();
+    assert_eq!(r.freed_bytes, freed);
+    match wait_event(&mut events, "the reclaim's RoundFinished", |e| {
+        matches!(
+            e,
+            ImageGcEvent::RoundFinished {
+                trigger: GcTrigger::Reclaim,
+                ..
+            }
+        )
+    })
+    .await
+    {
+        ImageGcEvent::RoundFinished {
+            dry_run, deleted, ..
+        } => {
+            assert!(dry_run, "the event is marked a dry run");
+            assert_eq!(deleted.into_iter().collect::<BTreeSet<_>>(), would);
+        }
+        _ => unreachable!(),
+    }
+    // Nothing was removed: every image, the exited container and its records are there.
+    assert_eq!(listed(&client).await, before);
+    client
+        .container_status(&exited)
+        .await
+        .expect("the exited container is still there");
+    let records = m.records().await;
+    for id in &would {
+        assert!(records.get(id).is_some(), "{id}: its record is kept");
+    }
+    let c = m.counters();
+    assert_eq!(
+        (
+            c.freed_bytes,
+            c.images_deleted,
+            c.containers_removed,
+            c.sandboxes_removed
+        ),
+        (0, 0, 0, 0)
+    );
 }
 
 /// A restarted manager takes each image's first-detected time from its checkpoint: an image

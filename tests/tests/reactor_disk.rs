@@ -185,6 +185,7 @@ impl DiskNode {
                 state_dir: None,
                 sandbox_image: None,
                 imagefs_path: None,
+                dry_run: false,
             },
         )
         .unwrap();

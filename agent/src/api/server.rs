@@ -203,10 +203,12 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             preemptor,
             victims,
             reasons,
+            dry_run,
         } => K::Preemption(pb::PreemptionEvent {
             preemptor: Some(split(preemptor)),
             victims: victims.iter().map(|v| split(v)).collect(),
             reasons: reasons.clone(),
+            dry_run: *dry_run,
         }),
         NodeEventKind::Eviction {
             pod,
@@ -216,6 +218,7 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             grace_period_seconds,
             reaction_ns,
             killed_at_crossing,
+            dry_run,
         } => K::Eviction(pb::EvictionEvent {
             pod: Some(split(pod)),
             uid: uid.clone(),
@@ -224,6 +227,7 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             grace_period_seconds: *grace_period_seconds,
             reaction_nanos: *reaction_ns,
             killed_at_crossing_pid: killed_at_crossing.unwrap_or(0),
+            dry_run: *dry_run,
         }),
         NodeEventKind::OomKill {
             pod,
@@ -241,12 +245,14 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             freed_bytes,
             reason,
             message,
+            dry_run,
         } => K::ImageGc(pb::ImageGcEvent {
             trigger: trigger.clone(),
             removed: removed.clone(),
             freed_bytes: *freed_bytes,
             reason: reason.clone(),
             message: message.clone(),
+            dry_run: *dry_run,
         }),
         NodeEventKind::MemoryReclaim {
             signal,
@@ -484,6 +490,8 @@ impl Agent for AgentService {
                 crate::decide::cgroups::CgroupVersion::V2 => "v2".into(),
             },
             cgroup_root: self.facts.cgroup_root.clone(),
+            dry_run: pressure.as_ref().is_some_and(|p| p.dry_run),
+            would_evict: pressure.as_ref().map(would_evict).unwrap_or_default(),
             charge_watches: self
                 .facts
                 .charge
@@ -718,6 +726,20 @@ fn psi_figures(p: &crate::reactor::NodePressure) -> Vec<pb::PsiFigure> {
             full_avg10: f.full.map_or(0.0, |a| a.avg10),
             full_avg60: f.full.map_or(0.0, |a| a.avg60),
             threshold: f.threshold,
+        })
+        .collect()
+}
+
+/// A dry run's would-be evictions of the open episodes, from the loop's last pass.
+fn would_evict(p: &crate::reactor::NodePressure) -> Vec<pb::DryRunEviction> {
+    p.would_evict
+        .iter()
+        .map(|w| pb::DryRunEviction {
+            pod: Some(split(&w.pod)),
+            uid: w.uid.clone(),
+            signal: w.signal.clone(),
+            message: w.message.clone(),
+            at_unix_nanos: unix_nanos(w.at),
         })
         .collect()
 }

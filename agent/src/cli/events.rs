@@ -66,21 +66,39 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
                 .collect();
             (
                 "preemption",
-                json!({"preemptor": name(&p.preemptor), "victims": victims, "reasons": p.reasons}),
-                format!(
-                    "{} preempts {} ({})",
-                    name(&p.preemptor),
-                    victims.join(", "),
-                    p.reasons.join(", ")
-                ),
+                json!({"preemptor": name(&p.preemptor), "victims": victims, "reasons": p.reasons,
+                       "dryRun": p.dry_run}),
+                if p.dry_run {
+                    format!(
+                        "(dry run) {} would preempt {} ({}); nothing stopped, {} refused",
+                        name(&p.preemptor),
+                        victims.join(", "),
+                        p.reasons.join(", "),
+                        name(&p.preemptor)
+                    )
+                } else {
+                    format!(
+                        "{} preempts {} ({})",
+                        name(&p.preemptor),
+                        victims.join(", "),
+                        p.reasons.join(", ")
+                    )
+                },
             )
         }
         Some(K::Eviction(v)) => (
             "eviction",
             json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message,
                    "gracePeriodSeconds": v.grace_period_seconds, "reactionNanos": v.reaction_nanos,
-                   "killedAtCrossingPid": v.killed_at_crossing_pid}),
-            if v.killed_at_crossing_pid != 0 {
+                   "killedAtCrossingPid": v.killed_at_crossing_pid, "dryRun": v.dry_run}),
+            if v.dry_run {
+                format!(
+                    "(dry run) {} would be evicted ({}), nothing killed: {}",
+                    name(&v.pod),
+                    v.signal,
+                    v.message
+                )
+            } else if v.killed_at_crossing_pid != 0 {
                 format!(
                     "{} evicted ({}, killed at the crossing, pid {}): {}",
                     name(&v.pod),
@@ -113,8 +131,15 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
         Some(K::ImageGc(g)) => (
             "image_gc",
             json!({"trigger": g.trigger, "removed": g.removed, "freedBytes": g.freed_bytes,
-                   "reason": g.reason, "message": g.message}),
-            if g.reason.is_empty() {
+                   "reason": g.reason, "message": g.message, "dryRun": g.dry_run}),
+            if g.dry_run && g.reason.is_empty() {
+                format!(
+                    "(dry run) image GC ({}): {} would be removed, {} would be freed; nothing deleted",
+                    g.trigger,
+                    g.removed.len(),
+                    human::bytes(i128::from(g.freed_bytes))
+                )
+            } else if g.reason.is_empty() {
                 format!(
                     "image GC ({}): {} removed, {} freed",
                     g.trigger,

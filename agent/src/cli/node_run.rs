@@ -254,6 +254,7 @@ async fn start_pods<R: Runtime + 'static>(
         devices: Some(Arc::clone(devices)),
         events: events.clone(),
         orphan_grace_period: config.orphan_grace_period.0,
+        dry_run: config.dry_run,
     })
     .await
     .context("pod manager")
@@ -301,9 +302,15 @@ fn forward_pod_metrics(
                         };
                         metrics.record_admission(result, &reason);
                     }
-                    NodeEventKind::Preemption { victims, .. } => {
-                        for _ in victims {
-                            metrics.record_preemption();
+                    NodeEventKind::Preemption {
+                        victims, dry_run, ..
+                    } => {
+                        if dry_run {
+                            metrics.record_dry_run_preemptions(victims.len() as u64);
+                        } else {
+                            for _ in victims {
+                                metrics.record_preemption();
+                            }
                         }
                     }
                     _ => {}
@@ -345,15 +352,21 @@ fn forward_image_gc(
                     freed_bytes,
                     deleted,
                     errors,
+                    dry_run,
                     ..
                 } => {
-                    metrics.record_image_gc(freed_bytes, errors.is_empty());
+                    if dry_run {
+                        metrics.record_dry_run_image_deletions(deleted.len() as u64);
+                    } else {
+                        metrics.record_image_gc(freed_bytes, errors.is_empty());
+                    }
                     NodeEventKind::ImageGc {
                         trigger: trigger_name(trigger).to_string(),
                         removed: deleted,
                         freed_bytes,
                         reason,
                         message: errors.join("; "),
+                        dry_run,
                     }
                 }
                 ImageGcEvent::RoundFailed {
@@ -367,6 +380,7 @@ fn forward_image_gc(
                         freed_bytes: 0,
                         reason: "RoundFailed".to_string(),
                         message: why,
+                        dry_run: false,
                     }
                 }
                 ImageGcEvent::FreeDiskSpaceFailed { message }
@@ -376,6 +390,7 @@ fn forward_image_gc(
                     freed_bytes: 0,
                     reason,
                     message,
+                    dry_run: false,
                 },
             };
             events.publish(kind);

@@ -78,6 +78,10 @@ pub(crate) struct RunArgs {
     /// The log format (overrides `log.format`).
     #[arg(long, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
+    /// Observe and decide, record every eviction, preemption and image deletion the agent
+    /// would make, and make none (sets `dryRun: true`).
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     sense: SenseArgs,
 }
@@ -87,7 +91,8 @@ pub(crate) struct RunArgs {
 /// naming the reason.
 pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
     // Everything that can be wrong with the input is found before anything attaches.
-    let (config, ignored) = load_config_reporting(args.config.as_ref())?;
+    let (mut config, ignored) = load_config_reporting(args.config.as_ref())?;
+    config.dry_run |= args.dry_run;
     let mut log = config.log.clone();
     if let Some(format) = args.log_format {
         log.format = format.as_str().to_string();
@@ -105,6 +110,12 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "the open-file limit is left as it is"),
+    }
+    if config.dry_run {
+        tracing::warn!(
+            "dry run: the agent observes and decides, and records every eviction, preemption \
+             and image deletion it would make; it kills, stops and deletes nothing"
+        );
     }
     let mut opts = args.sense.options(&config)?;
     let settings = ReactorSettings::from_config(&config)
@@ -137,6 +148,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), Failure> {
         let mut shutdown = Shutdown::install()
             .map_err(|e| anyhow::anyhow!("cannot install signal handlers: {e}"))?;
         let metrics = Arc::new(Metrics::new());
+        metrics.set_dry_run(config.dry_run);
         // Bound before anything else starts, so a taken port fails the start at once.
         let endpoint = match metrics_address {
             Some(address) => Some(start_endpoint(address, &metrics, &shutdown).await?),
@@ -355,6 +367,26 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
                 ),
             });
         }
+        if let Action::WouldEvict {
+            uid,
+            pod,
+            signal,
+            grace_seconds,
+            message,
+            ..
+        } = &d.action
+        {
+            events.publish(NodeEventKind::Eviction {
+                pod: pod.clone(),
+                uid: uid.clone(),
+                signal: signal.clone(),
+                message: message.clone(),
+                grace_period_seconds: *grace_seconds,
+                reaction_ns: -1,
+                killed_at_crossing: None,
+                dry_run: true,
+            });
+        }
         if let Action::Evicted {
             uid,
             pod,
@@ -375,6 +407,7 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
                     .reaction_lag_ns
                     .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
                 killed_at_crossing: d.killed_at_crossing,
+                dry_run: false,
             });
         }
     }

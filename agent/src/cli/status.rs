@@ -116,6 +116,11 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
                     "threshold": p.threshold})).collect::<Vec<_>>(),
                 "capacity": to_map(sorted(&resources.capacity)),
                 "allocatable": to_map(sorted(&resources.allocatable)),
+                "dryRun": s.dry_run,
+                "wouldEvict": s.would_evict.iter().map(|w| json!({
+                    "pod": w.pod.as_ref().map(|r| format!("{}/{}", r.namespace, r.name)),
+                    "uid": w.uid, "signal": w.signal, "message": w.message,
+                    "atUnixNanos": w.at_unix_nanos})).collect::<Vec<_>>(),
                 "nextToEvict": next.iter().map(|(rank, n)| json!({
                     "pod": n.pod, "rank": rank, "qos": n.qos, "priority": n.priority,
                     "memoryWorkingSetBytes": n.working_set})).collect::<Vec<_>>(),
@@ -124,6 +129,22 @@ pub(crate) fn run(a: StatusArgs) -> Result<(), Failure> {
             return Ok(());
         }
         println!("cgroups: {} below {}", s.cgroup_version, s.cgroup_root);
+        if s.dry_run {
+            println!(
+                "dry run: on (evictions, preemptions and image deletions are recorded, none is made)"
+            );
+        }
+        for w in &s.would_evict {
+            let pod = w
+                .pod
+                .as_ref()
+                .map(|r| format!("{}/{}", r.namespace, r.name))
+                .unwrap_or_default();
+            println!(
+                "would evict (dry run): {pod} ({}): {}",
+                w.signal, w.message
+            );
+        }
         if s.conditions.is_empty() {
             println!("conditions: (not evaluated: the eviction loop is not running)");
         }

@@ -7,6 +7,7 @@
 pub mod backoff;
 pub mod cgroups;
 pub mod crossing;
+pub mod dry_run;
 pub mod duration;
 pub mod image_gc;
 pub mod inflight;

@@ -22,14 +22,22 @@ pub struct DeadRemoved {
 
 /// Removes every exited container, then every not-ready sandbox that has no container left
 /// that is not exited (a sandbox still holding a created or running container is left
-/// alone). Fails only when the runtime cannot be reached.
-pub async fn remove_dead_containers(client: &CriClient) -> Result<DeadRemoved, CriError> {
+/// alone). Fails only when the runtime cannot be reached. With `dry_run` nothing is
+/// removed: the result lists what would have been.
+pub async fn remove_dead_containers(
+    client: &CriClient,
+    dry_run: bool,
+) -> Result<DeadRemoved, CriError> {
     let mut out = DeadRemoved::default();
     let containers = client.list_containers(&ContainerFilter::default()).await?;
     for c in containers
         .iter()
         .filter(|c| c.state == ContainerState::Exited)
     {
+        if dry_run {
+            out.containers.push(c.id.clone());
+            continue;
+        }
         match client.remove_container(&c.id).await {
             Ok(()) => out.containers.push(c.id.clone()),
             Err(e) if e.is_not_found() => {}
@@ -52,6 +60,10 @@ pub async fn remove_dead_containers(client: &CriClient) -> Result<DeadRemoved, C
         })
         .await?;
     for s in not_ready.iter().filter(|s| !busy.contains(s.id.as_str())) {
+        if dry_run {
+            out.sandboxes.push(s.id.clone());
+            continue;
+        }
         match client.remove_pod_sandbox(&s.id).await {
             Ok(()) => out.sandboxes.push(s.id.clone()),
             Err(e) if e.is_not_found() => {}

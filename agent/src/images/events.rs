@@ -39,6 +39,9 @@ pub enum ImageGcEvent {
         deleted: Vec<String>,
         /// Deletions the runtime refused, one line each.
         errors: Vec<String>,
+        /// A dry run: `deleted` would have been deleted (`freed_bytes` what they would have
+        /// freed); nothing was.
+        dry_run: bool,
     },
     /// A periodic round freed less than it needed to reach the low threshold; `message` is
     /// the kubelet's text for the node event of the same name.
@@ -177,6 +180,7 @@ mod tests {
             freed_bytes: 0,
             deleted: vec![],
             errors: vec![],
+            dry_run: false,
         };
         assert!(!ok.is_warning());
         assert_eq!(ok.kubelet_reason(), None);

@@ -242,11 +242,13 @@ impl ImageGcManager {
                 freed_bytes,
                 deleted,
                 errors,
+                dry_run,
                 ..
             } => {
                 if errors.is_empty() {
                     tracing::info!(
                         ?trigger,
+                        dry_run,
                         freed = %human::bytes(i128::from(*freed_bytes)),
                         freed_bytes,
                         deleted = deleted.len(),
@@ -418,6 +420,20 @@ impl ImageGcManager {
         deletions: Vec<Deletion>,
         changed: bool,
     ) -> Executed {
+        // A dry run deletes nothing: what it would have deleted is said, and the records
+        // keep every image.
+        if self.inner.settings.dry_run {
+            for d in &deletions {
+                tracing::info!(image = %d.id, size = %human::bytes(i128::from(d.size_bytes)), bytes = d.size_bytes, reason = ?d.reason, "dry run: image GC would remove image");
+            }
+            if changed {
+                self.save(&state.records).await;
+            }
+            return Executed {
+                deleted: deletions,
+                ..Executed::default()
+            };
+        }
         let client = self.inner.client.clone();
         let executed = delete_in_order(deletions, |id| {
             let client = client.clone();
@@ -458,6 +474,7 @@ impl ImageGcManager {
                     freed_bytes: round.freed_bytes,
                     deleted: round.deleted.iter().map(|d| d.id.clone()).collect(),
                     errors: round.errors.clone(),
+                    dry_run: self.inner.settings.dry_run,
                 });
                 if let Some(message) = &round.shortfall {
                     self.emit(ImageGcEvent::FreeDiskSpaceFailed {
@@ -571,6 +588,7 @@ impl ImageGcManager {
                 freed_bytes: r.freed_bytes,
                 deleted: r.deleted.iter().map(|d| d.id.clone()).collect(),
                 errors: r.errors.clone(),
+                dry_run: self.inner.settings.dry_run,
             }),
             Err(e) => self.emit(ImageGcEvent::RoundFailed {
                 trigger: GcTrigger::Reclaim,
@@ -584,10 +602,8 @@ impl ImageGcManager {
     /// pressure on a filesystem that holds writable layers and logs but no images (seed 003):
     /// exited containers and not-ready sandboxes are removed, no image is touched.
     pub async fn delete_dead_containers(&self) -> Result<Reclaimed, ImageGcError> {
-        let dead = remove_dead_containers(&self.inner.client).await?;
-        let c = &self.inner.counters;
-        c.add(Counter::ContainersRemoved, dead.containers.len() as u64);
-        c.add(Counter::SandboxesRemoved, dead.sandboxes.len() as u64);
+        let dead = remove_dead_containers(&self.inner.client, self.inner.settings.dry_run).await?;
+        self.count_dead(&dead);
         Ok(Reclaimed {
             containers_removed: dead.containers,
             sandboxes_removed: dead.sandboxes,
@@ -597,11 +613,21 @@ impl ImageGcManager {
         })
     }
 
-    async fn reclaim(&self) -> Result<Reclaimed, ImageGcError> {
-        let dead = remove_dead_containers(&self.inner.client).await?;
+    /// Counts the dead containers and sandboxes removed (none in a dry run, which lists
+    /// them only).
+    fn count_dead(&self, dead: &super::containers::DeadRemoved) {
+        if self.inner.settings.dry_run {
+            tracing::info!(containers = ?dead.containers, sandboxes = ?dead.sandboxes, "dry run: dead containers and sandboxes not removed");
+            return;
+        }
         let c = &self.inner.counters;
         c.add(Counter::ContainersRemoved, dead.containers.len() as u64);
         c.add(Counter::SandboxesRemoved, dead.sandboxes.len() as u64);
+    }
+
+    async fn reclaim(&self) -> Result<Reclaimed, ImageGcError> {
+        let dead = remove_dead_containers(&self.inner.client, self.inner.settings.dry_run).await?;
+        self.count_dead(&dead);
         let mut state = self.inner.state.lock().await;
         let now = now_nanos();
         let seen = self.observe().await?;
@@ -645,6 +671,7 @@ mod tests {
             state_dir: dir,
             sandbox_image: None,
             imagefs_path: None,
+            dry_run: false,
         }
     }
 

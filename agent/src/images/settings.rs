@@ -26,6 +26,9 @@ pub struct ImageGcSettings {
     pub sandbox_image: Option<String>,
     /// Measure this path's filesystem instead of the runtime's `ImageFsInfo`.
     pub imagefs_path: Option<PathBuf>,
+    /// `dryRun`: rounds and reclaims plan as always and delete nothing; their events list
+    /// what they would have deleted.
+    pub dry_run: bool,
 }
 
 fn nanos(d: Duration) -> i64 {
@@ -48,6 +51,7 @@ impl ImageGcSettings {
             sandbox_image: Some(config.runtime.sandbox_image.clone()).filter(|s| !s.is_empty()),
             imagefs_path: Some(PathBuf::from(&config.node.imagefs_path))
                 .filter(|p| !p.as_os_str().is_empty()),
+            dry_run: config.dry_run,
         }
     }
 

@@ -186,7 +186,19 @@ impl<R: Runtime + 'static> Actor<R> {
             preemptor: format!("{}/{}", checked.namespace, checked.name),
             victims: preempted.clone(),
             reasons: failures.iter().map(AdmitFailure::reason).collect(),
+            dry_run: self.dry_run,
         });
+        // A dry run stops nothing: the critical pod does not fit without the preemption, so
+        // it is refused as if none were possible, its message naming who would have gone.
+        if self.dry_run {
+            let (reason, message) = rejection(&failures[0]);
+            tracing::info!(preemptor = %format!("{}/{}", checked.namespace, checked.name), victims = %preempted.join(","), "dry run: preemption not made; the critical pod is refused");
+            let message = format!(
+                "{message} (dry run: admitting it would have preempted {})",
+                preempted.join(", ")
+            );
+            return Some(Ok(self.reject(*checked, source, reason, message)));
+        }
         let uid = checked.uid.clone();
         for v in &victims {
             tracing::info!(victim = %v, preemptor = %uid, "preempting pod to admit critical pod");

@@ -65,6 +65,8 @@ pub enum NodeEventKind {
         victims: Vec<String>,
         /// What it needed (`Insufficient memory`).
         reasons: Vec<String>,
+        /// A dry run: nothing was stopped, and the critical pod was refused.
+        dry_run: bool,
     },
     /// The eviction manager evicted a pod (published by the reactor loop).
     Eviction {
@@ -82,6 +84,8 @@ pub enum NodeEventKind {
         reaction_ns: i64,
         /// The process the kernel killed at the crossing, when it made the kill.
         killed_at_crossing: Option<u32>,
+        /// A dry run: the eviction the loop would have made; nothing was killed or stopped.
+        dry_run: bool,
     },
     /// A container was OOM-killed by the kernel.
     OomKill {
@@ -106,6 +110,9 @@ pub enum NodeEventKind {
         reason: String,
         /// What went wrong, one line; empty when nothing did.
         message: String,
+        /// A dry run: `removed` would have been deleted (`freed_bytes` what they would have
+        /// freed); nothing was.
+        dry_run: bool,
     },
     /// A memory reclaim before an eviction (`memoryReclaim.enabled`), published by the
     /// reactor loop's decision forwarder: what the decision record's `memoryReclaim` says.
@@ -135,7 +142,8 @@ pub enum NodeEventKind {
     /// `node::recover`'s re-admissions, orphans and finished stops).
     Recovery {
         /// `set-aside`, `fell-back`, `write-failed`, `write-recovered`, `re-admitted`,
-        /// `orphaned`, `orphan-removed`, `orphan-replaced`, `stop-finished`.
+        /// `orphaned`, `orphan-removed`, `orphan-kept` (a dry run), `orphan-replaced`,
+        /// `stop-finished`.
         action: String,
         /// The state file, empty for a pod.
         file: String,

@@ -148,6 +148,10 @@ pub struct PodManagerConfig<R> {
     /// How long a pod found running without a spec stays before it is removed
     /// (`orphanGracePeriod`; see `node::recover`).
     pub orphan_grace_period: Duration,
+    /// `dryRun`: a critical pod that needs others preempted is refused, and the preemption
+    /// is recorded (marked a dry run), not made; an orphan past its grace period is kept
+    /// (an `orphan-kept` recovery event), not removed.
+    pub dry_run: bool,
 }
 
 impl PodManager {
@@ -194,6 +198,8 @@ impl PodManager {
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
             orphan_grace: config.orphan_grace_period,
+            dry_run: config.dry_run,
+            orphans_kept: Default::default(),
             state_dir: config.state_dir.clone(),
             tx: urgent.downgrade(),
             killing: killing.clone(),
@@ -453,6 +459,10 @@ pub(super) struct Actor<R> {
     pub(super) pods: BTreeMap<String, Entry>,
     /// How long an orphan stays before it is removed (`orphanGracePeriod`).
     pub(super) orphan_grace: Duration,
+    /// `dryRun` (see [`PodManagerConfig::dry_run`]).
+    pub(super) dry_run: bool,
+    /// In a dry run, the orphans past their grace period said already (`orphan-kept`).
+    pub(super) orphans_kept: std::collections::BTreeSet<String>,
     /// `stateDir`, where the process runtime's log directories name lost pods.
     pub(super) state_dir: PathBuf,
     pub(super) pending: BTreeMap<String, Pending>,

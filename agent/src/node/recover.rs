@@ -544,6 +544,28 @@ impl<R: Runtime + 'static> Actor<R> {
             })
             .map(|e| e.record.uid.clone())
             .collect();
+        // A dry run stops nothing: each orphan past its grace period is said once (and
+        // kept, listed and ranked as before).
+        if self.dry_run {
+            for uid in due {
+                if !self.orphans_kept.insert(uid.clone()) {
+                    continue;
+                }
+                let pod = self
+                    .pods
+                    .get(&uid)
+                    .map(|e| e.record.full_name())
+                    .unwrap_or_default();
+                self.recovery(
+                    "orphan-kept",
+                    &pod,
+                    &uid,
+                    "dry run: past its orphanGracePeriod, it would be removed now; it keeps running"
+                        .to_string(),
+                );
+            }
+            return;
+        }
         for uid in due {
             self.begin_stop(
                 &uid,

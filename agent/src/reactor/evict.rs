@@ -30,7 +30,7 @@ use crate::sense::monotonic_ns;
 
 /// What a bounded memory search read: each pod cgroup's path, its usage, and the working
 /// sets it asked for.
-type MemoryReads = (Vec<String>, Vec<Option<u64>>, Vec<Option<Option<u64>>>);
+pub(super) type MemoryReads = (Vec<String>, Vec<Option<u64>>, Vec<Option<Option<u64>>>);
 
 /// An eviction whose victim and kill were the kernel's, at a hard threshold's crossing
 /// ([`super::crossing`]): the pod is not searched for, its kill time is the kernel's, and
@@ -45,6 +45,18 @@ pub(super) struct Forced {
     /// Its figures as read at its staging, before the kill (`None`: not read then; they
     /// are read now, the victim's remains).
     pub(super) figures: Option<PodStats>,
+}
+
+/// The victim a pass chose, with what the choice read: what a dry run records instead of
+/// the eviction (`Reactor::would_evict`).
+pub(super) struct Chosen<'a> {
+    pub(super) reclaim: &'a Reclaim,
+    pub(super) met: &'a [usize],
+    pub(super) signals: &'a Signals,
+    pub(super) layout: FsLayout,
+    pub(super) pods: &'a ActivePods,
+    pub(super) victim: usize,
+    pub(super) memory_reads: Option<MemoryReads>,
 }
 
 impl<P: PodControl + 'static> Reactor<P> {
@@ -124,6 +136,21 @@ impl<P: PodControl + 'static> Reactor<P> {
             decision.action = Action::NothingToEvict;
             return false;
         };
+        // A dry run records the eviction instead of making it (`dry_run`); nothing is in
+        // flight there, so nothing is escalated either.
+        if self.settings.dry_run {
+            let choice = Chosen {
+                reclaim,
+                met,
+                signals,
+                layout,
+                pods: &pods,
+                victim,
+                memory_reads,
+            };
+            self.would_evict(choice, decision);
+            return false;
+        }
         let pod = &pods[victim];
         let info = &pod.info;
         if let Some(at) = self
@@ -431,7 +458,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// record (it was not what the decision compared). A pod that grew in the meantime may
     /// rank differently from how it would have before the kill; the victim was chosen on the
     /// figures read then.
-    fn rank_memory_for_record(
+    pub(super) fn rank_memory_for_record(
         &mut self,
         reclaim: &Reclaim,
         layout: FsLayout,

@@ -72,6 +72,26 @@ impl<P: PodControl + 'static> Reactor<P> {
             took_ns: 0,
             error: None,
         };
+        // A dry run asks nothing: the record says what the first step would have asked for
+        // (`dry-run`), or that it would have been skipped (`reactor::dry_run`).
+        if self.settings.dry_run {
+            let step = next_step(&ReclaimView {
+                shortfall_bytes: short,
+                active_file_bytes: active,
+                elapsed: std::time::Duration::ZERO,
+                timeout,
+                steps: 0,
+            });
+            record.outcome = match step {
+                Step::Ask { bytes } => {
+                    record.requested_bytes = bytes;
+                    "dry-run"
+                }
+                Step::Stop(_) => "skipped",
+            }
+            .to_string();
+            return Some(record);
+        }
         let outcome = loop {
             let step = next_step(&ReclaimView {
                 shortfall_bytes: short,

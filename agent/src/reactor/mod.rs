@@ -43,6 +43,7 @@
 //! hands the sense layer back when it ends, for its lag statistics.
 
 mod crossing;
+mod dry_run;
 mod evict;
 mod inflight;
 mod memory_reclaim;
@@ -170,6 +171,8 @@ pub struct Reactor<P> {
     /// Where stop tasks report their end, and where the loop takes it.
     stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
     stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
+    /// With `dryRun`, the would-be evictions of the open pressure episodes ([`dry_run`]).
+    dry_run: crate::decide::dry_run::DryRunLedger,
 }
 
 /// How closely the loop re-reads the memory signals between events ([`Reactor::close_watch`]).
@@ -279,6 +282,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             crossing: crossing::Crossing::default(),
             stop_tx,
             stop_rx,
+            dry_run: Default::default(),
         }
     }
 
@@ -318,6 +322,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             // Reclaim first means the loop decides at the crossing whether page cache can
             // stand in for a pod; a kill in the kernel would pre-empt it.
             tracing::info!("killAtCrossing is off while memoryReclaim is on: every kill is the loop's, after its reclaim");
+        } else if self.settings.kill_at_crossing && self.settings.dry_run {
+            // A dry run never stages a victim: the charge program's thresholds still fire
+            // and wake the loop, but it kills nothing.
+            tracing::info!("dry run: no victim is staged for a kill at the crossing");
         } else if self.settings.kill_at_crossing {
             self.crossing.stage = sense.victim_stage();
             self.crossing.hard = settings::hard_memcg_targets(&self.settings, &self.observer);
@@ -476,6 +484,13 @@ impl<P: PodControl + 'static> Reactor<P> {
         let close = match self.close {
             CloseWatch::Far => None,
             CloseWatch::KernelWatched => Some(self.settings.kernel_watched_poll),
+            // A dry run with an episode open re-reads no faster than the kernel-watched net
+            // (`dry_run`).
+            CloseWatch::Close if !self.dry_run.is_empty() => Some(
+                self.settings
+                    .close_poll
+                    .max(self.settings.kernel_watched_poll),
+            ),
             CloseWatch::Close => Some(self.settings.close_poll),
         };
         if let Some(every) = close {
@@ -546,6 +561,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 transition,
             );
             self.state = next;
+            self.end_dry_run_episodes(&result.met);
             self.close = self.close_watch(&signals);
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
@@ -561,13 +577,14 @@ impl<P: PodControl + 'static> Reactor<P> {
                 .iter()
                 .map(String::as_str)
                 .eq(result.conditions.iter().map(|c| c.name()));
-            let decision = Decision::new(
+            let mut decision = Decision::new(
                 wake.clone(),
                 signals.monotonic_ns,
                 Vec::new(),
                 Action::None,
                 self.unprevented_ooms,
             );
+            decision.dry_run = self.settings.dry_run;
             // The act first; the metrics and the status snapshot of this pass after it, off
             // the path from the kernel's event to the SIGKILL, and before its decision is
             // emitted (a reader of the decision finds the status that goes with it).
@@ -584,14 +601,17 @@ impl<P: PodControl + 'static> Reactor<P> {
                 self.conditions.send_replace(condition_names(&result));
             }
             self.record_metrics(&observations, &result.conditions);
-            self.pressure.send_replace(Some(status::snapshot(
+            let mut snapshot = status::snapshot(
                 &self.settings.thresholds,
                 &self.state,
                 &observations,
                 &result.conditions,
                 &mut self.transitions,
                 &signals,
-            )));
+            );
+            snapshot.dry_run = self.settings.dry_run;
+            snapshot.would_evict = status::would_evict(self.dry_run.current(), &signals);
+            self.pressure.send_replace(Some(snapshot));
             if let Some(mut d) = decided {
                 self.describe(&mut d, &result, &signals);
                 self.emit(d);
@@ -674,7 +694,11 @@ impl<P: PodControl + 'static> Reactor<P> {
         // memoryReclaim (issue 24, opt-in, v2): page cache first, bounded; see
         // `memory_reclaim`. Resolved: nothing to evict. Otherwise the record rides on the
         // eviction decision below.
-        if let Some(m) = self.reclaim_memory_first(&reclaim, signals) {
+        let episode_open = self.dry_run_episode_open(reclaim.threshold);
+        let memory_reclaim = (!episode_open)
+            .then(|| self.reclaim_memory_first(&reclaim, signals))
+            .flatten();
+        if let Some(m) = memory_reclaim {
             let resolved = m.outcome == "resolved";
             decision.memory_reclaim = Some(m);
             if resolved {
@@ -691,7 +715,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
         let layout = signals.fs_layout().unwrap_or_default();
         let steps = reclaim::reclaim_steps(reclaim.signal, layout);
-        if steps.any() {
+        if steps.any() && !episode_open {
             if let Some(reclaimer) = self.reclaimer.clone() {
                 let outcome = reclaimer.reclaim_steps(steps).await;
                 let again = self.observer.observe().observations();
@@ -727,6 +751,12 @@ impl<P: PodControl + 'static> Reactor<P> {
         let evicted = self
             .evict_one(&reclaim, &result.met, signals, layout, &mut decision, None)
             .await;
+        if self.settings.dry_run {
+            return (
+                self.dry_run_record(&reclaim, decision, conditions_changed),
+                None,
+            );
+        }
         (Some(decision), evicted.then_some(reclaim))
     }
 

@@ -127,6 +127,25 @@ pub enum Action {
         /// Why the runtime's stop failed, if it ended and did.
         error: Option<String>,
     },
+    /// A dry run (`dryRun`): the eviction the loop would have made, with the message the pod
+    /// would have ended with. Nothing was killed or stopped; recorded once per pod per
+    /// pressure episode ([`crate::decide::dry_run`]).
+    WouldEvict {
+        /// The pod uid.
+        uid: String,
+        /// `namespace/name`.
+        pod: String,
+        /// The signal whose threshold was met.
+        signal: String,
+        /// The pod's QoS class.
+        qos: String,
+        /// The grace period it would have been given, seconds.
+        grace_seconds: i64,
+        /// The kubelet's eviction message.
+        message: String,
+        /// The eviction event's annotations.
+        annotations: BTreeMap<String, String>,
+    },
     /// A threshold was met but no pod could be evicted (none, or only critical ones).
     NothingToEvict,
     /// The kernel OOM killer killed a process: pressure the agent did not prevent.
@@ -161,7 +180,8 @@ pub struct MemoryReclaim {
     /// `resolved` (the threshold cleared: nothing evicted), `skipped` (not tried: the
     /// active file pages could not cover the shortfall), `bounded` (tried, stopped at the
     /// time or step bound with the threshold still met), `short` (tried; what was left was
-    /// no longer file pages), or `failed` (the write failed).
+    /// no longer file pages), `failed` (the write failed), or `dry-run` (a dry run: nothing
+    /// written; `requested_bytes` is what the first step would have asked for).
     pub outcome: String,
     /// The shortfall when the decision was taken: threshold plus minimum reclaim minus
     /// available, bytes.
@@ -238,6 +258,9 @@ pub struct Decision {
     /// With `killed_at_crossing`: when and where the program killed, as its record gave it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crossing_kill: Option<CrossingKillFigures>,
+    /// The loop runs a dry run (`dryRun`): what this record says would be done was not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// Where a kill at the crossing was made: the kernel's time of the charge that crossed (the
@@ -284,6 +307,7 @@ impl Decision {
             unprevented_ooms,
             killed_at_crossing: None,
             crossing_kill: None,
+            dry_run: false,
         }
     }
 
@@ -348,6 +372,7 @@ impl Decision {
             crossing_kill_at_ns = self.crossing_kill.map(|a| a.at_ns),
             crossing_usage_bytes = self.crossing_kill.map(|a| a.usage_bytes),
             crossing_level_bytes = self.crossing_kill.map(|a| a.level_bytes),
+            dry_run = self.dry_run,
             "eviction decision"
         );
     }

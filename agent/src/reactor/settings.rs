@@ -66,6 +66,12 @@ pub struct ReactorSettings {
     pub kill_at_crossing: bool,
     /// KEP-5394's PSI node conditions: the gate and the thresholds.
     pub psi: PsiSettings,
+    /// `dryRun`: record the evictions the loop would make ([`Action::WouldEvict`], once per
+    /// pod per pressure episode: [`crate::decide::dry_run`]) and make none; no victim is
+    /// staged for the charge program and no page cache is reclaimed.
+    ///
+    /// [`Action::WouldEvict`]: super::Action::WouldEvict
+    pub dry_run: bool,
 }
 
 impl ReactorSettings {
@@ -113,6 +119,7 @@ impl ReactorSettings {
                 .then_some(config.memory_reclaim.timeout.0),
             kill_at_crossing: config.kill_at_crossing,
             psi: config.psi_settings(),
+            dry_run: config.dry_run,
         })
     }
 }

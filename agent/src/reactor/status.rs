@@ -79,6 +79,10 @@ pub struct NodePressure {
     pub conditions: Vec<ConditionState>,
     /// With KEP-5394's gate on, the PSI figure each PSI condition read, and its threshold.
     pub psi: Vec<PsiFigure>,
+    /// Whether the loop runs a dry run (`dryRun`).
+    pub dry_run: bool,
+    /// In a dry run, the evictions it would have made in the episodes still open.
+    pub would_evict: Vec<WouldEvictState>,
 }
 
 /// One PSI condition's figure at the pass (KEP-5394).
@@ -92,6 +96,45 @@ pub struct PsiFigure {
     pub full: Option<FullAverages>,
     /// The condition's threshold (percent; 0 is off).
     pub threshold: f64,
+}
+
+/// An eviction a dry run would have made, as `reactor status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WouldEvictState {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The pod uid.
+    pub uid: String,
+    /// The signal whose threshold was met.
+    pub signal: String,
+    /// The kubelet's eviction message.
+    pub message: String,
+    /// When it was recorded (wall clock).
+    pub at: SystemTime,
+}
+
+/// The would-be evictions of a dry run's open episodes, their times on the wall clock of
+/// `signals`' reading.
+pub fn would_evict(
+    recorded: &[crate::decide::dry_run::WouldEvict],
+    signals: &Signals,
+) -> Vec<WouldEvictState> {
+    recorded
+        .iter()
+        .map(|w| {
+            let ago = signals.monotonic_ns.saturating_sub(w.at_ns);
+            WouldEvictState {
+                pod: w.pod.clone(),
+                uid: w.uid.clone(),
+                signal: w.signal.clone(),
+                message: w.message.clone(),
+                at: signals
+                    .wall
+                    .checked_sub(Duration::from_nanos(ago))
+                    .unwrap_or(signals.wall),
+            }
+        })
+        .collect()
 }
 
 impl ConditionState {
@@ -236,6 +279,8 @@ pub fn snapshot(
         thresholds: threshold_states,
         conditions,
         psi,
+        dry_run: false,
+        would_evict: Vec::new(),
     }
 }
 

@@ -36,6 +36,10 @@
 //! | `reactor_memory_reclaim_duration_seconds` | histogram | — | yes |
 //! | `reactor_node_swap_bytes`, `reactor_node_swap_used_bytes` | gauge | — | yes (0 until the first read, at start, then every `housekeepingInterval`) |
 //! | `reactor_close_watch_rereads_total` | counter | `watch` (close, kernel_watched) | yes, both |
+//! | `reactor_dry_run` | gauge 0/1 | — | yes (1 when the agent runs with `dryRun`) |
+//! | `reactor_dry_run_evictions_total` | counter | `signal`, `qos` | yes, every signal × QoS class |
+//! | `reactor_dry_run_preemptions_total` | counter | — | yes |
+//! | `reactor_dry_run_image_deletions_total` | counter | — | yes |
 //! | `reactor_devices` | gauge | `resource`, `health` (healthy, unhealthy) | no: after the first [`Metrics::update_devices`] (resources are whatever plugins register) |
 //! | `reactor_devices_allocated` | gauge | `resource` | no: as `reactor_devices` |
 //!
@@ -68,7 +72,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// Every family name the agent exposes, as it appears on sample lines' `# TYPE` (counters
 /// without their `_total`): for tests and docs that must name them all.
-pub const FAMILIES: [&str; 23] = [
+pub const FAMILIES: [&str; 27] = [
     "reactor_detection_lag_seconds",
     "reactor_reaction_lag_seconds",
     "reactor_pressure_events",
@@ -92,6 +96,10 @@ pub const FAMILIES: [&str; 23] = [
     "reactor_memory_reclaim_duration_seconds",
     "reactor_node_swap_bytes",
     "reactor_node_swap_used_bytes",
+    "reactor_dry_run",
+    "reactor_dry_run_evictions",
+    "reactor_dry_run_preemptions",
+    "reactor_dry_run_image_deletions",
 ];
 
 /// The families that appear only after their first use (see the module docs for why).
@@ -278,6 +286,10 @@ pub struct Metrics {
     swap_total: Gauge,
     swap_used: Gauge,
     close_rereads: Family<WatchLabels, Counter>,
+    dry_run: Gauge,
+    dry_run_evictions: Family<EvictionLabels, Counter>,
+    dry_run_preemptions: Counter,
+    dry_run_image_deletions: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -327,6 +339,10 @@ impl Metrics {
             swap_total: Gauge::default(),
             swap_used: Gauge::default(),
             close_rereads: Family::default(),
+            dry_run: Gauge::default(),
+            dry_run_evictions: Family::default(),
+            dry_run_preemptions: Counter::default(),
+            dry_run_image_deletions: Counter::default(),
             registry: Registry::default(),
         };
         registry.register_with_unit(
@@ -465,6 +481,29 @@ impl Metrics {
             Unit::Bytes,
             m.swap_used.clone(),
         );
+        registry.register(
+            "reactor_dry_run",
+            "1 when the agent runs with dryRun (it records what it would evict, preempt and \
+             delete, and does none of it), 0 otherwise",
+            m.dry_run.clone(),
+        );
+        registry.register(
+            "reactor_dry_run_evictions",
+            "Evictions a dry run would have made (once per pod per pressure episode), by the \
+             signal and the pod's QoS class; nothing was evicted",
+            m.dry_run_evictions.clone(),
+        );
+        registry.register(
+            "reactor_dry_run_preemptions",
+            "Pods a dry run would have preempted to admit a critical pod; none was",
+            m.dry_run_preemptions.clone(),
+        );
+        registry.register(
+            "reactor_dry_run_image_deletions",
+            "Images a dry run would have deleted, counted per image GC round or disk-pressure \
+             reclaim (an image each round would delete is counted by each); none was",
+            m.dry_run_image_deletions.clone(),
+        );
         for outcome in MEMORY_RECLAIM_OUTCOMES {
             m.memory_reclaims
                 .get_or_create_owned(&OutcomeLabels { outcome });
@@ -498,10 +537,12 @@ impl Metrics {
                 QosClass::Burstable,
                 QosClass::BestEffort,
             ] {
-                m.evictions.get_or_create_owned(&EvictionLabels {
+                let labels = EvictionLabels {
                     signal: signal.name(),
                     qos: qos.as_str(),
-                });
+                };
+                m.evictions.get_or_create_owned(&labels);
+                m.dry_run_evictions.get_or_create_owned(&labels);
             }
         }
         for result in [Admission::Admitted, Admission::Rejected] {
@@ -600,6 +641,31 @@ impl Metrics {
                 qos: qos.as_str(),
             })
             .inc();
+    }
+
+    /// Says whether the agent runs with `dryRun`.
+    pub fn set_dry_run(&self, on: bool) {
+        self.dry_run.set(i64::from(on));
+    }
+
+    /// Counts one eviction a dry run would have made (nothing was evicted).
+    pub fn record_dry_run_eviction(&self, signal: Signal, qos: QosClass) {
+        self.dry_run_evictions
+            .get_or_create(&EvictionLabels {
+                signal: signal.name(),
+                qos: qos.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts `n` pods a dry run would have preempted (none was).
+    pub fn record_dry_run_preemptions(&self, n: u64) {
+        self.dry_run_preemptions.inc_by(n);
+    }
+
+    /// Counts `n` images a dry run would have deleted (none was).
+    pub fn record_dry_run_image_deletions(&self, n: u64) {
+        self.dry_run_image_deletions.inc_by(n);
     }
 
     /// Counts one process killed by the kernel OOM killer.
