@@ -28,16 +28,7 @@ fn out_dir() -> PathBuf {
 /// (`--quick`, `--only lag,oom`, `--oom-rates 350,150`, `--oom-reps 20`,
 /// `--concurrent-reps 10`, `--only soak --soak-minutes 10`: the soak only when asked).
 pub(crate) fn run(extra: &[String]) -> Result<()> {
-    // The bench starts the release `reactor run` and `memhog` beside it.
-    sh(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "reactor",
-        "-p",
-        "reactor-tests",
-        "--bins",
-    ]))?;
+    build()?;
     let out = out_dir();
     sh(cargo()
         .args([
@@ -53,6 +44,20 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
         .arg("--markdown")
         .arg(out.join("report.md"))
         .args(extra))
+}
+
+/// Builds the release `reactor` and the helpers the bench starts beside it (`memhog`, ...).
+/// `cargo xtask run` builds the same set, so it finds the bench's binary built.
+pub(crate) fn build() -> Result<()> {
+    sh(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "reactor",
+        "-p",
+        "reactor-tests",
+        "--bins",
+    ]))
 }
 
 /// The charts a full run draws next to `report.md`.

@@ -79,13 +79,20 @@ fn cargo_bin_on_path() {
     }
 }
 
-/// Runs a command, failing with its name when it fails.
+/// Runs a command, failing with its name when it fails, and says how long it took: the
+/// steps of `cargo xtask test` on a fresh clone are where its time goes.
 pub(crate) fn sh(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
     eprintln!("xtask: {shown}");
+    let start = std::time::Instant::now();
     let status = cmd
         .status()
         .with_context(|| format!("cannot start {shown}"))?;
+    eprintln!(
+        "xtask: took {:.1} s: {}",
+        start.elapsed().as_secs_f64(),
+        shown.chars().take(120).collect::<String>()
+    );
     if !status.success() {
         bail!("{shown} failed: {status}");
     }
@@ -136,7 +143,10 @@ fn test(extra: &[String]) -> Result<()> {
 
 fn run(extra: &[String]) -> Result<()> {
     setup::run()?;
-    sh(cargo().args(["build", "--release", "-p", "reactor"]))?;
+    // The same build as the bench's (`bench::build`): built alone, `reactor` would get other
+    // features of its dependencies than beside the test helpers, and be rebuilt for minutes
+    // straight after `cargo xtask test`.
+    bench::build()?;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let bin = root.join("target/release/reactor");
     sh(Command::new(bin).args(reactor_args(extra)))
