@@ -239,6 +239,19 @@ impl Rep {
         let ws = i128::from(at.usage_bytes) - i128::from(after.inactive_file);
         i64::try_from(ws - i128::from(self.clock.level)).ok()
     }
+
+    /// The two parts of [`Rep::past_level_bytes`]: usage past the program's own usage level
+    /// at the charge it killed at (0 to one charge's step when it killed at the charge that
+    /// crossed), and the page cache the program had followed less the kernel's folded count
+    /// (the program's level is the working-set level plus what it followed).
+    fn kill_parts(&self) -> Option<(i64, i64)> {
+        let at = self.crossing_kill?;
+        let after = self.after_kill?;
+        let over = i128::from(at.usage_bytes) - i128::from(at.level_bytes);
+        let followed = i128::from(at.level_bytes) - i128::from(self.clock.level);
+        let drift = followed - i128::from(after.inactive_file);
+        Some((i64::try_from(over).ok()?, i64::try_from(drift).ok()?))
+    }
 }
 
 /// One repetition's crossing clock: what it was set from and what the hog's record gave.
@@ -1036,7 +1049,7 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             "right pod evicted",
             "crossing→SIGKILL p50",
             "crossing→SIGKILL p99",
-            "kill at the crossing: past the level by the kernel's figures, within one charge",
+            "kill at the crossing: at the charge that crossed; page cache followed − the kernel's",
             "killed at the crossing",
             "woken by",
             "kubepods before the hog: usage / inactive file (median)",
@@ -1063,15 +1076,18 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
                 .filter_map(|x| x.crossing_to_kill_ns)
                 .collect::<Vec<_>>(),
         );
-        // How far past the level each kill at the crossing was made, by the kernel's figures,
-        // and how many within the one charge that crossed it.
+        // Each kill at the crossing: made at the charge that crossed the program's level
+        // (usage past it by less than one charge's step), and the program's page cache count
+        // against the kernel's folded one.
         let past: Vec<i64> = r.reps.iter().filter_map(Rep::past_level_bytes).collect();
-        let within = past
+        let parts: Vec<(i64, i64)> = r.reps.iter().filter_map(Rep::kill_parts).collect();
+        let within = parts
             .iter()
-            .filter(|&&b| (0..CHARGE_BATCH_BYTES).contains(&b))
+            .filter(|(over, _)| (0..CHARGE_BATCH_BYTES).contains(over))
             .count();
-        let past_kib = |pick: fn(&[i64]) -> Option<&i64>| {
-            pick(&past).map_or("-".to_string(), |b| format!("{}", b / 1024))
+        let drift_kib = |pick: fn(&mut dyn Iterator<Item = i64>) -> Option<i64>| {
+            pick(&mut parts.iter().map(|p| p.1))
+                .map_or("-".to_string(), |b| format!("{:+}", b / 1024))
         };
         let mut woken: BTreeMap<&str, usize> = BTreeMap::new();
         for w in r.reps.iter().filter_map(|x| x.woken_by.as_deref()) {
@@ -1091,14 +1107,14 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             format!("{right}/{n}"),
             to_kill.p50_text(),
             to_kill.p99_text(),
-            if past.is_empty() {
+            if parts.is_empty() {
                 "-".into()
             } else {
                 format!(
-                    "{}–{} KiB, {within} of {}",
-                    past_kib(|v| v.iter().min()),
-                    past_kib(|v| v.iter().max()),
-                    past.len()
+                    "{within} of {}; {} to {} KiB",
+                    parts.len(),
+                    drift_kib(|i| i.min()),
+                    drift_kib(|i| i.max()),
                 )
             },
             format!("{at_crossing}/{n}"),
@@ -1115,7 +1131,8 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
             "repetitions": n, "oom_killer_first": oom, "right_pod_evicted_first": right,
             "crossing_to_kill": to_kill.json(),
             "kill_at_crossing_past_level_bytes": past,
-            "kill_at_crossing_within_one_charge": within,
+            "kill_at_crossing_at_the_crossing_charge": within,
+            "kill_at_crossing_followed_less_kernel_bytes": parts.iter().map(|p| p.1).collect::<Vec<_>>(),
             "killed_at_crossing": at_crossing,
             "woken_by": woken,
             "crossings": r.reps.iter().map(|x| json!({
@@ -1187,12 +1204,14 @@ fn summarise_cache_full(rows: &[Row], reps: usize, realtime: bool) -> (Table, Va
         CAPACITY_MI - HARD_MI
     ));
     t.note(
-        "past the level by the kernel's figures: for a kill at the crossing, kubepods' usage \
-         at the charge the program killed at (the page counter, from the program's record) \
-         less its inactive file pages read folded once the hog was dead, less the level; the \
-         page counter moves 64 pages (256 KiB) at a charge, so a kill at the charge that \
-         crossed is 0–256 KiB past (\"within one charge\"), whatever the rate; it checks the \
-         program's own page-cache count too, independent of the hog-record clock",
+        "kill at the crossing, by the kernel's figures, independent of the hog-record clock: \
+         \"at the charge that crossed\" counts kills whose usage (the page counter, from the \
+         program's record) was past the program's usage level by less than one charge's step \
+         (the counter moves 64 pages, 256 KiB, at a charge); \"page cache followed − the \
+         kernel's\" is the program's inactive file count then (its level less the working-set \
+         level) less kubepods' inactive file pages read folded once the hog was dead: how far \
+         the program's working set was off the kernel's, so how late (+) or early it killed; \
+         at 150 MiB/s, 150 KiB is 1 ms",
     );
     t.note(crate::lag::node_scheduling_note(realtime));
     let json = json!({
