@@ -51,7 +51,7 @@ pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     output(Command::new("id").arg("-u")).trim() == "0"
 }
 
