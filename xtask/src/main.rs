@@ -5,8 +5,10 @@
 //! all there already.
 
 mod bench;
+mod deb;
 mod setup;
 mod vm;
+mod vm_systemd;
 
 use std::process::Command;
 
@@ -21,7 +23,7 @@ commands:
   test         setup, then fmt check, clippy, every test (unit, integration, doc; the
                systemd unit verified offline), the cgroup v2 guest suite (`vm-test`), and
                `bench --quick` (fails only if the bench harness breaks; its SVG charts must
-               exist and render)
+               exist and render), `deb --check`, and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
                detection lag by source, OOM avoidance, decision cost, ring buffer, footprint,
@@ -31,10 +33,19 @@ commands:
                10 minutes, 50 API clients and a hog every 30 s: RSS and reaction over time),
                which the default run leaves out; `--quick` runs 2 repetitions of concurrent
                and no soak
-  vm-test [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]
+  vm-test [--systemd] [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]
                the cgroup v2 suite in a QEMU guest (TCG) with a real v2 memory controller:
                fetches and caches a Debian kernel, builds an initramfs with the agent and
-               the suite, boots once, fails naming the failing tests (root, network once)
+               the suite, boots once, fails naming the failing tests (root, network once).
+               `--systemd`: the deployment checks instead, in the same kernel with a Debian
+               trixie root (debootstrap, built once into target/vm-systemd) and Debian's
+               systemd as PID 1: the package installed with dpkg, the unit started with
+               systemctl (docs/operating.md)
+  deb [--revision N] [--no-build] [--check]
+               the Debian package target/deb/reactor_<version>-<N>_amd64.deb (release
+               binary, systemd unit, /etc/reactor/config.yaml as a conffile, docs);
+               `--check` reads it back, runs lintian, and installs, upgrades, removes and
+               purges it in a scratch root (never the host's)
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -52,6 +63,7 @@ fn main() -> Result<()> {
         "run" => run(&rest),
         "bench" => bench::run(&rest),
         "vm-test" => vm::run(&rest),
+        "deb" => deb::run(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -99,6 +111,16 @@ pub(crate) fn sh(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// A check whose tool is missing: fails in CI (`CI=true`), where nothing may skip; elsewhere
+/// says why it skips.
+pub(crate) fn require_in_ci(what: &str) -> Result<()> {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        bail!("required in CI but missing: {what}");
+    }
+    eprintln!("xtask: skipping: {what}");
+    Ok(())
+}
+
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
@@ -138,7 +160,16 @@ fn test(extra: &[String]) -> Result<()> {
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
     bench::run(&["--quick".to_string()])?;
-    bench::check_charts()
+    bench::check_charts()?;
+    // The Debian package, from the release binary the bench built, then installed and run
+    // under systemd in the v2 guest.
+    deb::run(&["--no-build".to_string(), "--check".to_string()])?;
+    vm::run(&[
+        "--systemd".to_string(),
+        "--no-build".to_string(),
+        "--only".to_string(),
+        vm_systemd::CI_CHECKS.join(","),
+    ])
 }
 
 fn run(extra: &[String]) -> Result<()> {

@@ -51,7 +51,7 @@ pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     output(Command::new("id").arg("-u")).trim() == "0"
 }
 
@@ -184,10 +184,13 @@ pub(crate) fn have_nextest() -> bool {
 }
 
 /// Debian packages the test command's offline checks use: `systemd-analyze verify` for the
-/// systemd unit, `rsvg-convert` to render the bench's SVG charts.
+/// systemd unit, `rsvg-convert` to render the bench's SVG charts, `dpkg-shlibdeps` and
+/// lintian for the Debian package.
 const CHECK_TOOLS: &[(&str, &str)] = &[
     ("systemd", "/usr/bin/systemd-analyze"),
     ("librsvg2-bin", "/usr/bin/rsvg-convert"),
+    ("dpkg-dev", "/usr/bin/dpkg-shlibdeps"),
+    ("lintian", "/usr/bin/lintian"),
 ];
 
 /// The check tools whose binary is missing; only as root.

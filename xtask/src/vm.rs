@@ -58,19 +58,23 @@ const PACKAGES: &[(&str, &str)] = &[
     ("zstd", "/usr/bin/zstd"),
     ("xz-utils", "/usr/bin/xz"),
     ("binutils", "/usr/bin/strip"),
+    ("debootstrap", "/usr/sbin/debootstrap"),
 ];
 
 /// The binaries built for the guest (`cargo build -p reactor -p reactor-tests --bins`).
 const GUEST_BINS: &[&str] = &["reactor", "memhog", "v2-suite"];
 
-const USAGE: &str =
-    "usage: cargo xtask vm-test [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]";
+const USAGE: &str = "usage: cargo xtask vm-test [--systemd] [--only NAME,NAME] [--timeout SECS] \
+                     [--mem MIB] [--no-build]";
 
-struct Options {
-    only: Option<String>,
-    timeout: Duration,
-    mem_mib: u32,
-    build: bool,
+pub(crate) struct Options {
+    pub(crate) only: Option<String>,
+    pub(crate) timeout: Duration,
+    pub(crate) mem_mib: u32,
+    pub(crate) build: bool,
+    /// The deployment checks with Debian's systemd as PID 1 (`vm_systemd`), instead of the
+    /// v2 suite.
+    pub(crate) systemd: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -79,6 +83,7 @@ fn parse(args: &[String]) -> Result<Options> {
         timeout: Duration::from_secs(900),
         mem_mib: 1024,
         build: true,
+        systemd: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -103,6 +108,7 @@ fn parse(args: &[String]) -> Result<Options> {
                     .with_context(|| format!("--mem {v:?} is not a number of MiB"))?;
             }
             "--no-build" => o.build = false,
+            "--systemd" => o.systemd = true,
             other => bail!("unknown vm-test argument {other:?}\n{USAGE}"),
         }
     }
@@ -115,7 +121,7 @@ fn parse(args: &[String]) -> Result<Options> {
 }
 
 /// The workspace's target directory.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(t) => PathBuf::from(t),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
@@ -123,7 +129,7 @@ fn target_dir() -> PathBuf {
 }
 
 /// Where the kernel is cached between runs and clones.
-fn cache_dir() -> Result<PathBuf> {
+pub(crate) fn cache_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("REACTOR_VM_CACHE") {
         return Ok(PathBuf::from(dir));
     }
@@ -137,6 +143,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     host_packages()?;
     let kernel = std::env::var("REACTOR_VM_KERNEL").unwrap_or_else(|_| KERNEL.to_string());
     let kernel = fetch_kernel(&cache_dir()?, &kernel)?;
+    if opts.systemd {
+        return crate::vm_systemd::run(&opts, &kernel.vmlinux);
+    }
     if opts.build {
         sh(cargo().args(["build", "-p", "reactor", "-p", "reactor-tests", "--bins"]))?;
     }
@@ -163,7 +172,7 @@ fn host_packages() -> Result<()> {
 }
 
 /// The machine's own Debian mirror, from its apt sources (one-line or deb822 format).
-fn debian_mirror() -> Result<String> {
+pub(crate) fn debian_mirror() -> Result<String> {
     let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
     if let Ok(dir) = std::fs::read_dir("/etc/apt/sources.list.d") {
         let mut more: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -194,7 +203,7 @@ const MODULES: &[&str] = &["netfs", "9pnet", "9pnet_virtio", "9p", "virtio_blk"]
 const SWAP_DISK_MIB: u64 = 256;
 
 /// The kernel as fetched: the uncompressed `vmlinux` and the unpacked modules directory.
-struct Kernel {
+pub(crate) struct Kernel {
     vmlinux: PathBuf,
     modules: PathBuf,
 }
@@ -519,7 +528,7 @@ fn page_cache_share(work: &Path) -> Result<PathBuf> {
 }
 
 /// What one guest run brought back.
-struct Outcome {
+pub(crate) struct Outcome {
     /// One entry per JSON line on the results port.
     results: Vec<TestResult>,
     /// The test that started last without a result (a hang or a crash).
@@ -547,11 +556,6 @@ fn boot(
     share: &Path,
     opts: &Options,
 ) -> Result<Outcome> {
-    let console = work.join("console.log");
-    let results = work.join("results.jsonl");
-    for f in [&console, &results] {
-        let _ = std::fs::remove_file(f);
-    }
     // A blank disk each boot: the swap checks `mkswap` and `swapon` it for their own run
     // only (the guest's filesystems are in memory, where a swap file cannot live).
     let swap_disk = work.join("swap.img");
@@ -563,9 +567,52 @@ fn boot(
     if let Some(only) = &opts.only {
         append.push_str(&format!(" v2suite.only={only}"));
     }
+    let extra: Vec<std::ffi::OsString> = vec![
+        "-virtfs".into(),
+        format!(
+            "local,path={},mount_tag=host0,security_model=none,readonly=on,id=host0",
+            share.display()
+        )
+        .into(),
+        "-drive".into(),
+        format!(
+            "file={},if=virtio,format=raw,cache=unsafe",
+            swap_disk.display()
+        )
+        .into(),
+    ];
+    boot_qemu(
+        work,
+        vmlinux,
+        initrd,
+        &append,
+        &extra,
+        opts.mem_mib,
+        opts.timeout,
+    )
+}
+
+/// Boots QEMU (TCG, one CPU) with `vmlinux`, `initrd` and the kernel command line `append`,
+/// the console on `work/console.log` and the results port on `work/results.jsonl`; shows the
+/// console's `@@` lines as they come, kills QEMU (by its pid) at `timeout`, and parses the
+/// results.
+pub(crate) fn boot_qemu(
+    work: &Path,
+    vmlinux: &Path,
+    initrd: &Path,
+    append: &str,
+    extra: &[std::ffi::OsString],
+    mem_mib: u32,
+    timeout: Duration,
+) -> Result<Outcome> {
+    let console = work.join("console.log");
+    let results = work.join("results.jsonl");
+    for f in [&console, &results] {
+        let _ = std::fs::remove_file(f);
+    }
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-accel", "tcg", "-cpu", "max", "-smp", "1", "-m"])
-        .arg(opts.mem_mib.to_string())
+        .arg(mem_mib.to_string())
         .args([
             "-nodefaults",
             "-no-user-config",
@@ -583,23 +630,14 @@ fn boot(
         .arg(vmlinux)
         .arg("-initrd")
         .arg(initrd)
-        .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=host0,security_model=none,readonly=on,id=host0",
-            share.display()
-        ))
-        .arg("-drive")
-        .arg(format!(
-            "file={},if=virtio,format=raw,cache=unsafe",
-            swap_disk.display()
-        ))
+        .args(extra)
         .arg("-append")
-        .arg(&append)
+        .arg(append)
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     eprintln!("xtask: {cmd:?}");
     let mut qemu = cmd.spawn().context("starting qemu-system-x86_64")?;
-    let deadline = Instant::now() + opts.timeout;
+    let deadline = Instant::now() + timeout;
     let mut shown = 0;
     let timed_out = loop {
         // Show the guest's progress as it comes.
@@ -669,11 +707,16 @@ fn boot(
 }
 
 fn report(o: &Outcome, wall: Duration) -> Result<()> {
+    report_as("v2 guest", o, wall)
+}
+
+/// Prints each result under `label` and fails naming every check that did not pass.
+pub(crate) fn report_as(label: &str, o: &Outcome, wall: Duration) -> Result<()> {
     let passed = o.results.iter().filter(|r| r.pass).count();
     let failed: Vec<&TestResult> = o.results.iter().filter(|r| !r.pass).collect();
     for r in &o.results {
         eprintln!(
-            "v2 guest: {} {}",
+            "{label}: {} {}",
             if r.pass { "PASS" } else { "FAIL" },
             r.name
         );
@@ -682,7 +725,7 @@ fn report(o: &Outcome, wall: Duration) -> Result<()> {
         eprintln!("\n--- FAIL {} ---\n{}", r.name, r.output.trim_end());
     }
     eprintln!(
-        "v2 guest: {passed} passed, {} failed; guest boot to power-off {:.1} s wall on this \
+        "{label}: {passed} passed, {} failed; guest boot to power-off {:.1} s wall on this \
          host, suite {} s inside the guest (TCG-emulated: not a performance figure)",
         failed.len(),
         wall.as_secs_f64(),
@@ -711,7 +754,7 @@ fn report(o: &Outcome, wall: Duration) -> Result<()> {
         problems.push("no test ran".into());
     }
     if !problems.is_empty() {
-        bail!("v2 guest suite failed: {}", problems.join(", "));
+        bail!("{label} checks failed: {}", problems.join(", "));
     }
     Ok(())
 }
