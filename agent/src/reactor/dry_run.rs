@@ -28,7 +28,6 @@ use crate::decide::dry_run::WouldEvict;
 use crate::decide::pressure::{threshold_met_text, Reclaim};
 use crate::decide::rank::eviction_message;
 use crate::decide::summary::MemoryStats;
-use crate::decide::thresholds::pod_grace_period_seconds;
 use crate::observe::PodReads;
 use crate::sense::monotonic_ns;
 
@@ -52,15 +51,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             decision.action = Action::None;
             return;
         }
-        let Some(threshold) = self.settings.thresholds.get(reclaim.threshold) else {
+        let Some(grace) = self.eviction_grace(reclaim, pod) else {
             return;
         };
-        let grace = pod_grace_period_seconds(
-            threshold,
-            self.settings.max_pod_grace_period,
-            pod.termination_grace_period,
-        )
-        .max(0);
         let resource = reclaim.signal.resource();
         let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
         let problems = self.observer.observe_pods_for(

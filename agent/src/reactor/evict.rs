@@ -163,15 +163,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             }
             return self.escalate(at, reclaim, decision);
         }
-        let Some(threshold) = self.settings.thresholds.get(reclaim.threshold) else {
+        let Some(grace) = self.eviction_grace(reclaim, pod) else {
             return false;
         };
-        let grace = pod_grace_period_seconds(
-            threshold,
-            self.settings.max_pod_grace_period,
-            pod.termination_grace_period,
-        )
-        .max(0);
         let uid = info.uid.clone();
         let expected_bytes = memory_reads
             .as_ref()
@@ -321,6 +315,22 @@ impl<P: PodControl + 'static> Reactor<P> {
             |p| &p.info,
             usage,
             |i| observer.pod_working_set(&paths[i]),
+        )
+    }
+
+    /// The grace period, in seconds, `pod` gets when evicted for `reclaim`'s threshold (the
+    /// kubelet's rule: 0 for a hard threshold, else the pod's own capped by
+    /// `evictionMaxPodGracePeriod`); `None` when the threshold is not configured. An eviction
+    /// and a dry run's record of one give the same.
+    pub(super) fn eviction_grace(&self, reclaim: &Reclaim, pod: &ActivePod) -> Option<i64> {
+        let threshold = self.settings.thresholds.get(reclaim.threshold)?;
+        Some(
+            pod_grace_period_seconds(
+                threshold,
+                self.settings.max_pod_grace_period,
+                pod.termination_grace_period,
+            )
+            .max(0),
         )
     }
 
