@@ -78,6 +78,8 @@ pub fn kubepods_memory_condition_rises_and_falls() -> String {
             "{NODE}featureGates: {{MemoryQoS: true, PSINodeCondition: true}}\n\
              memoryThrottlingFactor: 0.5\n\
              kubepodsMemoryContentionThreshold: {THRESHOLD}\n\
+             systemMemoryContentionThreshold: 0\n\
+             systemDiskContentionThreshold: 0\n\
              evictionPressureTransitionPeriod: {TRANSITION_SECS}s\n\
              housekeepingInterval: 1s\n"
         ),
@@ -86,6 +88,10 @@ pub fn kubepods_memory_condition_rises_and_falls() -> String {
     let kubepods = agent.v2_dir("kubepods");
 
     // Gate on: all four PSI conditions listed, False on a calm node, kubepods' figure read.
+    // The two system-wide conditions are off (threshold 0, listed False): the suite's
+    // earlier checks stall the whole guest's memory, and its `full` avg60 was still 12.9
+    // when a full run reached this check (the node, not this check's pod, as the kubepods
+    // figure is this check's alone).
     let calm = status(&agent);
     for c in [
         "SystemMemoryContentionPressure",
