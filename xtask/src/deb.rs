@@ -162,15 +162,21 @@ fn normalise_dirs(root: &Path) -> Result<()> {
 
 /// The date of the last commit (RFC 2822), so the same tree gives the same changelog.
 fn commit_date() -> String {
+    last_commit("%cD", "Thu, 01 Jan 1970 00:00:00 +0000")
+}
+
+/// A field of the last commit (`git log -1 --format=FORMAT`), or `fallback` outside a git
+/// checkout: the package's dates come from the tree, not the clock.
+fn last_commit(format: &str, fallback: &str) -> String {
     Command::new("git")
-        .args(["log", "-1", "--format=%cD"])
+        .args(["log", "-1", &format!("--format={format}")])
         .current_dir(workspace())
         .output()
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| "Thu, 01 Jan 1970 00:00:00 +0000".to_string())
+        .unwrap_or_else(|| fallback.to_string())
 }
 
 /// `Depends` from `dpkg-shlibdeps` (it wants a `debian/control` beside it).
@@ -341,16 +347,9 @@ fn gzip_into(bytes: &[u8], dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The last commit's time, Unix seconds (`SOURCE_DATE_EPOCH`).
 fn commit_epoch() -> String {
-    Command::new("git")
-        .args(["log", "-1", "--format=%ct"])
-        .current_dir(workspace())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| "0".to_string())
+    last_commit("%ct", "0")
 }
 
 /// The installed size in KiB, as dpkg-gencontrol counts it: each file rounded up to a KiB,
