@@ -6,6 +6,9 @@
 //!   a SIGKILL, or the next pod goes at grace 0) and the kernel's OOM killer never runs.
 //! - A victim that will not die (its processes frozen by the v1 freezer, so its SIGKILL
 //!   cannot complete): past the bound the agent says so and evicts the next pod.
+//! - A victim whose memory is still charged after its cgroup has emptied (another process
+//!   holds its address space for a second): the agent waits for that memory, and the pod
+//!   beside it is not evicted for it.
 //! - SIGTERM to the agent during a 60 s graceful eviction: it exits at once, the pods
 //!   untouched, and the restarted agent finishes the eviction, once.
 //!
@@ -409,6 +412,125 @@ fn a_victim_that_will_not_die_is_reported_and_the_next_pod_evicted() {
     );
     drop(agent);
     drop(freezer);
+}
+
+/// A cgroup `outlive` beside the agent's tree in each of the test root's hierarchies (cpuset
+/// seeded): where the process keeping a victim's address space goes, out of the pod's
+/// cgroups. Removed with the root.
+fn outlive_cgroup(agent: &TestAgent) -> String {
+    let mut procs = Vec::new();
+    for root in &agent.root.dirs {
+        let dir = root.join("outlive");
+        std::fs::create_dir(&dir).expect("the outlive cgroup");
+        if root.parent().and_then(Path::file_name) == Some("cpuset".as_ref()) {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                let v = std::fs::read_to_string(root.join(f)).expect("the root's cpuset");
+                std::fs::write(dir.join(f), v).expect("the outlive cgroup's cpuset");
+            }
+        }
+        procs.push(dir.join("cgroup.procs").display().to_string());
+    }
+    procs.join(":")
+}
+
+/// Seen under systemd in the v2 guest: a victim killed at grace 0 left its cgroup with all
+/// of its memory still charged, the teardown not begun, and the loop, seeing an empty cgroup
+/// whose usage had not fallen since its last look, took the memory for page cache that would
+/// never come back and evicted the Guaranteed pod beside it. Here another process holds the
+/// victim's address space for a second after its death, so its cgroup is empty with every
+/// allocated page still charged: the loop must wait for the memory, not evict the bystander.
+#[test]
+fn a_victim_whose_memory_outlives_its_cgroup_is_waited_for_and_the_next_pod_kept() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start(
+        "inflight-outlive",
+        "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+         evictionHard: {memory.available: 100Mi}\n\
+         housekeepingInterval: 1s\n\
+         sense: {ebpf: true, psi: false, memcgThreshold: true}\n",
+    );
+    let (_events_child, events) = agent.follow_events(None);
+    let ooms = OomWatch::start();
+    let outlive = outlive_cgroup(&agent);
+
+    // The bystander: Burstable, 40 MiB of its 64 MiB request.
+    let mut bystander = pod("bystander", 5, false, &["40", "0"]);
+    bystander["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "64Mi"}});
+    agent.apply_ok(&bystander);
+    wait_working_set(&agent, "bystander", 40 << 20);
+
+    // The victim: BestEffort, 300 MiB/s toward 600 MiB; the hard threshold is met near
+    // 370 MiB of its own and it is killed at grace 0. Its address space outlives it by 1 s,
+    // and 30 MiB more are touched then outside the pods (the kill at the crossing leaves the
+    // node right at its threshold; this keeps it met while the victim's memory is held).
+    let mut victim = pod("victim", 5, false, &["600", "300"]);
+    victim["spec"]["containers"][0]["env"] = json!([
+        {"name": "MEMHOG_OUTLIVE", "value": outlive},
+        {"name": "MEMHOG_OUTLIVE_MS", "value": "1000"},
+        {"name": "MEMHOG_OUTLIVE_EXTRA_MIB", "value": "30"},
+    ]);
+    agent.apply_ok(&victim);
+    ooms.watch(agent.cgroup_dir("memory", &container_cgroup(&agent, "victim")));
+    let holder = agent.cgroup_dir("memory", "outlive").join("cgroup.procs");
+    agent.wait(
+        "the victim's address space to be shared out of its pod",
+        || std::fs::read_to_string(&holder).is_ok_and(|t| !t.trim().is_empty()),
+    );
+    let first = next_event(&events, Duration::from_secs(30), |e| {
+        e["kind"] == "eviction"
+    })
+    .unwrap_or_else(|| panic!("no eviction: {}", agent.log()));
+    assert_eq!(first["event"]["pod"], "default/victim", "{first}");
+    assert_eq!(first["event"]["gracePeriodSeconds"], 0, "{first}");
+    agent.wait("the victim to be stopped", || {
+        agent
+            .pod("default/victim")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    // Its memory comes back once the other process has let go of it; then the loop looks
+    // again, with nothing left to evict for.
+    let released = |log: &str| -> Option<u64> {
+        log.lines()
+            .find(|l| {
+                l.contains("eviction decision")
+                    && l.contains(r#""type":"released""#)
+                    && l.contains(r#""pod":"default/victim""#)
+            })
+            .and_then(|l| l.split("release_ns=").nth(1))
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    agent.wait("the victim's release to be recorded", || {
+        released(&agent.log()).is_some()
+    });
+    let release_ns = released(&agent.log()).expect("the release's time");
+    let second = next_event(&events, Duration::from_secs(3), |e| e["kind"] == "eviction");
+    let log = agent.log();
+    for l in log
+        .lines()
+        .filter(|l| l.contains("eviction decision") && !l.contains(r#"action={"type":"none"}"#))
+    {
+        eprintln!("{l}");
+    }
+    assert!(
+        second.is_none(),
+        "a second eviction for memory that was coming back: {second:?}\n{log}"
+    );
+    assert_eq!(
+        agent.pod("default/bystander").map(|p| p["phase"].clone()),
+        Some(json!("Running")),
+        "{log}"
+    );
+    // The release waited for the address space, held 1 s after the victim's death (a
+    // release taken from the empty cgroup alone comes within milliseconds of the kill).
+    assert!(
+        release_ns >= 500_000_000,
+        "the victim counted as released {release_ns} ns after its kill, while its memory was still held\n{log}"
+    );
+    let killed = ooms.killed();
+    assert!(killed.is_empty(), "kernel OOM kills: {killed:?}\n{log}");
 }
 
 #[test]

@@ -28,20 +28,6 @@ use anyhow::{bail, Context, Result};
 use crate::sh;
 use crate::vm::{boot_qemu, debian_mirror, report_as, target_dir, Options};
 
-/// The checks `cargo xtask test` runs: all but `hog_evicted_before_any_oom_kill`, which
-/// `cargo xtask vm-test --systemd` runs too. Left out of the test command while it fails
-/// in some runs (2 of 5 here): after the hog's eviction and release, a second `threshold-crossed`
-/// record from the same crossing is decided on the first one's figures and evicts the
-/// Guaranteed pod as well (docs/operating.md, "Under systemd, in the guest").
-pub(crate) const CI_CHECKS: &[&str] = &[
-    "enable_now_active_sources_attached",
-    "journal_has_the_log",
-    "pod_applied_runs",
-    "stop_leaves_the_pod_start_readopts_it",
-    "loop_thread_fifo_10_others_normal",
-    "agent_oom_score_adj",
-];
-
 /// The Debian release of the root (the guest kernel's own).
 const SUITE: &str = "trixie";
 

@@ -39,6 +39,30 @@ pub struct MemoryUsage {
     /// Active file pages (v1 `total_active_file`, v2 `active_file`; 0 when the file has no
     /// such line): page cache the working set counts and `memory.reclaim` can drop.
     pub active_file: u64,
+    /// Anonymous memory (v1 `total_rss`, v2 `anon`; 0 when the file has no such line). In a
+    /// cgroup with no process left it is memory an address space still being torn down
+    /// holds: it is on its way back, where page cache the cgroup leaves behind is not.
+    pub anon: u64,
+}
+
+/// The anonymous memory a cgroup whose address spaces are all gone may still show: the
+/// kernel folds a cgroup's statistics into `memory.stat` only once more than 64 page updates
+/// per CPU are pending, and each CPU may hold up to 64 more of its own, so freed memory can
+/// read up to about two batches of pages per CPU; never under 1 MiB.
+pub fn anon_slack_bytes() -> u64 {
+    static SLACK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SLACK.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        (1u64 << 20).max(2 * 64 * 4096 * cpus)
+    })
+}
+
+/// The anonymous memory in a `memory.stat` text: v1 `total_rss`, v2 `anon` (each counts the
+/// cgroup and everything below it); `None` when it has neither or says no number.
+pub fn stat_anon(text: &str) -> Option<u64> {
+    ["total_rss", "anon"]
+        .into_iter()
+        .find_map(|key| stat_value(text, key).ok().flatten())
 }
 
 /// The memory hierarchy, rooted at an injected directory, with scratch space for reads.
@@ -448,9 +472,16 @@ impl CgroupFs {
             Layout::V1 => "total_active_file",
             Layout::V2 => "active_file",
         };
-        let active_file = stat_value(text, active_key)
-            .map_err(|reason| ObserveError::parse(&self.path, reason))?
-            .unwrap_or(0);
+        let optional = |key: &str| -> Result<u64, ObserveError> {
+            Ok(stat_value(text, key)
+                .map_err(|reason| ObserveError::parse(&self.path, reason))?
+                .unwrap_or(0))
+        };
+        let active_file = optional(active_key)?;
+        let anon = optional(match self.layout {
+            Layout::V1 => "total_rss",
+            Layout::V2 => "anon",
+        })?;
         let (usage, inactive_file) = match (self.layout, usage) {
             (Layout::V1, Some(usage)) => (usage, stat("total_inactive_file")?),
             (Layout::V2, Some(usage)) => (usage, stat("inactive_file")?),
@@ -465,6 +496,7 @@ impl CgroupFs {
             inactive_file,
             working_set: usage.saturating_sub(inactive_file),
             active_file,
+            anon,
         })
     }
 

@@ -567,6 +567,20 @@ impl Observer {
         self.cgroups.keep_container_files_open(cgroups);
     }
 
+    /// The anonymous memory still charged to a pod's cgroup (its `memory.stat`, through the
+    /// file kept open for it when there is one); `None` when it cannot be read. What tells a
+    /// victim whose address space is still being torn down from one that left only page
+    /// cache behind ([`crate::observe::cgroupfs::MemoryUsage::anon`]).
+    pub fn pod_anon(&mut self, cgroup: &str) -> Option<u64> {
+        match self.cgroups.pod_memory(cgroup) {
+            Ok(m) => m.map(|m| m.anon),
+            Err(e) => {
+                tracing::debug!(error = %e, "pod anonymous memory not read");
+                None
+            }
+        }
+    }
+
     /// The working set of the pod cgroup at `cgroup` (`None`: gone or unreadable, said at
     /// debug), through the files kept open for the pod when it has them.
     pub fn pod_working_set(&mut self, cgroup: &str) -> Option<u64> {

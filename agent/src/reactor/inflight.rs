@@ -24,6 +24,7 @@ use super::record::{Action, Decision, Wake};
 use super::Reactor;
 use crate::decide::inflight::Victim;
 use crate::decide::signal::{Resource, Signal};
+use crate::observe::cgroupfs::anon_slack_bytes;
 use crate::sense::monotonic_ns;
 
 /// One eviction in flight.
@@ -188,7 +189,16 @@ impl<P: PodControl + 'static> Reactor<P> {
                         .pop()
                         .flatten()
                 };
-                f.released = empty && memory_back(f.last_usage_bytes, usage);
+                // An empty cgroup still holding anonymous memory is a victim whose address
+                // space is still being freed, whether or not its usage fell since the last
+                // look; read only then (one `memory.stat`).
+                let anon = match usage {
+                    Some(u) if empty && !gone && u >= STILL_FALLING_BYTES => {
+                        self.observer.pod_anon(&f.usage_path)
+                    }
+                    _ => None,
+                };
+                f.released = empty && memory_back(f.last_usage_bytes, usage, anon);
                 f.last_usage_bytes = usage;
                 f.progress.look(usage, now_ns);
                 f.pending_bytes = if f.released {
@@ -412,18 +422,25 @@ fn nanos(d: Duration) -> u64 {
 const STILL_FALLING_BYTES: u64 = 1 << 20;
 
 /// Whether an empty pod cgroup's memory is back, from its usage at the last look and now
-/// (`None`: gone, or not a memory eviction). A victim leaves its cgroup before its memory
-/// is all uncharged: with `process_mrelease` the agent's reaper may still be tearing down
-/// the address space after the process has exited, so "empty" alone let the loop count the
-/// victim's memory as no longer coming back and evict a second pod for it while its pages
-/// were still being freed (seen in the v2 guest, 80 MiB still charged 100 ms after the
-/// cgroup emptied). An empty cgroup's usage otherwise only moves by reclaim of the page cache
-/// it leaves behind, slowly. Usage already under the falling step cannot fall by it any more,
-/// so it counts as back at once rather than at the next look, a millisecond later.
-fn memory_back(before: Option<u64>, now: Option<u64>) -> bool {
+/// (`None`: gone, or not a memory eviction) and the anonymous memory still charged to it
+/// (`None`: not read). A victim leaves its cgroup before its memory is all uncharged: with
+/// `process_mrelease` the agent's reaper may still be tearing down the address space after
+/// the process has exited, so "empty" alone let the loop count the victim's memory as no
+/// longer coming back and evict a second pod for it while its pages were still being freed
+/// (seen in the v2 guest, 80 MiB still charged 100 ms after the cgroup emptied). Nor is a
+/// usage that did not fall between two looks enough: the teardown may not have begun (seen
+/// under systemd in the v2 guest: the cgroup empty with all 160 MiB still charged, unmoved
+/// for 40 ms of looks, then falling over 300 ms; the loop evicted the Guaranteed pod beside
+/// it). Anonymous memory in a cgroup with no process is only ever on its way back, so the
+/// memory is back once it is gone, and then once the usage, page cache the cgroup leaves
+/// behind, stops falling. An empty cgroup's usage otherwise only moves by reclaim of that
+/// page cache, slowly. Usage already under the falling step cannot fall by it any more, so
+/// it counts as back at once rather than at the next look, a millisecond later.
+fn memory_back(before: Option<u64>, now: Option<u64>, anon: Option<u64>) -> bool {
     match (before, now) {
         (_, None) => true,
         (_, Some(n)) if n < STILL_FALLING_BYTES => true,
+        _ if anon.is_some_and(|a| a >= anon_slack_bytes()) => false,
         (None, Some(_)) => false,
         (Some(b), Some(n)) => b.saturating_sub(n) < STILL_FALLING_BYTES,
     }
@@ -435,28 +452,56 @@ mod memory_back_tests {
 
     #[test]
     fn memory_is_back_once_the_usage_stops_falling() {
-        assert!(memory_back(None, None), "gone, or not a memory eviction");
         assert!(
-            !memory_back(None, Some(10 << 20)),
+            memory_back(None, None, None),
+            "gone, or not a memory eviction"
+        );
+        assert!(
+            !memory_back(None, Some(10 << 20), None),
             "first look: not known yet"
         );
         assert!(
-            memory_back(None, Some(300 << 10)),
+            memory_back(None, Some(300 << 10), None),
             "first look, under the falling step: cannot fall by it any more"
         );
         assert!(
-            memory_back(Some(200 << 20), Some(300 << 10)),
+            memory_back(Some(200 << 20), Some(300 << 10), None),
             "fell to under the falling step"
         );
         assert!(
-            !memory_back(Some(200 << 20), Some(120 << 20)),
+            !memory_back(Some(200 << 20), Some(120 << 20), None),
             "still falling"
         );
-        assert!(memory_back(Some(120 << 20), Some(120 << 20)), "steady");
         assert!(
-            memory_back(Some(3 << 20), Some((2 << 20) + 512)),
+            memory_back(Some(120 << 20), Some(120 << 20), None),
+            "steady"
+        );
+        assert!(
+            memory_back(Some(3 << 20), Some((2 << 20) + 512), None),
             "page cache trickle"
         );
+    }
+
+    #[test]
+    fn anonymous_memory_in_an_empty_cgroup_is_still_coming_back() {
+        let held = 160 << 20;
+        assert!(
+            !memory_back(Some(held), Some(held), Some(held - (200 << 10))),
+            "teardown not begun: the usage did not fall, the anonymous memory is all there"
+        );
+        assert!(
+            !memory_back(Some(held), Some(held), Some(anon_slack_bytes())),
+            "at the statistics' slack it still counts as held"
+        );
+        assert!(
+            memory_back(Some(held), Some(held), Some(anon_slack_bytes() - 1)),
+            "page cache left behind, the anonymous memory gone: back"
+        );
+        assert!(
+            memory_back(Some(held), Some(300 << 10), Some(held)),
+            "a usage under the falling step is back whatever the statistics still say"
+        );
+        assert!(memory_back(None, None, Some(held)), "gone");
     }
 }
 

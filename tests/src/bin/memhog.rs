@@ -34,6 +34,16 @@
 //! charged by a CPU that charged none of the ramp, as when the scheduler moves a workload
 //! just before its crossing.
 //!
+//! With `MEMHOG_OUTLIVE=<cgroup.procs>[:<cgroup.procs>…]` it first starts a second process
+//! that shares its address space (`clone(CLONE_VM)`, not a thread), which moves itself into
+//! those cgroups, out of the pod's, and keeps the address space alive for
+//! `MEMHOG_OUTLIVE_MS` (default 1000) after the hog has died, touching
+//! `MEMHOG_OUTLIVE_EXTRA_MIB` (default 0) more of it then, charged to its own cgroup: pressure
+//! that keeps a threshold met while the hog's memory is held. The pod's cgroup is then empty
+//! while everything the hog allocated is still charged to it, anonymous memory on its way
+//! back, as when a killed victim's teardown has not begun: what an agent must not mistake
+//! for memory that will never come back.
+//!
 //! With `MEMHOG_BLOCK_TERM=1` it blocks SIGTERM: a pod that ignores a graceful stop and
 //! dies only by SIGKILL. Blocked rather than ignored so the SIGTERM stays pending, where
 //! `/proc/<pid>/status` (`ShdPnd`) shows the concurrent bench when the stop began.
@@ -180,7 +190,132 @@ fn block_term() {
     }
 }
 
+/// What the process sharing the hog's address space needs (see the module doc): the
+/// `cgroup.procs` files to join (open descriptors), the hog's pid, and how long to keep the
+/// address space once the hog has died.
+struct Outlive {
+    procs: Vec<i32>,
+    hog: i32,
+    hold_ms: u64,
+    extra_mib: usize,
+}
+
+/// Starts the process that outlives the hog (see the module doc); exits if it cannot.
+fn outlive(paths: &str) {
+    let hold_ms = std::env::var("MEMHOG_OUTLIVE_MS")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| fail(format!("MEMHOG_OUTLIVE_MS {v:?}")))
+        })
+        .unwrap_or(1000);
+    let extra_mib = std::env::var("MEMHOG_OUTLIVE_EXTRA_MIB")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| fail(format!("MEMHOG_OUTLIVE_EXTRA_MIB {v:?}")))
+        })
+        .unwrap_or(0);
+    let procs = paths
+        .split(':')
+        .map(|p| {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .unwrap_or_else(|e| fail(format!("{p}: {e}")));
+            std::os::fd::IntoRawFd::into_raw_fd(f)
+        })
+        .collect();
+    // Leaked: the other process reads them after this function has returned.
+    let args = Box::leak(Box::new(Outlive {
+        procs,
+        hog: std::process::id() as i32,
+        hold_ms,
+        extra_mib,
+    }));
+    let stack = Box::leak(vec![0u8; 256 << 10].into_boxed_slice());
+    // SAFETY: the stack and arguments are leaked, so they stay valid for the other
+    // process's whole life; it runs only raw system calls on its own stack (no allocation,
+    // no lock shared with this process) and ends with `_exit`. The stack grows down from
+    // its (16-byte aligned) top.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(stack.len()) as usize & !15;
+        libc::clone(
+            outliver,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::SIGCHLD,
+            (args as *mut Outlive).cast(),
+        )
+    };
+    if pid < 0 {
+        fail(format!("clone: {}", std::io::Error::last_os_error()));
+    }
+}
+
+/// The process sharing the hog's address space: leaves the hog's session, joins the cgroups, waits for the hog to
+/// die (its parent changes), holds the address space `hold_ms` longer, and ends.
+extern "C" fn outliver(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the leaked `Outlive` (see `outlive`); only raw system calls follow.
+    unsafe {
+        let args = &*(arg as *const Outlive);
+        // Out of the hog's process group and session too: a runtime that stops a pod by
+        // its process group must not end this process with it.
+        libc::setsid();
+        let mut text = [0u8; 24];
+        let mut n = text.len();
+        let mut pid = libc::getpid() as u32;
+        loop {
+            n -= 1;
+            text[n] = b'0' + (pid % 10) as u8;
+            pid /= 10;
+            if pid == 0 {
+                break;
+            }
+        }
+        for &fd in &args.procs {
+            if libc::write(fd, text[n..].as_ptr().cast(), text.len() - n) < 0 {
+                libc::_exit(3);
+            }
+            libc::close(fd);
+        }
+        let nap = |ms: u64| {
+            let ts = libc::timespec {
+                tv_sec: (ms / 1000) as libc::time_t,
+                tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+            };
+            libc::nanosleep(&ts, std::ptr::null_mut());
+        };
+        while libc::getppid() == args.hog {
+            nap(2);
+        }
+        if args.extra_mib > 0 {
+            let len = args.extra_mib << 20;
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                libc::_exit(4);
+            }
+            let mut at = 0;
+            while at < len {
+                *p.cast::<u8>().add(at) = 1;
+                at += 4096;
+            }
+        }
+        nap(args.hold_ms);
+        libc::_exit(0)
+    }
+}
+
 fn main() {
+    if let Ok(paths) = std::env::var("MEMHOG_OUTLIVE") {
+        outlive(&paths);
+    }
     if std::env::var_os("MEMHOG_BLOCK_TERM").is_some_and(|v| v == "1") {
         block_term();
     }
