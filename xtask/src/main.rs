@@ -5,6 +5,7 @@
 //! all there already.
 
 mod bench;
+mod cmd;
 mod deb;
 mod setup;
 mod vm;
@@ -12,7 +13,10 @@ mod vm_systemd;
 
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+
+// The helpers every task uses, by the names the tasks know them by (`crate::sh`).
+pub(crate) use cmd::{cargo, require_in_ci, sh};
 
 const USAGE: &str = "usage: cargo xtask <command>
 
@@ -62,7 +66,7 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "run" => run(&rest),
         "bench" => bench::run(&rest),
-        "vm-test" => vm::run(&rest),
+        "vm-test" => vm_test(&rest),
         "deb" => deb::run(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -89,40 +93,6 @@ fn cargo_bin_on_path() {
         // Single-threaded here: nothing else reads the environment concurrently.
         std::env::set_var("PATH", joined);
     }
-}
-
-/// Runs a command, failing with its name when it fails, and says how long it took: the
-/// steps of `cargo xtask test` on a fresh clone are where its time goes.
-pub(crate) fn sh(cmd: &mut Command) -> Result<()> {
-    let shown = format!("{cmd:?}");
-    eprintln!("xtask: {shown}");
-    let start = std::time::Instant::now();
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start {shown}"))?;
-    eprintln!(
-        "xtask: took {:.1} s: {}",
-        start.elapsed().as_secs_f64(),
-        shown.chars().take(120).collect::<String>()
-    );
-    if !status.success() {
-        bail!("{shown} failed: {status}");
-    }
-    Ok(())
-}
-
-/// A check whose tool is missing: fails in CI (`CI=true`), where nothing may skip; elsewhere
-/// says why it skips.
-pub(crate) fn require_in_ci(what: &str) -> Result<()> {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        bail!("required in CI but missing: {what}");
-    }
-    eprintln!("xtask: skipping: {what}");
-    Ok(())
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
 fn test(extra: &[String]) -> Result<()> {
@@ -156,7 +126,7 @@ fn test(extra: &[String]) -> Result<()> {
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
     // The cgroup v2 suite in its guest (the binaries were built above).
-    vm::run(&["--no-build".to_string()])?;
+    vm_test(&["--no-build".to_string()])?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
     bench::run(&["--quick".to_string()])?;
@@ -164,12 +134,24 @@ fn test(extra: &[String]) -> Result<()> {
     // The Debian package, from the release binary the bench built, then installed and run
     // under systemd in the v2 guest.
     deb::run(&["--no-build".to_string(), "--check".to_string()])?;
-    vm::run(&[
+    vm_test(&[
         "--systemd".to_string(),
         "--no-build".to_string(),
         "--only".to_string(),
         vm_systemd::CI_CHECKS.join(","),
     ])
+}
+
+/// `cargo xtask vm-test`: the cgroup v2 suite in its guest, or with `--systemd` the
+/// deployment checks, on the same kernel. Chosen here, above both: the systemd guest boots
+/// through the suite's `vm::boot_qemu`, so `vm` calling into `vm_systemd` made a circle.
+fn vm_test(args: &[String]) -> Result<()> {
+    let (opts, kernel) = vm::prepare(args)?;
+    if opts.systemd {
+        vm_systemd::run(&opts, &kernel.vmlinux)
+    } else {
+        vm::run(&opts, &kernel)
+    }
 }
 
 fn run(extra: &[String]) -> Result<()> {
