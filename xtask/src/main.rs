@@ -7,6 +7,7 @@
 mod bench;
 mod cmd;
 mod deb;
+mod house;
 mod setup;
 mod vm;
 mod vm_systemd;
@@ -24,10 +25,10 @@ commands:
   setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker), mount
                tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
                systemd-analyze/rsvg-convert for the offline checks; idempotent
-  test         setup, then fmt check, clippy, every test (unit, integration, doc; the
-               systemd unit verified offline), the cgroup v2 guest suite (`vm-test`), and
-               `bench --quick` (fails only if the bench harness breaks; its SVG charts must
-               exist and render), `deb --check`, and `vm-test --systemd`
+  test         `house`, setup, then fmt check, clippy, every test (unit, integration, doc;
+               the systemd unit verified offline), the cgroup v2 guest suite (`vm-test`),
+               and `bench --quick` (fails only if the bench harness breaks; its SVG charts
+               must exist and render), `deb --check`, and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
                detection lag by source, OOM avoidance, decision cost, ring buffer, footprint,
@@ -50,6 +51,11 @@ commands:
                binary, systemd unit, /etc/reactor/config.yaml as a conffile, docs);
                `--check` reads it back, runs lintian, and installs, upgrades, removes and
                purges it in a scratch root (never the host's)
+  house [--root DIR]
+               the house rules on the source tree of every crate, no build, no root: no
+               file over 1,000 lines, no circle of imports between files (parent and child
+               included), the agent library's floors, relative links in README and docs/;
+               one line per fault. `--root` or REACTOR_HOUSE_ROOT: another checkout
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -68,6 +74,7 @@ fn main() -> Result<()> {
         "bench" => bench::run(&rest),
         "vm-test" => vm_test(&rest),
         "deb" => deb::run(&rest),
+        "house" => house::run(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -96,6 +103,9 @@ fn cargo_bin_on_path() {
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    // The house rules first: they need no toolchain but cargo and no build, and a fault in
+    // them is cheaper to hear about before the minutes of setup and builds.
+    house::run(&[])?;
     setup::run()?;
     sh(cargo().args(["fmt", "--all", "--check"]))?;
     // Integration tests run the `reactor` binary itself, so build it first.
