@@ -9,7 +9,8 @@
 //! or the name of a submodule becomes an edge from the file it is written in to the file
 //! that defines the module it names. A name reached through a `pub use` re-export is
 //! followed to the file the re-export points at, so importing `crate::node::PodManager`
-//! depends on `node/manager.rs`, not on `node/mod.rs`. Comments and string literals are
+//! depends on `node/manager.rs`, not on `node/mod.rs`; so is a name a module's file only
+//! imports (a private `use`) and its submodules reach as `super::name`. Comments and string literals are
 //! skipped, so an intra-doc link is not an import. Paths into other crates are not edges:
 //! a circle cannot cross crates, and the floors are a rule inside one.
 //!
@@ -41,8 +42,10 @@ struct Reference {
     scope: ModPath,
     segments: Vec<String>,
     line: usize,
-    /// The name it binds, when it is a `pub use` at the file's own scope (a re-export).
-    reexport: Option<String>,
+    /// The name it binds, when it is a `use` at the file's own scope.
+    binds: Option<String>,
+    /// Whether that `use` is `pub` (a re-export).
+    public: bool,
 }
 
 /// A `mod name;` declaration: the inline modules it sits in, its name, its `#[path]`.
@@ -69,6 +72,9 @@ pub(super) struct Crate {
     by_module: BTreeMap<ModPath, usize>,
     /// Per file: re-exported name → absolute path it points at.
     reexports: Vec<BTreeMap<String, ModPath>>,
+    /// Per file: name a private `use` at its scope binds → absolute path. A submodule
+    /// reaches it as `super::name`, and depends on where it points, not on this file.
+    imports: Vec<BTreeMap<String, ModPath>>,
     /// Per file: absolute paths of its glob re-exports.
     globs: Vec<Vec<ModPath>>,
 }
@@ -247,7 +253,8 @@ fn parse(src: &str, module: &ModPath) -> Parsed {
                         scope: scope.clone(),
                         segments,
                         line: *line,
-                        reexport: (public && scopes.is_empty()).then_some(name),
+                        binds: scopes.is_empty().then_some(name),
+                        public,
                     });
                 }
                 i = j;
@@ -274,7 +281,8 @@ fn parse(src: &str, module: &ModPath) -> Parsed {
                     scope: scope_of(&scopes),
                     segments,
                     line: *line,
-                    reexport: None,
+                    binds: None,
+                    public: false,
                 });
                 i = j;
                 continue;
@@ -349,20 +357,25 @@ impl Crate {
             .collect();
         let mut krate = Crate {
             reexports: vec![BTreeMap::new(); files.len()],
+            imports: vec![BTreeMap::new(); files.len()],
             globs: vec![Vec::new(); files.len()],
             files,
             by_module,
         };
         for i in 0..krate.files.len() {
             for r in &krate.files[i].refs {
-                let Some(name) = &r.reexport else { continue };
+                let Some(name) = &r.binds else { continue };
                 let Some(abs) = krate.absolute(&r.scope, &r.segments) else {
                     continue;
                 };
                 if name == "*" {
-                    krate.globs[i].push(abs);
-                } else {
+                    if r.public {
+                        krate.globs[i].push(abs);
+                    }
+                } else if r.public {
                     krate.reexports[i].insert(name.clone(), abs);
+                } else {
+                    krate.imports[i].insert(name.clone(), abs);
                 }
             }
         }
@@ -412,7 +425,8 @@ impl Crate {
             .find_map(|n| Some((n, *self.by_module.get(&segs[..n])?)))?;
         if hops < 8 {
             if let Some(next) = segs.get(n) {
-                if let Some(target) = self.reexports[file].get(next) {
+                let bound = self.reexports[file].get(next);
+                if let Some(target) = bound.or_else(|| self.imports[file].get(next)) {
                     let mut p = target.clone();
                     p.extend_from_slice(&segs[n + 1..]);
                     return self.defining_file(&p, hops + 1).or(Some(file));
@@ -449,7 +463,8 @@ impl Crate {
                 let Some(to) = self.defining_file(&abs, 0) else {
                     continue;
                 };
-                if to == i || (r.reexport.is_some() && self.contains(i, to)) {
+                let reexport = r.public && r.binds.is_some();
+                if to == i || (reexport && self.contains(i, to)) {
                     continue;
                 }
                 edges[i]

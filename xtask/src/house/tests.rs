@@ -154,6 +154,33 @@ fn a_parent_that_declares_and_re_exports_its_children_is_no_circle() {
 }
 
 #[test]
+fn a_name_the_parent_only_imports_is_followed_to_its_file() {
+    let dir = tree(&[
+        ("src/lib.rs", "pub mod error;\npub mod node;\n"),
+        ("src/error.rs", "pub struct Failure;\n"),
+        (
+            "src/node/mod.rs",
+            "mod manager;\nuse crate::error::Failure;\n\npub fn start() -> Option<Failure> {\n    manager::run()\n}\n",
+        ),
+        (
+            "src/node/manager.rs",
+            "use super::Failure;\n\npub fn run() -> Option<Failure> {\n    None\n}\n",
+        ),
+    ]);
+    assert_eq!(faults(dir.path(), None, &NONE), Vec::<String>::new());
+    let mut got = edges(dir.path());
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            edge("src/node/manager.rs", "src/error.rs"),
+            edge("src/node/mod.rs", "src/error.rs"),
+            edge("src/node/mod.rs", "src/node/manager.rs"),
+        ]
+    );
+}
+
+#[test]
 fn a_planted_upward_import_fails_naming_both_floors() {
     const FLOORS: Floors = &[&["decide"], &["sense"]];
     let up = tree(&[
