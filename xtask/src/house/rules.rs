@@ -116,10 +116,6 @@ pub(super) const KNOWN_CIRCLES: &[(&str, &str)] = &[
          in parts (issue 40) is under way on its own branch",
     ),
     (
-        "agent/src/cli/mod.rs",
-        "every command returns the parent's `Failure`, and the parent dispatches to them",
-    ),
-    (
         "tests/src/v2/mod.rs",
         "the guest checks use the parent's cgroup helpers, and the parent lists the checks",
     ),
