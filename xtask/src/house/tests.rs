@@ -69,9 +69,9 @@ fn a_planted_circle_between_siblings_fails_naming_its_edges() {
             .to_string(),
     ];
     assert_eq!(faults(dir.path(), None, &NONE), want);
-    // Allowlisting a file as a parent does not cover a circle with its sibling.
+    // An entry covers a circle only with exactly its files.
     let known = Known {
-        circles: &[("src/a.rs", "not a parent of b.rs")],
+        circles: &[(&["src/a.rs"], "one of its two files")],
         long: &[],
     };
     let got = faults(dir.path(), None, &known);
@@ -272,7 +272,7 @@ fn known_circles_and_long_files_are_printed_and_may_not_grow_or_linger() {
         ("src/long.rs", &long),
     ]);
     let known = Known {
-        circles: &[("src/node/mod.rs", "why it stays")],
+        circles: &[(&["src/node/manager.rs", "src/node/mod.rs"], "why it stays")],
         long: &[("src/long.rs", 1002, "why it stays")],
     };
     let report = check(&workspace(dir.path(), None), &known);
@@ -283,15 +283,69 @@ fn known_circles_and_long_files_are_printed_and_may_not_grow_or_linger() {
     assert!(report.known[1].ends_with("(why it stays)"));
 
     let stale = Known {
-        circles: &[("src/node/mod.rs", ""), ("src/gone/mod.rs", "")],
+        circles: &[
+            (&["src/node/manager.rs", "src/node/mod.rs"], ""),
+            (&["src/gone/mod.rs", "src/gone/child.rs"], ""),
+        ],
         long: &[("src/long.rs", 1001, "")],
     };
     assert_eq!(
         faults(dir.path(), None, &stale),
         vec![
             "too long: src/long.rs has 1002 lines, over the 1001 it is known with (split it by responsibility)",
-            "no such circle: the one through src/gone/mod.rs is gone (take it off KNOWN_CIRCLES)",
+            "no such circle: src/gone/mod.rs, src/gone/child.rs (take it off KNOWN_CIRCLES, or list the files it holds now)",
         ]
+    );
+}
+
+#[test]
+fn a_known_circle_hides_no_new_circle_among_its_files_and_no_file_joining_it() {
+    let knot = [
+        ("src/lib.rs", "pub mod node;\n"),
+        (
+            "src/node/mod.rs",
+            "mod a;\nmod b;\n\npub struct NodeError;\n\npub fn start() {\n    a::run();\n    b::run();\n}\n",
+        ),
+        ("src/node/a.rs", "use super::NodeError;\n\npub fn run() {}\n"),
+        ("src/node/b.rs", "use super::NodeError;\n\npub fn run() {}\n"),
+    ];
+    let known = Known {
+        circles: &[(
+            &["src/node/a.rs", "src/node/b.rs", "src/node/mod.rs"],
+            "why it stays",
+        )],
+        long: &[],
+    };
+    assert_eq!(
+        faults(tree(&knot).path(), None, &known),
+        Vec::<String>::new()
+    );
+    // Two of its children now use each other: a circle of their own.
+    let mut siblings = knot;
+    siblings[2].1 = "use super::NodeError;\n\npub fn run() {\n    super::b::run();\n}\n";
+    siblings[3].1 = "use super::NodeError;\n\npub fn run() {\n    super::a::run();\n}\n";
+    assert_eq!(
+        faults(tree(&siblings).path(), None, &known),
+        vec![
+            "circle of imports: src/node/a.rs -> src/node/b.rs (line 4: super::b::run) -> src/node/a.rs (line 4: super::a::run)"
+        ]
+    );
+    // A third child joins the circle: the known one is no longer the tree's.
+    let mut joined = knot.to_vec();
+    joined[1].1 = "mod a;\nmod b;\nmod c;\n\npub struct NodeError;\n\npub fn start() {\n    a::run();\n    b::run();\n    c::run();\n}\n";
+    joined.push((
+        "src/node/c.rs",
+        "use super::NodeError;\n\npub fn run() {}\n",
+    ));
+    let got = faults(tree(&joined).path(), None, &known);
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert!(
+        got[0].starts_with("circle of imports: src/node/mod.rs -> "),
+        "{got:#?}"
+    );
+    assert!(
+        got[1].starts_with("no such circle: src/node/a.rs, "),
+        "{got:#?}"
     );
 }
 
