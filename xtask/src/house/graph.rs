@@ -42,7 +42,8 @@ struct Reference {
     scope: ModPath,
     segments: Vec<String>,
     line: usize,
-    /// The name it binds, when it is a `use` at the file's own scope.
+    /// The name it binds, when it is a `use` at the file's own scope (not in a function
+    /// body or an inline module, whose imports no other file reaches).
     binds: Option<String>,
     /// Whether that `use` is `pub` (a re-export).
     public: bool,
@@ -253,7 +254,7 @@ fn parse(src: &str, module: &ModPath) -> Parsed {
                         scope: scope.clone(),
                         segments,
                         line: *line,
-                        binds: scopes.is_empty().then_some(name),
+                        binds: (depth == 0).then_some(name),
                         public,
                     });
                 }

@@ -181,6 +181,28 @@ fn a_name_the_parent_only_imports_is_followed_to_its_file() {
 }
 
 #[test]
+fn an_import_inside_a_function_is_no_name_of_the_file() {
+    let dir = tree(&[
+        ("src/lib.rs", "pub mod error;\npub mod node;\n"),
+        ("src/error.rs", "pub struct Failure;\n"),
+        (
+            "src/node/mod.rs",
+            "mod manager;\n\npub struct Failure;\n\nfn wrap() {\n    use crate::error::Failure;\n    let _ = Failure;\n}\n",
+        ),
+        ("src/node/manager.rs", "use super::Failure;\n"),
+    ]);
+    let got = edges(dir.path());
+    assert!(
+        got.contains(&edge("src/node/manager.rs", "src/node/mod.rs")),
+        "super::Failure is the parent's own struct: {got:?}"
+    );
+    assert!(
+        !got.contains(&edge("src/node/manager.rs", "src/error.rs")),
+        "{got:?}"
+    );
+}
+
+#[test]
 fn a_planted_upward_import_fails_naming_both_floors() {
     const FLOORS: Floors = &[&["decide"], &["sense"]];
     let up = tree(&[
