@@ -7,11 +7,11 @@
 //! front ends over this library.
 //!
 //! The modules stand on floors; a module uses only floors below its own (checked by
-//! `tests/tests/house.rs`, with no circle of imports between files either), bottom first:
-//! [`decide`] (pure); [`human`], [`config`], [`priority`]; [`sense`]; [`observe`] and
-//! [`record`]; [`act`] and [`plan`]; [`devices`] and [`images`]; [`reactor`] (the loop that
-//! joins sense → observe → decide → act → record); [`node`] (the pod manager the loop
-//! drives); [`api`].
+//! `cargo xtask house`, with no circle of imports between files either), bottom first:
+//! [`decide`] (pure) and [`limits`]; [`human`], [`config`], [`priority`]; [`sense`];
+//! [`observe`] and [`record`]; [`act`] and [`plan`]; [`devices`] and [`images`];
+//! [`reactor`] (the loop that joins sense → observe → decide → act → record); [`node`]
+//! (the pod manager the loop drives); [`api`].
 
 pub mod act;
 pub mod api;

@@ -5,14 +5,19 @@
 //! all there already.
 
 mod bench;
+mod cmd;
 mod deb;
+mod house;
 mod setup;
 mod vm;
 mod vm_systemd;
 
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+
+// The helpers every task uses, by the names the tasks know them by (`crate::sh`).
+pub(crate) use cmd::{cargo, require_in_ci, sh};
 
 const USAGE: &str = "usage: cargo xtask <command>
 
@@ -20,10 +25,10 @@ commands:
   setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker), mount
                tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
                systemd-analyze/rsvg-convert for the offline checks; idempotent
-  test         setup, then fmt check, clippy, every test (unit, integration, doc; the
-               systemd unit verified offline), the cgroup v2 guest suite (`vm-test`), and
-               `bench --quick` (fails only if the bench harness breaks; its SVG charts must
-               exist and render), `deb --check`, and `vm-test --systemd`
+  test         `house`, setup, then fmt check, clippy, every test (unit, integration, doc;
+               the systemd unit verified offline), the cgroup v2 guest suite (`vm-test`),
+               and `bench --quick` (fails only if the bench harness breaks; its SVG charts
+               must exist and render), `deb --check`, and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
                detection lag by source, OOM avoidance, decision cost, ring buffer, footprint,
@@ -46,6 +51,11 @@ commands:
                binary, systemd unit, /etc/reactor/config.yaml as a conffile, docs);
                `--check` reads it back, runs lintian, and installs, upgrades, removes and
                purges it in a scratch root (never the host's)
+  house [--root DIR]
+               the house rules on the source tree of every crate, no build, no root: no
+               file over 1,000 lines, no circle of imports between files (parent and child
+               included), the agent library's floors, relative links in README and docs/;
+               one line per fault. `--root` or REACTOR_HOUSE_ROOT: another checkout
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -62,8 +72,9 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "run" => run(&rest),
         "bench" => bench::run(&rest),
-        "vm-test" => vm::run(&rest),
+        "vm-test" => vm_test(&rest),
         "deb" => deb::run(&rest),
+        "house" => house::run(&rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -91,41 +102,10 @@ fn cargo_bin_on_path() {
     }
 }
 
-/// Runs a command, failing with its name when it fails, and says how long it took: the
-/// steps of `cargo xtask test` on a fresh clone are where its time goes.
-pub(crate) fn sh(cmd: &mut Command) -> Result<()> {
-    let shown = format!("{cmd:?}");
-    eprintln!("xtask: {shown}");
-    let start = std::time::Instant::now();
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start {shown}"))?;
-    eprintln!(
-        "xtask: took {:.1} s: {}",
-        start.elapsed().as_secs_f64(),
-        shown.chars().take(120).collect::<String>()
-    );
-    if !status.success() {
-        bail!("{shown} failed: {status}");
-    }
-    Ok(())
-}
-
-/// A check whose tool is missing: fails in CI (`CI=true`), where nothing may skip; elsewhere
-/// says why it skips.
-pub(crate) fn require_in_ci(what: &str) -> Result<()> {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        bail!("required in CI but missing: {what}");
-    }
-    eprintln!("xtask: skipping: {what}");
-    Ok(())
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-}
-
 fn test(extra: &[String]) -> Result<()> {
+    // The house rules first: they need no toolchain but cargo and no build, and a fault in
+    // them is cheaper to hear about before the minutes of setup and builds.
+    house::run(&[])?;
     setup::run()?;
     sh(cargo().args(["fmt", "--all", "--check"]))?;
     // Integration tests run the `reactor` binary itself, so build it first.
@@ -156,7 +136,7 @@ fn test(extra: &[String]) -> Result<()> {
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
     // The cgroup v2 suite in its guest (the binaries were built above).
-    vm::run(&["--no-build".to_string()])?;
+    vm_test(&["--no-build".to_string()])?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
     bench::run(&["--quick".to_string()])?;
@@ -164,7 +144,19 @@ fn test(extra: &[String]) -> Result<()> {
     // The Debian package, from the release binary the bench built, then installed and run
     // under systemd in the v2 guest.
     deb::run(&["--no-build".to_string(), "--check".to_string()])?;
-    vm::run(&["--systemd".to_string(), "--no-build".to_string()])
+    vm_test(&["--systemd".to_string(), "--no-build".to_string()])
+}
+
+/// `cargo xtask vm-test`: the cgroup v2 suite in its guest, or with `--systemd` the
+/// deployment checks, on the same kernel. Chosen here, above both: the systemd guest boots
+/// through the suite's `vm::boot_qemu`, so `vm` calling into `vm_systemd` made a circle.
+fn vm_test(args: &[String]) -> Result<()> {
+    let (opts, kernel) = vm::prepare(args)?;
+    if opts.systemd {
+        vm_systemd::run(&opts, &kernel.vmlinux)
+    } else {
+        vm::run(&opts, &kernel)
+    }
 }
 
 fn run(extra: &[String]) -> Result<()> {

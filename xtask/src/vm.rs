@@ -137,15 +137,18 @@ pub(crate) fn cache_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".cache/reactor/vm"))
 }
 
-/// Boots the guest with the v2 suite and fails naming every test that did not pass.
-pub(crate) fn run(args: &[String]) -> Result<()> {
+/// The options of `cargo xtask vm-test` and the kernel both of its guests boot (fetched
+/// once and cached), with the host's packages for QEMU in place.
+pub(crate) fn prepare(args: &[String]) -> Result<(Options, Kernel)> {
     let opts = parse(args)?;
     host_packages()?;
     let kernel = std::env::var("REACTOR_VM_KERNEL").unwrap_or_else(|_| KERNEL.to_string());
     let kernel = fetch_kernel(&cache_dir()?, &kernel)?;
-    if opts.systemd {
-        return crate::vm_systemd::run(&opts, &kernel.vmlinux);
-    }
+    Ok((opts, kernel))
+}
+
+/// Boots the guest with the v2 suite and fails naming every test that did not pass.
+pub(crate) fn run(opts: &Options, kernel: &Kernel) -> Result<()> {
     if opts.build {
         sh(cargo().args(["build", "-p", "reactor", "-p", "reactor-tests", "--bins"]))?;
     }
@@ -153,7 +156,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let initrd = build_initramfs(&work, &kernel.modules)?;
     let share = page_cache_share(&work)?;
     let started = Instant::now();
-    let outcome = boot(&work, &kernel.vmlinux, &initrd, &share, &opts)?;
+    let outcome = boot(&work, &kernel.vmlinux, &initrd, &share, opts)?;
     let wall = started.elapsed();
     report(&outcome, wall)
 }
@@ -204,7 +207,7 @@ const SWAP_DISK_MIB: u64 = 256;
 
 /// The kernel as fetched: the uncompressed `vmlinux` and the unpacked modules directory.
 pub(crate) struct Kernel {
-    vmlinux: PathBuf,
+    pub(crate) vmlinux: PathBuf,
     modules: PathBuf,
 }
 

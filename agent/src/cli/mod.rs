@@ -11,6 +11,7 @@ mod client;
 mod config;
 mod device_metrics;
 mod events;
+mod failure;
 mod logging;
 mod node_run;
 mod plan;
@@ -20,6 +21,8 @@ mod sense_args;
 mod shutdown;
 mod status;
 mod watch;
+
+pub(crate) use failure::Failure;
 
 /// A node agent that handles memory, disk and pid pressure by the kubelet's rules,
 /// woken by the kernel's own pressure events.
@@ -51,20 +54,6 @@ enum Command {
     Status(status::StatusArgs),
     /// What happens on the node, as it happens (admissions, preemptions, removals, pressure).
     Events(events::EventsArgs),
-}
-
-/// A failure with the exit code it maps to.
-pub(crate) enum Failure {
-    /// Bad input: exit 2 with one line on stderr.
-    Input(String),
-    /// Something failed while running: exit 1.
-    Runtime(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure::Runtime(e.into())
-    }
 }
 
 pub(crate) fn main() -> ExitCode {

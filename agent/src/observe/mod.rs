@@ -39,6 +39,7 @@
 
 pub mod cgroupfs;
 pub mod disk;
+mod error;
 pub mod pods;
 pub mod procfs;
 pub mod psi;
@@ -55,67 +56,10 @@ use crate::decide::summary::Summary;
 
 pub use cgroupfs::{CgroupFs, Layout, MemoryUsage};
 pub use disk::{dir_usage, statvfs, DirUsage, FsFigures};
+pub use error::ObserveError;
 pub use pods::{kubepods_cgroup, pod_cgroup_path, ContainerCgroup, PodCgroup, PodReads};
 pub use procfs::{ProcFs, Tasks};
 pub use psi::PsiFiles;
-
-/// Why a signal could not be read; each names the file or setting at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum ObserveError {
-    /// A file or directory could not be read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The error from the kernel.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A file held something other than what the kernel writes there.
-    #[error("{path}: {reason}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong.
-        reason: String,
-    },
-    /// No hierarchy under the cgroupfs mount has the memory controller.
-    #[error("no cgroup memory controller under {mount} (neither v2 with memory nor a v1 memory hierarchy)")]
-    NoMemoryController {
-        /// The cgroupfs mount point searched.
-        mount: PathBuf,
-    },
-    /// A cgroup path that would leave the hierarchy.
-    #[error("cgroup path {cgroup:?} climbs out of the hierarchy")]
-    BadCgroup {
-        /// The path given.
-        cgroup: String,
-    },
-    /// A config value the observer cannot use.
-    #[error("config key {key}: {reason}")]
-    Config {
-        /// The config key path.
-        key: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-}
-
-impl ObserveError {
-    fn io(path: &Path, source: std::io::Error) -> ObserveError {
-        ObserveError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-
-    fn parse(path: &Path, reason: String) -> ObserveError {
-        ObserveError::Parse {
-            path: path.to_path_buf(),
-            reason,
-        }
-    }
-}
 
 /// Where and what to observe; built from the config once, at start.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,6 +23,10 @@ use std::path::Path;
 /// Where the guest mounts the unified hierarchy.
 pub const MOUNT: &str = "/sys/fs/cgroup";
 
+/// The file the guest reads over 9p (see `xtask/src/vm.rs`): clean, reclaimable page cache.
+/// Here, not in `pressure.rs`: `reclaim.rs` reads it too, and `pressure.rs` uses `reclaim.rs`.
+pub const CACHE_FILE: &str = "/mnt/host/cache.bin";
+
 /// A check: panics on failure, returns notes on success.
 pub type Check = fn() -> String;
 

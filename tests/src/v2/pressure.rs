@@ -8,14 +8,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::agent::{apply, follow_events, pod, start};
-use super::{counter, wait_until, MOUNT};
+use super::{counter, wait_until, CACHE_FILE, MOUNT};
 use crate::cgroup_root::TestCgroupRoot;
 use crate::{memhog_bin, reactor_bin, ChildGuard};
 
-/// The file the guest reads over 9p (see `xtask/src/vm.rs`): clean, reclaimable page cache.
-pub const CACHE_FILE: &str = "/mnt/host/cache.bin";
-
-/// A 320 MiB file beside it: read once, it fills a 256 MiB kubepods with page cache.
+/// A 320 MiB file beside [`CACHE_FILE`]: read once, it fills a 256 MiB kubepods with page
+/// cache.
 pub const CACHE_FULL_FILE: &str = "/mnt/host/cache-full.bin";
 
 /// A 256 MiB node (kubepods `memory.max` = allocatable = 256 MiB) evicting below 96 MiB

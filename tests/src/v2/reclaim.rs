@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::agent::{apply, follow_events, pod, start};
-use super::pressure::CACHE_FILE;
-use super::{counter, wait_until};
+use super::{counter, wait_until, CACHE_FILE};
 use crate::agent::TestAgent;
 use crate::exposition::sample;
 use crate::memhog_bin;

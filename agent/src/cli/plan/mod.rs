@@ -4,19 +4,18 @@
 //! (`reactor::plan::<what>::run(bytes)`), this front end only reads the file, prints the
 //! answer and maps a bad document to exit 2. Adding a plan: one variant, one match arm.
 
-use std::path::PathBuf;
-
-use clap::{Args, Subcommand};
-use reactor::plan::input::{read_input, render, InputError};
-use serde::Serialize;
+use clap::Subcommand;
 
 use super::Failure;
 
 mod cgroups;
 mod evict;
 mod image_gc;
+mod input_args;
 mod preempt;
 mod pressure;
+
+pub(crate) use input_args::InputArgs;
 
 /// Plans, one per decision the agent takes.
 #[derive(Subcommand)]
@@ -31,30 +30,6 @@ pub(crate) enum PlanCommand {
     Pressure(InputArgs),
     /// Which unused images one image-GC round would delete, and why it could not free more.
     ImageGc(InputArgs),
-}
-
-/// Where the snapshot comes from and how to print the answer.
-#[derive(Args)]
-pub(crate) struct InputArgs {
-    /// The JSON snapshot; `-` reads stdin.
-    #[arg(long, value_name = "FILE")]
-    input: PathBuf,
-    /// Print the answer on one line instead of indented.
-    #[arg(long)]
-    compact: bool,
-}
-
-impl InputArgs {
-    /// Reads the snapshot, runs `plan` on it and prints the answer on stdout.
-    fn answer<T: Serialize>(
-        &self,
-        plan: impl FnOnce(&[u8]) -> Result<T, InputError>,
-    ) -> Result<(), Failure> {
-        let bytes = read_input(&self.input).map_err(|e| Failure::Input(e.to_string()))?;
-        let answer = plan(&bytes).map_err(|e| Failure::Input(e.to_string()))?;
-        println!("{}", render(&answer, !self.compact));
-        Ok(())
-    }
 }
 
 pub(crate) fn run(cmd: PlanCommand) -> Result<(), Failure> {
