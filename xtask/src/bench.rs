@@ -49,16 +49,30 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
 /// Builds the release `reactor` and the helpers the bench starts beside it (`memhog`, ...).
 /// `cargo xtask run` builds the same set, so it finds the bench's binary built.
 pub(crate) fn build() -> Result<()> {
-    sh(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "reactor",
-        "-p",
-        "reactor-tests",
-        "--bins",
-    ]))
+    sh(cargo().args(BUILD))
 }
+
+/// The cargo arguments of [`build`]: `cargo xtask test` makes the same build in the
+/// background while the tests run.
+pub(crate) const BUILD: [&str; 7] = [
+    "build",
+    "--release",
+    "-p",
+    "reactor",
+    "-p",
+    "reactor-tests",
+    "--bins",
+];
+
+/// The cargo arguments that build the bench harness itself without running it.
+pub(crate) const BUILD_HARNESS: [&str; 6] = [
+    "bench",
+    "--no-run",
+    "-p",
+    "reactor-tests",
+    "--bench",
+    "side_by_side",
+];
 
 /// The charts a full run draws next to `report.md`.
 pub(crate) const CHARTS: [&str; 4] = ["lag-cdf.svg", "oom-release.svg", "cost.svg", "ring.svg"];

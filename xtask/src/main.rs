@@ -110,6 +110,10 @@ fn test(extra: &[String]) -> Result<()> {
     sh(cargo().args(["fmt", "--all", "--check"]))?;
     // Integration tests run the `reactor` binary itself, so build it first.
     sh(cargo().args(["build", "--workspace", "--bins"]))?;
+    // The release build the bench, the package and `cargo xtask run` use: minutes of CPU on
+    // a fresh clone, taken while the tests below wait on the kernel, at idle priority so it
+    // never competes with them (cargo locks each profile's build apart).
+    let release = release_build_in_background()?;
     sh(cargo().args([
         "clippy",
         "--workspace",
@@ -137,6 +141,7 @@ fn test(extra: &[String]) -> Result<()> {
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
     // The cgroup v2 suite in its guest (the binaries were built above).
     vm_test(&["--no-build".to_string()])?;
+    release.wait()?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
     bench::run(&["--quick".to_string()])?;
@@ -145,6 +150,20 @@ fn test(extra: &[String]) -> Result<()> {
     // under systemd in the v2 guest.
     deb::run(&["--no-build".to_string(), "--check".to_string()])?;
     vm_test(&["--systemd".to_string(), "--no-build".to_string()])
+}
+
+/// Starts [`bench::build`] and the bench harness's build in the background
+/// ([`cmd::Background`]), its output in `target/release-build.log`.
+fn release_build_in_background() -> Result<cmd::Background> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let script = format!(
+        "'{cargo}' {} && '{cargo}' {}",
+        bench::BUILD.join(" "),
+        bench::BUILD_HARNESS.join(" ")
+    );
+    let target = vm::target_dir();
+    std::fs::create_dir_all(&target)?;
+    cmd::Background::start(&script, &target.join("release-build.log"))
 }
 
 /// `cargo xtask vm-test`: the cgroup v2 suite in its guest, or with `--systemd` the
