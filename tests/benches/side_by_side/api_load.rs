@@ -274,7 +274,7 @@ async fn mode(socket: &std::path::Path, load: Load, reps: usize) -> Result<Mode>
 
 /// Run part 6.
 pub fn run(opts: &Opts) -> Result<Part> {
-    let reps = if opts.quick { 3 } else { 10 };
+    let reps = if opts.quick { 2 } else { 10 };
     let agent = TestAgent::start_sensing("bench-api-load", SENSE, NODE);
     let socket = agent.socket.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -630,7 +630,7 @@ async fn repetition(
 pub fn run(opts: &Opts) -> Result<Part> {
     let reps = opts
         .concurrent_reps
-        .unwrap_or(if opts.quick { 2 } else { 10 });
+        .unwrap_or(if opts.quick { 1 } else { 10 });
     // As `reactor run` runs the agent: the loop on its own `SCHED_FIFO` thread, the rest at
     // normal scheduling (see `node_runtime`).
     let (rt, realtime) = node_runtime()?;

@@ -20,11 +20,11 @@
 //!    calm node, near a level, and beside a watched cgroup full of page cache.
 //!    `realprogs` (7b) — real programs (`xz`, `gcc`, `python3`) with the release agent on a
 //!    calm node and on a node whose kubepods is full of page cache, each against no agent,
-//!    in rounds of the sides (120, 2 with `--quick`).
+//!    in rounds of the sides (120, 1 with `--quick`).
 //! 8. `concurrent` — concurrent pressure: soft then hard, two hogs 100 ms apart, a frozen
 //!    victim plus a hog, 200 MiB of a pod's page cache activated while a hog grows, for the
 //!    agent's loop and a kubelet-like one that waits for each eviction
-//!    (`--concurrent-reps`, 10 by default, 2 with `--quick`).
+//!    (`--concurrent-reps`, 10 by default, 1 with `--quick`).
 //! 9. `soak` — the release agent for `--soak-minutes` (10 by default) under 50 API clients
 //!    with a hog every 30 s: its RSS over time and each eviction's reaction. **Not in the
 //!    default run** (it takes about 10 minutes): only with `--only soak`.

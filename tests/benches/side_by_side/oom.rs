@@ -815,15 +815,21 @@ pub fn run(opts: &Opts) -> Result<Part> {
             vec![350, 150]
         }
     });
-    let reps = opts.oom_reps.unwrap_or(if opts.quick { 2 } else { 20 });
+    let reps = opts.oom_reps.unwrap_or(if opts.quick { 1 } else { 20 });
     let variant = |k: &str| {
         opts.oom_variants
             .as_ref()
             .is_none_or(|v| v.iter().any(|x| x == k))
     };
     let (plain, cache_full) = (variant(VARIANT_KEYS[0]), variant(VARIANT_KEYS[1]));
-    // The cache-full variant runs both rates even with --quick (with its 2 repetitions).
-    let cache_rates = opts.oom_rates.clone().unwrap_or_else(|| vec![350, 150]);
+    // The cache-full variant runs both rates, but one with --quick.
+    let cache_rates = opts.oom_rates.clone().unwrap_or_else(|| {
+        if opts.quick {
+            vec![350]
+        } else {
+            vec![350, 150]
+        }
+    });
     let rates = if plain { rates } else { Vec::new() };
     // As `reactor run` runs the agent: the loop on its own `SCHED_FIFO` thread, the rest at
     // normal scheduling (see `node_runtime`).
