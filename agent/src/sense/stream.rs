@@ -206,6 +206,7 @@ fn log_report(report: &AttachReport) {
     }
 }
 
+#[cfg(test)]
 mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
