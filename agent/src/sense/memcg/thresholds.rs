@@ -16,15 +16,16 @@ use crate::decide::thresholds::{parse_hard, usage_at, ThresholdError};
 /// the working set (what eviction compares) does not: a threshold at `capacity - level` fires
 /// early, by exactly the inactive file pages, and the decision it wakes finds nothing met.
 /// The same levels drive the eBPF charge programs' in-kernel thresholds
-/// ([`crate::sense::ebpf::threshold`]). Cheap to clone; a target that was not armed (no threshold,
-/// v1 registration refused) is ignored.
+/// ([`crate::sense::ebpf::threshold`]). Cheap to clone; a target that was not armed (no
+/// threshold, v1 registration refused) is ignored.
 #[derive(Clone, Debug, Default)]
 pub struct MemcgThresholds {
     armed: Arc<Vec<(MemcgTarget, watch::Sender<Level>)>>,
 }
 
 impl MemcgThresholds {
-    /// The targets as they were given to [`crate::sense::Sense::start`] (their base thresholds).
+    /// The targets as they were given to [`crate::sense::Sense::start`] (their base
+    /// thresholds).
     pub fn targets(&self) -> impl Iterator<Item = &MemcgTarget> {
         self.armed.iter().map(|(t, _)| t)
     }
@@ -54,9 +55,9 @@ impl MemcgThresholds {
 /// cache, so their level cannot go stale between two passes.
 ///
 /// Where the v1 eventfd cannot follow: its threshold is on `memory.usage_in_bytes` alone and
-/// moves only when the loop re-registers it (at most once per [`super::V1_MOVE_STEP_BYTES`]), so
-/// page cache dropped since the last pass leaves it high by that much; the eBPF slot, where it
-/// runs, is the one that catches that crossing on time.
+/// moves only when the loop re-registers it (at most once per
+/// [`super::V1_MOVE_STEP_BYTES`]), so page cache dropped since the last pass leaves it high
+/// by that much; the eBPF slot, where it runs, is the one that catches that crossing on time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Level {
     /// The usage at which the threshold is met now.
