@@ -2,7 +2,7 @@
 //! `memory.oom_control`, each an eventfd registered through `cgroup.event_control`. The
 //! kernel signals a threshold eventfd when usage crosses it in *either* direction, so the
 //! event carries the usage read at wake-up to tell which. A moving threshold is registered
-//! anew on a blocking thread ([`V1Registration`]) while the old one stays armed.
+//! anew on a blocking thread (`V1Registration`) while the old one stays armed.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
