@@ -134,6 +134,13 @@ pub struct PodSpec {
     pub document: Option<serde_json::Value>,
 }
 
+/// Why a runtime refuses a container by its own rule (an image for CRI, a command for
+/// processes): one line naming the container, which [`PodSpec::validate`] makes the pod's
+/// `InvalidPod` reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ContainerRefused(pub String);
+
 impl PodSpec {
     /// The checks every runtime makes before it touches the node — a uid, container names
     /// that are set and unique, `oom_score_adj` in the kernel's range — plus `container`, the
@@ -141,7 +148,7 @@ impl PodSpec {
     /// The error is the runtime's `InvalidPod` with one line naming what is wrong.
     pub fn validate(
         &self,
-        container: impl Fn(&ContainerSpec) -> Result<(), String>,
+        container: impl Fn(&ContainerSpec) -> Result<(), ContainerRefused>,
     ) -> Result<(), RuntimeError> {
         let invalid = |reason: String| RuntimeError::InvalidPod {
             pod: self.full_name(),
@@ -167,7 +174,7 @@ impl PodSpec {
                     c.name
                 )));
             }
-            container(c).map_err(invalid)?;
+            container(c).map_err(|e| invalid(e.0))?;
             if !(-1000..=1000).contains(&c.oom_score_adj) {
                 return Err(invalid(format!(
                     "container {:?}: oom_score_adj {} is outside -1000..=1000",

@@ -75,7 +75,12 @@ impl SenseArgs {
             )));
         }
         if self.cgroups.is_empty() {
-            return Ok(vec![memcg::node_target(config).map_err(Failure::Input)?]);
+            // The capacity is observe's to read, and sense's to turn into a target.
+            let capacity = reactor::observe::memory_capacity(config)
+                .map_err(|e| Failure::Input(e.to_string()))?;
+            let target =
+                memcg::node_target(config, capacity).map_err(|e| Failure::Input(e.to_string()))?;
+            return Ok(vec![target]);
         }
         self.cgroups
             .iter()

@@ -34,7 +34,8 @@ impl Config {
     /// Refuses a threshold that is not a percentage from 0 to 100, naming its key.
     pub(super) fn validate_psi_conditions(&self) -> Result<(), ConfigError> {
         for (key, value) in THRESHOLD_KEYS.iter().zip(self.psi_thresholds()) {
-            PsiSettings::check_threshold(value).map_err(|e| ConfigError::invalid(*key, e))?;
+            PsiSettings::check_threshold(value)
+                .map_err(|e| ConfigError::invalid(*key, e.to_string()))?;
         }
         Ok(())
     }

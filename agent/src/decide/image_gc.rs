@@ -26,31 +26,50 @@ pub struct ImageGcPolicy {
 
 impl ImageGcPolicy {
     /// The kubelet's checks when it builds its image GC manager, with its messages.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         let (high, low) = (self.high_threshold_percent, self.low_threshold_percent);
         if !(0..=100).contains(&high) {
-            return Err(format!(
-                "invalid HighThresholdPercent {high}, must be in range [0-100]"
-            ));
+            return Err(PolicyError::High(high));
         }
         if !(0..=100).contains(&low) {
-            return Err(format!(
-                "invalid LowThresholdPercent {low}, must be in range [0-100]"
-            ));
+            return Err(PolicyError::Low(low));
         }
         if low > high {
-            return Err(format!(
-                "LowThresholdPercent {low} can not be higher than HighThresholdPercent {high}"
-            ));
+            return Err(PolicyError::LowAboveHigh { low, high });
         }
         if self.min_age_nanos < 0 {
-            return Err("invalid MinAge: must not be negative".to_string());
+            return Err(PolicyError::NegativeMinAge);
         }
         if self.max_age_nanos < 0 {
-            return Err("invalid MaxAge: must not be negative".to_string());
+            return Err(PolicyError::NegativeMaxAge);
         }
         Ok(())
     }
+}
+
+/// A policy the kubelet refuses, with its message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The high threshold is not a percentage.
+    #[error("invalid HighThresholdPercent {0}, must be in range [0-100]")]
+    High(i64),
+    /// The low threshold is not a percentage.
+    #[error("invalid LowThresholdPercent {0}, must be in range [0-100]")]
+    Low(i64),
+    /// The low threshold is above the high one.
+    #[error("LowThresholdPercent {low} can not be higher than HighThresholdPercent {high}")]
+    LowAboveHigh {
+        /// The low threshold.
+        low: i64,
+        /// The high threshold.
+        high: i64,
+    },
+    /// A negative minimum age.
+    #[error("invalid MinAge: must not be negative")]
+    NegativeMinAge,
+    /// A negative maximum age.
+    #[error("invalid MaxAge: must not be negative")]
+    NegativeMaxAge,
 }
 
 /// What the agent knows about one image.
@@ -142,7 +161,7 @@ pub fn plan(
         out.usage_percent = Some(usage_percent(capacity, available));
     }
     if let Err(e) = policy.validate() {
-        out.error = Some(e);
+        out.error = Some(e.to_string());
         return out;
     }
     // A high threshold of 100 with no maximum age is the kubelet's "image GC off".
@@ -219,7 +238,7 @@ pub fn bytes_to_free(capacity: i64, available: i64, low_threshold_percent: i64) 
 pub fn plan_reclaim(policy: &ImageGcPolicy, images: &[ImageRecord], now: UnixNanos) -> ImageGcPlan {
     let mut out = ImageGcPlan::default();
     if let Err(e) = policy.validate() {
-        out.error = Some(e);
+        out.error = Some(e.to_string());
         return out;
     }
     let min_age = i128::from(policy.min_age_nanos);

@@ -153,11 +153,6 @@ impl PodInfo {
         clamp_i64(ceil_div_nanos(nanos, per_unit))
     }
 
-    /// Builds the domain pod from a typed `v1.Pod`, parsing every quantity exactly.
-    pub fn from_pod(pod: &k8s::Pod) -> Result<PodInfo, PodError> {
-        build(pod)
-    }
-
     /// Builds the domain pod from its JSON form, accepting quantities written as plain JSON
     /// numbers as well as strings; errors name the field relative to the pod.
     pub fn from_json(value: Value) -> Result<PodInfo, PodError> {

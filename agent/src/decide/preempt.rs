@@ -160,19 +160,22 @@ fn smaller(a: &Candidate, b: &Candidate) -> bool {
     true
 }
 
+/// No set of running pods frees what the admitted pod needs: the kubelet's message, with the
+/// resources still short.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no set of running pods found to reclaim resources: {0}")]
+struct NoVictims(String);
+
 /// The greedy loop over one tier (`getPodsToPreemptByDistance`).
 fn by_distance(
     table: &Table<'_>,
     mut pods: Vec<Candidate>,
     mut reqs: Vec<Requirement>,
-) -> Result<Vec<Candidate>, String> {
+) -> Result<Vec<Candidate>, NoVictims> {
     let mut chosen = Vec::new();
     while !reqs.is_empty() {
         if pods.is_empty() {
-            return Err(format!(
-                "no set of running pods found to reclaim resources: {}",
-                table.describe(&reqs)
-            ));
+            return Err(NoVictims(table.describe(&reqs)));
         }
         let mut best_distance = (reqs.len() + 1) as f64;
         let mut best = 0;
@@ -259,7 +262,7 @@ fn pods_to_preempt(
     running: &[PodInfo],
     names: Vec<&str>,
     reqs: &[Requirement],
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, NoVictims> {
     let width = names.len();
     let mut table = Table {
         names,
@@ -296,10 +299,7 @@ fn pods_to_preempt(
         best_effort.iter().chain(&burstable).chain(&guaranteed),
     );
     if !unable.is_empty() {
-        return Err(format!(
-            "no set of running pods found to reclaim resources: {}",
-            table.describe(&unable)
-        ));
+        return Err(NoVictims(table.describe(&unable)));
     }
     let g_reqs = table.subtract(reqs, best_effort.iter().chain(&burstable));
     let g = by_distance(&table, guaranteed, g_reqs)?;

@@ -116,16 +116,19 @@ impl PsiSettings {
 
     /// Checks a threshold as the config and the plan input take it: a finite percentage,
     /// 0 to 100.
-    pub fn check_threshold(value: f64) -> Result<(), String> {
+    pub fn check_threshold(value: f64) -> Result<(), NotAPercentage> {
         if value.is_finite() && (0.0..=100.0).contains(&value) {
             Ok(())
         } else {
-            Err(format!(
-                "{value} is not a percentage of stalled time from 0 to 100 (0 turns the condition off)"
-            ))
+            Err(NotAPercentage(value))
         }
     }
 }
+
+/// A PSI condition threshold outside 0 to 100.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("{0} is not a percentage of stalled time from 0 to 100 (0 turns the condition off)")]
+pub struct NotAPercentage(pub f64);
 
 /// Which PSI conditions the rule holds for now, without the transition period.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -440,6 +440,24 @@ pub fn pod_grace_period_seconds(
     }
 }
 
+/// One `evictionHard` entry parsed by the kubelet's rules, its signal checked: the value, or
+/// `None` when the kubelet ignores it (`0%`, `100%`). For callers that need one threshold's
+/// level without the whole set ([`parse_thresholds`]).
+pub fn parse_hard(name: &str, text: &str) -> Result<Option<ThresholdValue>, ThresholdError> {
+    Ok(parse_statement("evictionHard", name, text)?.map(|(_, value)| value))
+}
+
+/// The usage at which a memory threshold of `value` is met on `capacity_bytes`: capacity
+/// minus the threshold's amount ([`ThresholdValue::quantity`], the kubelet's figure),
+/// floored at zero. The working set is usage minus inactive file pages, so usage reaches
+/// this figure at or before the working set meets the threshold: a usage notification armed
+/// here wakes the loop no later than the signal crosses.
+pub fn usage_at(capacity_bytes: u64, value: &ThresholdValue) -> u64 {
+    let capacity = Quantity::from_units(i64::try_from(capacity_bytes).unwrap_or(i64::MAX));
+    let level = u64::try_from(value.quantity(capacity).value()).unwrap_or(0);
+    capacity_bytes.saturating_sub(level)
+}
+
 /// Checks the eviction keys of an agent config the way `reactor run --config` must: every
 /// threshold the kubelet would refuse is refused here, with its key path.
 pub fn validate(settings: &EvictionSettings) -> Result<(), ThresholdError> {
@@ -663,6 +681,45 @@ mod tests {
         );
         assert!(ts[2].is_hard());
         assert_eq!(ts[2].value, ts[0].value);
+    }
+
+    #[test]
+    fn usage_at_is_capacity_minus_the_kubelets_amount() {
+        fn hard(text: &str) -> ThresholdValue {
+            parse_hard("memory.available", text).unwrap().unwrap()
+        }
+        let gib = 1u64 << 30;
+        assert_eq!(usage_at(8 * gib, &hard("100Mi")), 8 * gib - (100 << 20));
+        assert_eq!(usage_at(1000, &hard("10%")), 900);
+        assert_eq!(usage_at(50, &hard("1Ki")), 0, "floored at zero");
+        // A percentage is the kubelet's single-precision share, as the loop evaluates it:
+        // float32(0.1) lands 16 bytes above a tenth of 10Gi, so the usage is 16 bytes lower.
+        assert_eq!(usage_at(10 * gib, &hard("10%")), 10 * gib - 1_073_741_840);
+        // Within single precision of the exact share, for capacities a node has.
+        for cap in [64 << 20, 1000 << 20, 3 * gib + 12_345, 256 * gib] {
+            for p in [1u64, 5, 10, 33, 50, 99] {
+                let exact = cap - cap * p / 100;
+                let got = usage_at(cap, &hard(&format!("{p}%")));
+                assert!(
+                    got.abs_diff(exact) <= (cap >> 22) + 1,
+                    "{cap} {p}%: {got} vs {exact}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn parse_hard_refuses_what_the_kubelet_refuses_and_ignores_what_it_ignores() {
+        assert_eq!(parse_hard("memory.available", "0%").unwrap(), None);
+        assert_eq!(parse_hard("memory.available", "100%").unwrap(), None);
+        for bad in ["12Qi", "150%", "-1", "abc%"] {
+            let e = parse_hard("memory.available", bad).unwrap_err();
+            assert!(
+                e.to_string().starts_with("evictionHard.memory.available: "),
+                "{e}"
+            );
+        }
+        assert!(parse_hard("memory.typo", "1Mi").is_err());
     }
 
     #[test]

@@ -103,11 +103,6 @@ pub enum PlanError {
 }
 
 impl Book {
-    /// Whether a plugin registered this resource (now or before a restart).
-    pub fn is_registered(&self, resource: &str) -> bool {
-        self.healthy.contains_key(resource) || self.unhealthy.contains_key(resource)
-    }
-
     /// Devices held by pods (all, or only those in `active`) plus in-flight reservations.
     pub fn allocated(&self, resource: &str, active: Option<&BTreeSet<String>>) -> DeviceSet {
         let mut out: DeviceSet = self.reserved.get(resource).cloned().unwrap_or_default();

@@ -81,7 +81,7 @@ impl ImageGcSettings {
 pub enum ImageGcError {
     /// The policy is refused, with the kubelet's message.
     #[error("invalid image GC policy: {0}")]
-    Policy(String),
+    Policy(#[source] crate::decide::image_gc::PolicyError),
     /// A timing setting is refused.
     #[error("invalid image GC setting imageGC.{what}: {why}")]
     Setting {

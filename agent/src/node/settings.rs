@@ -9,10 +9,9 @@
 
 use crate::config::Config;
 use crate::decide::cgroups::{CgroupVersion, NodeSettings};
-use crate::decide::pod::clamp_i64;
 use crate::decide::quantity::Quantity;
 use crate::decide::resources::{ResourceList, CPU, MEMORY, PODS};
-use crate::decide::thresholds::{effective_hard, EvictionSettings};
+use crate::decide::thresholds::{effective_hard, parse_hard, EvictionSettings};
 use crate::plan::cgroups::{AllocatableInput, MemorySwapInput, NodeInput};
 use crate::plan::input::JsonQuantity;
 
@@ -36,10 +35,38 @@ fn machine_cpus() -> i64 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as i64)
 }
 
-fn quantity(key: &str, text: &str) -> Result<Quantity, String> {
-    let q = Quantity::parse(text).map_err(|e| format!("{key}: {e}"))?;
+/// Why the node could not be modelled from the config; each names the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum NodePlanError {
+    /// The memory capacity: `node.memoryCapacity`, or `MemTotal` when it is unset.
+    #[error(transparent)]
+    MemoryCapacity(#[from] crate::observe::ObserveError),
+    /// A quantity the config gives that is not one, or negative.
+    #[error("{key}: {reason}")]
+    Quantity {
+        /// The config key (`node.cpuCapacity`).
+        key: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The hard `memory.available` eviction threshold.
+    #[error(transparent)]
+    Threshold(#[from] crate::decide::thresholds::ThresholdError),
+    /// The cgroup settings computed from the node.
+    #[error(transparent)]
+    Cgroups(#[from] crate::plan::input::InputError),
+}
+
+fn quantity(key: &'static str, text: &str) -> Result<Quantity, NodePlanError> {
+    let q = Quantity::parse(text).map_err(|e| NodePlanError::Quantity {
+        key,
+        reason: e.to_string(),
+    })?;
     if q.is_negative() {
-        return Err(format!("{key}: {text:?} must not be negative"));
+        return Err(NodePlanError::Quantity {
+            key,
+            reason: format!("{text:?} must not be negative"),
+        });
     }
     Ok(q)
 }
@@ -51,13 +78,9 @@ impl NodePlan {
         config: &Config,
         version: CgroupVersion,
         swap_bytes: u64,
-    ) -> Result<NodePlan, String> {
-        let memory = if config.node.memory_capacity.is_empty() {
-            let bytes = crate::sense::memcg::memory_capacity("")?;
-            Quantity::from_units(i64::try_from(bytes).unwrap_or(i64::MAX))
-        } else {
-            quantity("node.memoryCapacity", &config.node.memory_capacity)?
-        };
+    ) -> Result<NodePlan, NodePlanError> {
+        let bytes = crate::observe::memory_capacity(config)?;
+        let memory = Quantity::from_units(i64::try_from(bytes).unwrap_or(i64::MAX));
         let cpu = if config.node.cpu_capacity.is_empty() {
             Quantity::from_units(machine_cpus())
         } else {
@@ -86,18 +109,11 @@ impl NodePlan {
             merge_defaults: config.merge_default_eviction_settings,
             enforce_allocatable_pods: enforce_pods,
         });
+        // The threshold's amount as the eviction manager computes it (decide's one home
+        // for threshold maths); none when the kubelet ignores it (`0%`, `100%`).
         let hard_memory = match hard.get("memory.available") {
             None => None,
-            Some(text) => Some(match text.strip_suffix('%') {
-                Some(p) => {
-                    let percent: f64 = p.parse().map_err(|_| {
-                        format!("evictionHard.memory.available: {text:?} is not a percentage")
-                    })?;
-                    let bytes = (memory.value() as f64 * percent / 100.0) as i64;
-                    Quantity::from_units(bytes)
-                }
-                None => quantity("evictionHard.memory.available", text)?,
-            }),
+            Some(text) => parse_hard("memory.available", text)?.map(|v| v.quantity(memory)),
         };
         let for_cgroups = allocatable(&capacity, &[&system, &kube], None);
         let for_admission = allocatable(&capacity, &[&system, &kube], hard_memory);
@@ -126,8 +142,7 @@ impl NodePlan {
                 i64::try_from(swap_bytes).unwrap_or(i64::MAX),
             ))),
         }
-        .settings()
-        .map_err(|e| e.to_string())?;
+        .settings()?;
         Ok(NodePlan {
             resources: super::admit::NodeResources {
                 capacity,
@@ -147,11 +162,6 @@ impl NodePlan {
             top.memory = None;
         }
         top
-    }
-
-    /// Memory capacity in bytes.
-    pub fn memory_capacity_bytes(&self) -> i64 {
-        clamp_i64(self.resources.capacity.get_or_zero(MEMORY).value())
     }
 }
 

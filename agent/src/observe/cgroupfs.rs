@@ -465,7 +465,7 @@ impl CgroupFs {
             .map_err(|_| ObserveError::parse(&self.path, "not UTF-8".to_string()))?;
         let stat = |key: &str| -> Result<u64, ObserveError> {
             stat_value(text, key)
-                .map_err(|reason| ObserveError::parse(&self.path, reason))?
+                .map_err(|e| ObserveError::parse(&self.path, e.to_string()))?
                 .ok_or_else(|| ObserveError::parse(&self.path, format!("no {key} line")))
         };
         let active_key = match self.layout {
@@ -474,7 +474,7 @@ impl CgroupFs {
         };
         let optional = |key: &str| -> Result<u64, ObserveError> {
             Ok(stat_value(text, key)
-                .map_err(|reason| ObserveError::parse(&self.path, reason))?
+                .map_err(|e| ObserveError::parse(&self.path, e.to_string()))?
                 .unwrap_or(0))
         };
         let active_file = optional(active_key)?;
@@ -578,19 +578,29 @@ pub(crate) fn read_into(path: &Path, buf: &mut Vec<u8>) -> Result<bool, ObserveE
 
 /// The value of `key` in a `memory.stat`-style file (`key value` per line); `Ok(None)` when
 /// the key is absent, `Err` when its value is not a whole number.
-pub fn stat_value(text: &str, key: &str) -> Result<Option<u64>, String> {
+pub fn stat_value(text: &str, key: &str) -> Result<Option<u64>, NotWhole> {
     for line in text.lines() {
         let mut parts = line.split_ascii_whitespace();
         if parts.next() != Some(key) {
             continue;
         }
         let value = parts.next().unwrap_or("");
-        return value
-            .parse::<u64>()
-            .map(Some)
-            .map_err(|_| format!("{key} value {value:?} is not a whole number"));
+        return value.parse::<u64>().map(Some).map_err(|_| NotWhole {
+            key: key.to_string(),
+            value: value.to_string(),
+        });
     }
     Ok(None)
+}
+
+/// A `memory.stat` value that is not a whole number.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{key} value {value:?} is not a whole number")]
+pub struct NotWhole {
+    /// The key.
+    pub key: String,
+    /// What stood where the number should be.
+    pub value: String,
 }
 
 #[cfg(test)]

@@ -107,6 +107,25 @@ fn config_bytes(key: &str, text: &str) -> Result<u64, ObserveError> {
     })
 }
 
+/// `node.memoryCapacity` in bytes, `None` when unset: the one parser of the key.
+pub fn configured_memory_capacity(config: &Config) -> Result<Option<u64>, ObserveError> {
+    match config.node.memory_capacity.as_str() {
+        "" => Ok(None),
+        text => config_bytes("node.memoryCapacity", text).map(Some),
+    }
+}
+
+/// The node's memory capacity: `node.memoryCapacity` when set, else `MemTotal` of
+/// `/proc/meminfo` ([`ProcFs::mem_total_bytes`]). For those that need the figure without an
+/// [`Observer`]: the node plan, and `reactor watch`'s node target (which sense, a floor
+/// below, takes as an argument rather than read itself).
+pub fn memory_capacity(config: &Config) -> Result<u64, ObserveError> {
+    match configured_memory_capacity(config)? {
+        Some(bytes) => Ok(bytes),
+        None => ProcFs::new(PathBuf::from("/proc")).mem_total_bytes(),
+    }
+}
+
 impl ObserveSettings {
     /// Settings from the config file. `runtime_imagefs` and `runtime_containerfs` are the
     /// mount points the runtime's `ImageFsInfo` reports, when there is a runtime that knows:
@@ -117,10 +136,7 @@ impl ObserveSettings {
         runtime_imagefs: Option<&Path>,
         runtime_containerfs: Option<&Path>,
     ) -> Result<ObserveSettings, ObserveError> {
-        let memory_capacity = match config.node.memory_capacity.as_str() {
-            "" => None,
-            text => Some(config_bytes("node.memoryCapacity", text)?),
-        };
+        let memory_capacity = configured_memory_capacity(config)?;
         let mut reserved_memory = 0u64;
         if config.enforce_node_allocatable.iter().any(|e| e == "pods") {
             for (key, map) in [
@@ -592,6 +608,18 @@ mod tests {
             ConfigQuantity(Quantity::parse("156Mi").unwrap()),
         )]);
         c
+    }
+
+    #[test]
+    fn configured_capacity_wins() {
+        let mut c = Config::default();
+        c.node.memory_capacity = "2Gi".into();
+        assert_eq!(memory_capacity(&c).unwrap(), 2 << 30);
+        c.node.memory_capacity = "lots".into();
+        let e = memory_capacity(&c).unwrap_err().to_string();
+        assert!(e.starts_with("config key node.memoryCapacity:"), "{e}");
+        c.node.memory_capacity = String::new();
+        assert!(memory_capacity(&c).unwrap() > 64 << 20, "MemTotal");
     }
 
     #[test]

@@ -67,11 +67,13 @@ impl ProcFs {
         self.root.join(rel)
     }
 
-    /// `MemTotal` in bytes: the machine's memory capacity as cadvisor reports it.
+    /// `MemTotal` in bytes: the machine's memory capacity as cadvisor reports it. The one
+    /// reader of it: the observer, the node plan and `reactor watch` all come here
+    /// ([`super::memory_capacity`]).
     pub fn mem_total_bytes(&mut self) -> Result<u64, ObserveError> {
         let text = self.read("meminfo")?;
         parse_mem_total(text)
-            .map_err(|reason| ObserveError::parse(&self.path_of("meminfo"), reason))
+            .map_err(|e| ObserveError::parse(&self.path_of("meminfo"), e.to_string()))
     }
 
     /// `SwapTotal` in bytes: the node's swap, as cadvisor reports it to the kubelet (the
@@ -138,8 +140,8 @@ pub struct Swap {
 }
 
 /// `MemTotal:  16314204 kB` → bytes.
-pub fn parse_mem_total(meminfo: &str) -> Result<u64, String> {
-    parse_meminfo_bytes(meminfo, "MemTotal").map_err(|e| e.to_string())
+pub fn parse_mem_total(meminfo: &str) -> Result<u64, MeminfoError> {
+    parse_meminfo_bytes(meminfo, "MemTotal")
 }
 
 /// A `/proc/meminfo` line that is missing or not `N kB`.

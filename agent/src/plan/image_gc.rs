@@ -166,8 +166,8 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    fn run_json(v: Value) -> Result<Value, String> {
-        run(v.to_string().as_bytes()).map_err(|e| e.to_string())
+    fn run_json(v: Value) -> Result<Value, InputError> {
+        run(v.to_string().as_bytes())
     }
 
     #[test]
@@ -227,7 +227,7 @@ mod tests {
                 "policy.minAge: invalid duration",
             ),
         ] {
-            let e = run_json(doc).unwrap_err();
+            let e = run_json(doc).unwrap_err().to_string();
             assert!(e.starts_with(needle), "{e}");
         }
     }

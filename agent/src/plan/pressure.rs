@@ -61,10 +61,24 @@ impl<'de> Deserialize<'de> for Amount {
     }
 }
 
-fn parse_amount(text: &str) -> Result<Quantity, String> {
-    let q = Quantity::parse(text).map_err(|e| e.to_string())?;
+/// An amount of the input that is not a non-negative quantity.
+#[derive(Debug, thiserror::Error)]
+enum AmountError {
+    /// Not a quantity at all.
+    #[error(transparent)]
+    Quantity(#[from] crate::decide::quantity::QuantityError),
+    /// A quantity below zero.
+    #[error("quantity {0:?} must not be negative")]
+    Negative(String),
+    /// Neither a quantity string nor an integer.
+    #[error("expected a quantity string or an integer, found {0}")]
+    NotAmount(Value),
+}
+
+fn parse_amount(text: &str) -> Result<Quantity, AmountError> {
+    let q = Quantity::parse(text)?;
     if q.is_negative() {
-        return Err(format!("quantity {text:?} must not be negative"));
+        return Err(AmountError::Negative(text.to_string()));
     }
     Ok(q)
 }
@@ -585,15 +599,11 @@ fn psi_readings(value: &Value, path: &str) -> Result<PsiReadings, InputError> {
 }
 
 /// An observation's amount: a quantity string or a plain integer.
-fn amount(value: &Value) -> Result<Quantity, String> {
+fn amount(value: &Value) -> Result<Quantity, AmountError> {
     let text = match value {
         Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
-        other => {
-            return Err(format!(
-                "expected a quantity string or an integer, found {other}"
-            ))
-        }
+        other => return Err(AmountError::NotAmount(other.clone())),
     };
     parse_amount(&text)
 }
@@ -603,8 +613,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn run_json(v: Value) -> Result<Value, String> {
-        run(v.to_string().as_bytes()).map_err(|e| e.to_string())
+    fn run_json(v: Value) -> Result<Value, InputError> {
+        run(v.to_string().as_bytes())
     }
 
     #[test]
@@ -701,18 +711,22 @@ mod tests {
                 "config.evictionPressureTransitionPeriod:",
             ),
         ] {
-            let e = run_json(json!({"config": config, "observations": []})).unwrap_err();
+            let e = run_json(json!({"config": config, "observations": []}))
+                .unwrap_err()
+                .to_string();
             assert!(e.starts_with(needle), "{e}");
         }
         let e = run_json(
             json!({"observations": [{"at": "2026-01-01T00:00:00Z", "nodefs.available": "1Gi"}]}),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with("capacity.nodefs: required"), "{e}");
         let e = run_json(
             json!({"observations": [{"at": "2026-01-01T00:00:00Z", "memory.available": "12Qi"}]}),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("observations[0].memory.available: invalid quantity"),
             "{e}"
@@ -720,13 +734,14 @@ mod tests {
         let e = run_json(
             json!({"observations": [{"at": "2026-01-01T00:00:00Z", "cpu.available": "1"}]}),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("observations[0].cpu.available: unsupported"),
             "{e}"
         );
         let e = run_json(json!({"observations": [{"at": "2026-01-01T00:00:10Z"}, {"at": "2026-01-01T00:00:00Z"}]}))
-            .unwrap_err();
+            .unwrap_err().to_string();
         assert!(e.starts_with("observations[1].at:"), "{e}");
     }
 
@@ -875,7 +890,8 @@ mod tests {
         ] {
             let e = run_json(json!({"config": config,
                 "observations": [{"at": "2026-01-01T00:00:00Z", "psi": psi}]}))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
             assert!(e.contains(needle), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }

@@ -165,6 +165,31 @@ pub struct WriteError {
     pub source: std::io::Error,
 }
 
+/// Why a state file could not be read as a plain file; it is then taken as damaged.
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    /// A symbolic link where the file should be (never followed).
+    #[error("is a symbolic link")]
+    Symlink,
+    /// Opening it failed.
+    #[error("cannot open: {0}")]
+    Open(#[source] std::io::Error),
+    /// Its metadata could not be read.
+    #[error("cannot stat: {0}")]
+    Stat(#[source] std::io::Error),
+    /// A directory or another non-regular file.
+    #[error("is {0}")]
+    NotFile(&'static str),
+    /// Reading it failed.
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+}
+
+/// A bad file could not be renamed aside.
+#[derive(Debug, thiserror::Error)]
+#[error("could not be moved aside: {0}")]
+struct NotSetAside(#[source] std::io::Error);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Current {
     /// Neither loaded nor written by this process: taken as good.
@@ -240,7 +265,7 @@ impl StateFile {
         self.lock().failing.is_some()
     }
 
-    fn read(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    fn read(path: &Path) -> Result<Option<Vec<u8>>, Unreadable> {
         let mut file = match OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
@@ -248,23 +273,20 @@ impl StateFile {
         {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err("is a symbolic link".to_string())
-            }
-            Err(e) => return Err(format!("cannot open: {e}")),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(Unreadable::Symlink),
+            Err(e) => return Err(Unreadable::Open(e)),
         };
-        let meta = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+        let meta = file.metadata().map_err(Unreadable::Stat)?;
         if !meta.is_file() {
             let what = if meta.is_dir() {
                 "a directory"
             } else {
                 "not a regular file"
             };
-            return Err(format!("is {what}"));
+            return Err(Unreadable::NotFile(what));
         }
         let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-        file.read_to_end(&mut bytes)
-            .map_err(|e| format!("cannot read: {e}"))?;
+        file.read_to_end(&mut bytes).map_err(Unreadable::Read)?;
         Ok(Some(bytes))
     }
 
@@ -275,12 +297,12 @@ impl StateFile {
                 Ok(v) => Attempt::Ok(v),
                 Err(r) => Attempt::Bad(r),
             },
-            Err(reason) => Attempt::Bad(Refusal::Damaged(reason)),
+            Err(reason) => Attempt::Bad(Refusal::Damaged(reason.to_string())),
         }
     }
 
     /// Renames a bad file aside; `None` when even that failed (the reason says why).
-    fn set_aside(path: &Path, refusal: &Refusal) -> Result<PathBuf, String> {
+    fn set_aside(path: &Path, refusal: &Refusal) -> Result<PathBuf, NotSetAside> {
         let tag = match refusal {
             Refusal::Damaged(_) => "corrupt",
             Refusal::OtherVersion(_) => "unsupported",
@@ -295,7 +317,7 @@ impl StateFile {
             kept = with_suffix(path, &format!(".{tag}-{secs}.{n}"));
             n += 1;
         }
-        std::fs::rename(path, &kept).map_err(|e| format!("could not be moved aside: {e}"))?;
+        std::fs::rename(path, &kept).map_err(NotSetAside)?;
         if let Some(dir) = path.parent() {
             let _ = File::open(dir).and_then(|d| d.sync_all());
         }
@@ -372,7 +394,7 @@ impl StateFile {
                 };
                 let kept = Self::set_aside(&prev, &r)
                     .map(|k| format!("kept as {}", k.display()))
-                    .unwrap_or_else(|why| why);
+                    .unwrap_or_else(|why| why.to_string());
                 problems.push((
                     prev.clone(),
                     format!("previous generation {reason}; {kept}"),

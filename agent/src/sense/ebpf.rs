@@ -110,9 +110,9 @@ use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 
 use self::cgroup::CgroupNames;
 use self::charge_switch::{ChargeSwitch, Programs};
-use self::threshold::{UsageThresholds, UsageWatch};
+use self::threshold::{UsageThresholds, UsageWatch, UsageWatchError};
 #[cfg(doc)]
-use super::{Kind, PressureEvent};
+use super::event::{Kind, PressureEvent};
 
 /// One program and the tracepoint it attaches to.
 #[derive(Debug, Clone, Copy)]
@@ -288,7 +288,7 @@ fn missing_summary(missing: &[(&'static str, String)]) -> String {
         .join("; ")
 }
 
-pub use super::monotonic_ns;
+pub use super::clock::monotonic_ns;
 
 /// One program's kernel statistics: how many times it ran and the time spent in it.
 ///
@@ -368,10 +368,14 @@ pub fn loaded_program_totals() -> ProgramStats {
 /// returned descriptor is open: the same switch as `kernel.bpf_stats_enabled`, counted, so
 /// closing it restores whatever the sysctl said. Costs two clock reads per program run while
 /// on, so it is for measuring, not for a running agent.
-pub fn enable_stats() -> Result<std::os::fd::OwnedFd, String> {
-    aya::sys::enable_stats(aya::sys::Stats::RunTime)
-        .map_err(|e| format!("cannot turn eBPF statistics on (BPF_ENABLE_STATS): {e}"))
+pub fn enable_stats() -> Result<std::os::fd::OwnedFd, StatsError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(StatsError)
 }
+
+/// The kernel's per-program statistics could not be turned on.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot turn eBPF statistics on (BPF_ENABLE_STATS): {0}")]
+pub struct StatsError(#[source] aya::sys::SyscallError);
 
 /// The attached programs and the ring buffer they write to.
 pub struct EbpfSource {
@@ -467,7 +471,7 @@ impl EbpfSource {
     /// [`Kind::ThresholdCrossed`] per upward crossing, re-armed as the level moves. `Ok`
     /// describes the armed watch, `Err` says why it is not (charge programs missing, the
     /// NUMA layout unknown for the root cgroup, no free slot).
-    pub fn watch_usage(&mut self, watch: UsageWatch) -> Result<String, String> {
+    pub fn watch_usage(&mut self, watch: UsageWatch) -> Result<String, UsageWatchError> {
         let Some(usage) = &mut self.usage else {
             let why = self
                 .missing
@@ -477,10 +481,10 @@ impl EbpfSource {
                     || "the charge programs were not asked for".to_string(),
                     |(p, why)| format!("{p}: {why}"),
                 );
-            return Err(format!(
-                "{}: eBPF usage threshold not armed ({why})",
-                watch.cgroup
-            ));
+            return Err(UsageWatchError::NoChargePrograms {
+                cgroup: watch.cgroup,
+                why,
+            });
         };
         let cgroup = watch.cgroup.clone();
         // The level as given, before the loop moves it: the target's base threshold, which
@@ -508,11 +512,6 @@ impl EbpfSource {
             programs: Arc::downgrade(&self._programs),
             names: self.attached.clone(),
         }
-    }
-
-    /// Records lost so far because the ring buffer was full (sum over CPUs).
-    pub fn drops(&self) -> u64 {
-        drain::read_drops(&self.drops)
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::Source;
+use super::event::Source;
 
 /// Upper bounds (inclusive, nanoseconds) of the lag buckets: a 1-2-5 series from 1 µs to 50 s.
 /// Anything above the last bound lands in the overflow (`+Inf`) bucket.

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
-use super::{monotonic_ns, Kind, PressureEvent, Source};
+use super::clock::monotonic_ns;
+use super::event::{Kind, PressureEvent, Source};
 
 /// Sends a [`Kind::Tick`] now and every `interval` after, until the receiver is gone. A tick
 /// that could not be taken on time is delayed rather than bunched up: after a stall the

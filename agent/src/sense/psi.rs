@@ -19,7 +19,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc;
 
-use super::{monotonic_ns, Kind, PressureEvent, Source};
+use super::clock::monotonic_ns;
+use super::event::{Kind, PressureEvent, Source};
+use super::fd::register_fd;
 
 /// The node-wide memory pressure file.
 pub const PROC_PRESSURE_MEMORY: &str = "/proc/pressure/memory";
@@ -148,6 +150,65 @@ pub(crate) struct PsiWatch {
     level: Level,
 }
 
+/// Why a PSI trigger could not be armed, for the attach report: one line naming the file and
+/// what the kernel's errno most likely means.
+#[derive(Debug, thiserror::Error)]
+pub enum PsiError {
+    /// The pressure file could not be opened.
+    #[error("{}", open_reason(path, *errno))]
+    Open {
+        /// The pressure file.
+        path: PathBuf,
+        /// The kernel's errno.
+        #[source]
+        errno: Errno,
+    },
+    /// The kernel refused the trigger written to it.
+    #[error("kernel refused trigger {trigger:?} on {}: errno {} {errno}{}", path.display(), errno.raw_os_error(), refusal_hint(*errno))]
+    Refused {
+        /// The trigger as written (`"some 150000 1000000"`).
+        trigger: String,
+        /// The pressure file.
+        path: PathBuf,
+        /// The kernel's errno.
+        #[source]
+        errno: Errno,
+    },
+    /// The trigger's fd could not join the runtime's poller.
+    #[error("cannot register {} with epoll: {source}", path.display())]
+    RegisterFd {
+        /// The pressure file.
+        path: PathBuf,
+        /// The error from the runtime.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn open_reason(path: &Path, e: Errno) -> String {
+    match e {
+        Errno::NOENT => format!("{} absent (kernel without PSI?)", path.display()),
+        Errno::ACCESS | Errno::PERM => format!("{} not writable: {e} (not root?)", path.display()),
+        Errno::OPNOTSUPP => format!(
+            "{}: PSI is disabled (psi=0 on the kernel command line)",
+            path.display()
+        ),
+        _ => format!("cannot open {}: {e}", path.display()),
+    }
+}
+
+fn refusal_hint(e: Errno) -> &'static str {
+    match e {
+        Errno::INVAL => " (window must be 500ms..10s and the stall at most the window)",
+        Errno::PERM | Errno::ACCESS => {
+            " (unprivileged triggers need a window that is a multiple of 2s)"
+        }
+        Errno::OPNOTSUPP => " (PSI is disabled)",
+        Errno::BUSY => " (a trigger is already armed on this fd)",
+        _ => "",
+    }
+}
+
 /// Opens `path` and arms a trigger on it. The error is the reason, for the attach report.
 ///
 /// Must be called inside a tokio runtime (the fd is registered with its reactor).
@@ -157,46 +218,29 @@ pub(crate) fn arm(
     level: Level,
     stall: Duration,
     window: Duration,
-) -> Result<PsiWatch, String> {
+) -> Result<PsiWatch, PsiError> {
     let fd = rustix::fs::open(
         path,
         OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| match e {
-        Errno::NOENT => format!("{} absent (kernel without PSI?)", path.display()),
-        Errno::ACCESS | Errno::PERM => {
-            format!("{} not writable: {e} (not root?)", path.display())
-        }
-        Errno::OPNOTSUPP => format!(
-            "{}: PSI is disabled (psi=0 on the kernel command line)",
-            path.display()
-        ),
-        _ => format!("cannot open {}: {e}", path.display()),
+    .map_err(|errno| PsiError::Open {
+        path: path.to_path_buf(),
+        errno,
     })?;
     let trigger = trigger_bytes(level, stall, window);
     let shown = String::from_utf8_lossy(&trigger[..trigger.len() - 1]).into_owned();
-    match rustix::io::write(&fd, &trigger) {
-        Ok(_) => {}
-        Err(e) => {
-            let hint = match e {
-                Errno::INVAL => " (window must be 500ms..10s and the stall at most the window)",
-                Errno::PERM | Errno::ACCESS => {
-                    " (unprivileged triggers need a window that is a multiple of 2s)"
-                }
-                Errno::OPNOTSUPP => " (PSI is disabled)",
-                Errno::BUSY => " (a trigger is already armed on this fd)",
-                _ => "",
-            };
-            return Err(format!(
-                "kernel refused trigger {shown:?} on {}: errno {} {e}{hint}",
-                path.display(),
-                e.raw_os_error()
-            ));
-        }
+    if let Err(errno) = rustix::io::write(&fd, &trigger) {
+        return Err(PsiError::Refused {
+            trigger: shown,
+            path: path.to_path_buf(),
+            errno,
+        });
     }
-    let fd = super::register_fd(fd, Interest::PRIORITY)
-        .map_err(|e| format!("cannot register {} with epoll: {e}", path.display()))?;
+    let fd = register_fd(fd, Interest::PRIORITY).map_err(|source| PsiError::RegisterFd {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(PsiWatch {
         fd,
         path: path.to_path_buf(),

@@ -118,28 +118,6 @@ pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "agent/src/sense/ebpf.rs",
-            "agent/src/sense/ebpf/charge_switch.rs",
-            "agent/src/sense/ebpf/drain.rs",
-            "agent/src/sense/ebpf/kernel_watch.rs",
-            "agent/src/sense/ebpf/near.rs",
-            "agent/src/sense/ebpf/stage.rs",
-            "agent/src/sense/ebpf/threshold.rs",
-            "agent/src/sense/lag.rs",
-            "agent/src/sense/memcg.rs",
-            "agent/src/sense/mod.rs",
-            "agent/src/sense/poll.rs",
-            "agent/src/sense/psi.rs",
-        ],
-        "the sources take `monotonic_ns`, `Source` and `Kind` from the parent, whose `Sense` \
-         holds them; sense/ is being split (issue 40, with the page-cache tripwire)",
-    ),
-    (
-        &["agent/src/sense/ebpf.rs", "agent/src/sense/ebpf/drain.rs"],
-        "drain returns the parent's `EbpfError`, and the parent reads its drop counts",
-    ),
-    (
-        &[
             "agent/src/reactor/crossing.rs",
             "agent/src/reactor/evict.rs",
             "agent/src/reactor/inflight.rs",

@@ -705,7 +705,11 @@ mod tests {
                 put_stat(&dir, "anon 0\nfile 4096\n");
             })
         };
-        assert!(wait_for_anon(&dir, std::time::Instant::now(), Duration::from_secs(30)));
+        assert!(wait_for_anon(
+            &dir,
+            std::time::Instant::now(),
+            Duration::from_secs(30)
+        ));
         assert_eq!(
             std::fs::read_to_string(dir.join("memory.stat")).unwrap(),
             "anon 0\nfile 4096\n",
@@ -718,7 +722,11 @@ mod tests {
             "held past the wait (v1's key): removed anyway"
         );
         put_stat(&dir, "total_rss 4096\n");
-        assert!(wait_for_anon(&dir, std::time::Instant::now(), Duration::ZERO));
+        assert!(wait_for_anon(
+            &dir,
+            std::time::Instant::now(),
+            Duration::ZERO
+        ));
         let other = tempfile::tempdir().unwrap();
         assert!(
             wait_for_anon(other.path(), std::time::Instant::now(), Duration::ZERO),

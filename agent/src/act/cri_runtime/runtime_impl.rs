@@ -9,7 +9,7 @@ use super::relist::{lost, terminated};
 use super::{lock, CriRuntime, Inner, PodEntry, Slot};
 use crate::act::cri::{self, CriError};
 use crate::act::runtime::{
-    ContainerState, PodSpec, PodStatus, RestartPolicy, Runtime, RuntimeError,
+    ContainerRefused, ContainerState, PodSpec, PodStatus, RestartPolicy, Runtime, RuntimeError,
 };
 
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
@@ -27,13 +27,16 @@ fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
     }
     pod.validate(|c| {
         if c.init {
-            return Err(format!(
+            return Err(ContainerRefused(format!(
                 "init container {:?}: the CRI runtime does not run init containers yet",
                 c.name
-            ));
+            )));
         }
         if c.image.is_empty() {
-            return Err(format!("container {:?} has no image", c.name));
+            return Err(ContainerRefused(format!(
+                "container {:?} has no image",
+                c.name
+            )));
         }
         Ok(())
     })

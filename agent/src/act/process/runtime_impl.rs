@@ -7,18 +7,23 @@ use super::supervise::{initialize, supervise};
 use super::{lock, waiting, ContainerRecord, First, Inner, PodEntry, ProcessRuntime};
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
 use crate::act::kill::KnownProcess;
-use crate::act::runtime::{ContainerStatus, PodSpec, PodStatus, Runtime, RuntimeError};
+use crate::act::runtime::{
+    ContainerRefused, ContainerStatus, PodSpec, PodStatus, Runtime, RuntimeError,
+};
 
 fn validate(pod: &PodSpec) -> Result<(), RuntimeError> {
     pod.validate(|c| {
         if pod.cgroup.join(&c.name).is_err() {
-            return Err(format!("container name {:?} cannot name a cgroup", c.name));
+            return Err(ContainerRefused(format!(
+                "container name {:?} cannot name a cgroup",
+                c.name
+            )));
         }
         if c.command.is_empty() {
-            return Err(format!(
+            return Err(ContainerRefused(format!(
                 "container {:?}: the process runtime has no images, so it needs a command",
                 c.name
-            ));
+            )));
         }
         Ok(())
     })

@@ -115,6 +115,11 @@ pub(super) struct Program<'a> {
     pub env: &'a [(String, String)],
 }
 
+/// A program path, argument or variable that holds a NUL byte, which `execve` cannot take.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0} contains a NUL byte")]
+pub(super) struct NulByte(String);
+
 impl Plan {
     /// Prepares a start; a NUL byte inside an argument or variable is refused here.
     pub(super) fn new(
@@ -124,11 +129,10 @@ impl Plan {
         stderr: OwnedFd,
         cgroup_procs: Vec<OwnedFd>,
         oom_score_adj: i32,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, NulByte> {
         use std::os::unix::ffi::OsStrExt;
-        let cstr = |what: &str, bytes: &[u8]| {
-            CString::new(bytes).map_err(|_| format!("{what} contains a NUL byte"))
-        };
+        let cstr =
+            |what: &str, bytes: &[u8]| CString::new(bytes).map_err(|_| NulByte(what.to_string()));
         let path = cstr("the program path", program.path.as_os_str().as_bytes())?;
         let mut strings = Vec::with_capacity(program.argv.len() + program.env.len());
         for a in program.argv {
@@ -393,7 +397,7 @@ mod tests {
         argv: &[&str],
         env: &[(String, String)],
         stdout: OwnedFd,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, NulByte> {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let refs: Vec<&String> = argv.iter().collect();
         let program = Program {
@@ -405,7 +409,7 @@ mod tests {
     }
 
     /// A plan for `argv`, its program found on a fixed PATH.
-    fn plan(argv: &[&str], env: &[(String, String)]) -> Result<Plan, String> {
+    fn plan(argv: &[&str], env: &[(String, String)]) -> Result<Plan, NulByte> {
         let path = resolve(argv[0], "/usr/bin:/bin").expect("on PATH");
         plan_at(path.to_str().unwrap(), argv, env, null())
     }
@@ -421,10 +425,10 @@ mod tests {
 
     #[test]
     fn a_nul_byte_is_refused_before_any_clone() {
-        let e = plan(&["true", "a\0b"], &[]).err().unwrap();
+        let e = plan(&["true", "a\0b"], &[]).err().unwrap().to_string();
         assert!(e.contains("argument"), "{e}");
         let env = vec![("K".to_string(), "v\0".to_string())];
-        let e = plan(&["true"], &env).err().unwrap();
+        let e = plan(&["true"], &env).err().unwrap().to_string();
         assert!(e.contains("env \"K\""), "{e}");
     }
 

@@ -69,6 +69,50 @@ pub(crate) struct Programs {
     pub(crate) kernel_watch: KernelWatch,
 }
 
+/// Why the programs were not switched; each names the program at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// The object has no such program (agent/object mismatch).
+    #[error("{0}: not in the object")]
+    NotInObject(&'static str),
+    /// The program is not a raw tracepoint program.
+    #[error("{program}: {source}")]
+    Program {
+        /// The program.
+        program: &'static str,
+        /// aya's reason.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// The kernel refused to attach it.
+    #[error("{program}: attach failed: {source}")]
+    Attach {
+        /// The program.
+        program: &'static str,
+        /// aya's reason.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// The kernel refused to detach it.
+    #[error("{program}: detach failed: {source}")]
+    Detach {
+        /// The program.
+        program: &'static str,
+        /// aya's reason.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// The switch's thread has stopped.
+    #[error("the charge switch's thread is gone")]
+    ThreadGone,
+    /// The eBPF source (and its programs) is gone.
+    #[error("the eBPF source is gone")]
+    SourceGone,
+    /// The programs were not back on their tracepoint in time.
+    #[error("charge programs not back within {0:?}")]
+    NotBack(Duration),
+}
+
 /// One charge program: its name in the object, its raw tracepoint, its link when attached.
 pub(crate) struct ChargeLink {
     pub(crate) program: &'static str,
@@ -79,7 +123,7 @@ pub(crate) struct ChargeLink {
 impl Programs {
     /// Attaches (`on`) or detaches every charge program that is not so already.
     /// The kernel watch hears "off" before a detach and "on" only after an attach.
-    fn set(&mut self, on: bool) -> Result<(), String> {
+    fn set(&mut self, on: bool) -> Result<(), SwitchError> {
         if !on {
             self.kernel_watch.set_attached(false);
         }
@@ -96,14 +140,14 @@ impl Programs {
     }
 
     /// Attaches (`on`) or detaches the memcg events program when it is switched.
-    fn set_events(&mut self, on: bool) -> Result<(), String> {
+    fn set_events(&mut self, on: bool) -> Result<(), SwitchError> {
         let Programs { ebpf, events, .. } = self;
         set_links(ebpf, events, on)
     }
 
     /// Does what `ask` asks: the memcg events program on for a reclaim stall; otherwise the
     /// charge programs on when wanted near a level and no pause holds them off.
-    fn apply(&mut self, ask: &Ask) -> Result<(), String> {
+    fn apply(&mut self, ask: &Ask) -> Result<(), SwitchError> {
         match ask {
             Ask::Reclaim => return self.set_events(true),
             Ask::Off => self.paused = true,
@@ -119,24 +163,32 @@ impl Programs {
 }
 
 /// Attaches (`on`) or detaches every program of `links` that is not so already.
-fn set_links(ebpf: &mut Ebpf, links: &mut [ChargeLink], on: bool) -> Result<(), String> {
+fn set_links(ebpf: &mut Ebpf, links: &mut [ChargeLink], on: bool) -> Result<(), SwitchError> {
     for c in links {
         let program: &mut RawTracePoint = ebpf
             .program_mut(c.program)
-            .ok_or_else(|| format!("{}: not in the object", c.program))?
+            .ok_or(SwitchError::NotInObject(c.program))?
             .try_into()
-            .map_err(|e| format!("{}: {e}", c.program))?;
+            .map_err(|source| SwitchError::Program {
+                program: c.program,
+                source,
+            })?;
         match (on, c.link.take()) {
             (true, None) => {
-                c.link = Some(
-                    program
-                        .attach(c.tracepoint)
-                        .map_err(|e| format!("{}: attach failed: {e}", c.program))?,
-                );
+                c.link =
+                    Some(
+                        program
+                            .attach(c.tracepoint)
+                            .map_err(|source| SwitchError::Attach {
+                                program: c.program,
+                                source,
+                            })?,
+                    );
             }
-            (false, Some(link)) => program
-                .detach(link)
-                .map_err(|e| format!("{}: detach failed: {e}", c.program))?,
+            (false, Some(link)) => program.detach(link).map_err(|source| SwitchError::Detach {
+                program: c.program,
+                source,
+            })?,
             (_, link) => c.link = link,
         }
     }
@@ -145,7 +197,7 @@ fn set_links(ebpf: &mut Ebpf, links: &mut [ChargeLink], on: bool) -> Result<(), 
 
 enum Ask {
     Off,
-    On(mpsc::SyncSender<Result<(), String>>),
+    On(mpsc::SyncSender<Result<(), SwitchError>>),
     Near(bool),
     Reclaim,
 }
@@ -190,13 +242,13 @@ impl ChargeSwitch {
 
     /// Puts the charge programs back (when they are wanted near a level) and waits until
     /// they are (at most 2 s). `Err` says why they are not.
-    pub fn resume(&self) -> Result<(), String> {
+    pub fn resume(&self) -> Result<(), SwitchError> {
         let (ack, done) = mpsc::sync_channel(1);
         self.tx
             .send(Ask::On(ack))
-            .map_err(|_| "the charge switch's thread is gone".to_string())?;
+            .map_err(|_| SwitchError::ThreadGone)?;
         done.recv_timeout(RESUME_WAIT)
-            .map_err(|_| format!("charge programs not back within {RESUME_WAIT:?}"))?
+            .map_err(|_| SwitchError::NotBack(RESUME_WAIT))?
     }
 
     /// Says whether a watched cgroup is near its level; returns at once (the switch's thread
@@ -268,7 +320,7 @@ fn serve(programs: &Weak<Mutex<Programs>>, rx: &mpsc::Receiver<Ask>, hold: Durat
             }
             None => {
                 events_until = None;
-                Err("the eBPF source is gone".to_string())
+                Err(SwitchError::SourceGone)
             }
         };
         match ask {

@@ -17,6 +17,12 @@ use super::{monotonic_ns, EbpfError, EbpfSource};
 use crate::sense::{KilledAtCrossing, Kind, PressureEvent, Source};
 
 impl EbpfSource {
+    /// Records lost so far because the ring buffer was full (sum over CPUs). Here beside the
+    /// drain that reports them, so the parent does not reach into its child.
+    pub fn drops(&self) -> u64 {
+        read_drops(&self.drops)
+    }
+
     /// Reads the ring buffer until `tx` is closed, sending one [`PressureEvent`] per record
     /// and a [`Kind::Dropped`] event whenever the drop counter grew.
     ///
@@ -335,7 +341,7 @@ impl WithResolver {
     }
 }
 
-pub(super) fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
+fn read_drops(drops: &PerCpuArray<MapData, u64>) -> u64 {
     match drops.get(&0, 0) {
         Ok(values) => values.iter().copied().fold(0u64, u64::saturating_add),
         Err(e) => {

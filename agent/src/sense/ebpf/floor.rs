@@ -19,6 +19,29 @@ use super::{program_stats, ProgramStats};
 const PROGRAM: &str = "lruvec_floor";
 const TRACEPOINT: &str = "mod_memcg_lruvec_state";
 
+/// Why the empty program is not attached; each line names the program.
+#[derive(Debug, thiserror::Error)]
+pub enum FloorError {
+    /// The binary carries no eBPF object.
+    #[error("the eBPF programs were not built into this binary")]
+    NotBuilt,
+    /// The object could not be loaded.
+    #[error("cannot load the eBPF object: {0}")]
+    Load(#[source] aya::EbpfError),
+    /// The object has no empty program.
+    #[error("{PROGRAM} is missing from the eBPF object")]
+    NotInObject,
+    /// The program is not a raw tracepoint program.
+    #[error("{PROGRAM}: {0}")]
+    Program(#[source] aya::programs::ProgramError),
+    /// The verifier refused it.
+    #[error("{PROGRAM}: verifier refused it: {0:?}")]
+    Verifier(#[source] aya::programs::ProgramError),
+    /// The kernel refused to attach it.
+    #[error("{PROGRAM}: cannot attach to {TRACEPOINT}: {0}")]
+    Attach(#[source] aya::programs::ProgramError),
+}
+
 /// The empty program on the charge tracepoint, attached for as long as this lives.
 pub struct DispatchFloor {
     ebpf: Ebpf,
@@ -26,24 +49,18 @@ pub struct DispatchFloor {
 
 impl DispatchFloor {
     /// Loads the object and attaches only the empty program; `Err` says why not.
-    pub fn attach() -> Result<DispatchFloor, String> {
+    pub fn attach() -> Result<DispatchFloor, FloorError> {
         if OBJECT.is_empty() {
-            return Err("the eBPF programs were not built into this binary".into());
+            return Err(FloorError::NotBuilt);
         }
-        let mut ebpf = EbpfLoader::new()
-            .load(OBJECT)
-            .map_err(|e| format!("cannot load the eBPF object: {e}"))?;
+        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(FloorError::Load)?;
         let program: &mut RawTracePoint = ebpf
             .program_mut(PROGRAM)
-            .ok_or_else(|| format!("{PROGRAM} is missing from the eBPF object"))?
+            .ok_or(FloorError::NotInObject)?
             .try_into()
-            .map_err(|e| format!("{PROGRAM}: {e}"))?;
-        program
-            .load()
-            .map_err(|e| format!("{PROGRAM}: verifier refused it: {e:?}"))?;
-        program
-            .attach(TRACEPOINT)
-            .map_err(|e| format!("{PROGRAM}: cannot attach to {TRACEPOINT}: {e}"))?;
+            .map_err(FloorError::Program)?;
+        program.load().map_err(FloorError::Verifier)?;
+        program.attach(TRACEPOINT).map_err(FloorError::Attach)?;
         Ok(DispatchFloor { ebpf })
     }
 

@@ -24,6 +24,48 @@ use super::{EbpfError, EbpfOptions, EbpfSource, CHARGE_PROGRAMS, TRACEPOINTS};
 pub(super) static OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/agent-ebpf"));
 
+/// Why one program did not attach: its line in the attach report.
+#[derive(Debug, thiserror::Error)]
+enum NotAttached {
+    /// tracefs, where the tracepoints' formats are checked, is not mounted.
+    #[error("tracefs is not mounted (/sys/kernel/tracing)")]
+    NoTracefs,
+    /// The tracepoint is absent or its record moved.
+    #[error(transparent)]
+    Tracepoint(#[from] tracefs::TracepointError),
+    /// BTF could not give what the program needs.
+    #[error("{problem}: cannot {cannot}")]
+    Btf {
+        /// What BTF lacks.
+        problem: String,
+        /// What the program then cannot do.
+        cannot: &'static str,
+    },
+    /// None of the memcg event items the program watches exists.
+    #[error("none of the configured memcg items exists in this kernel")]
+    NoItems,
+    /// BTF lacks an offset the charge programs read.
+    #[error("{source}: cannot {cannot}")]
+    Offsets {
+        /// The offset missing.
+        source: threshold::OffsetsError,
+        /// What the program then cannot do.
+        cannot: &'static str,
+    },
+    /// The object has no such program (agent/object mismatch).
+    #[error("program missing from the object")]
+    NotInObject,
+    /// The program is not of the type its tracepoint needs.
+    #[error("{0}")]
+    Program(aya::programs::ProgramError),
+    /// The verifier refused the program.
+    #[error("verifier refused it: {0:?}")]
+    Verifier(aya::programs::ProgramError),
+    /// The kernel refused to attach it.
+    #[error("attach failed: {0}")]
+    Attach(aya::programs::ProgramError),
+}
+
 /// Kernel facts from BTF: the cgroup-walk offsets and the watched `vm_event_item` numbers.
 #[derive(Debug)]
 struct KernelFacts {
@@ -31,7 +73,7 @@ struct KernelFacts {
     /// item number → lower-case name (`pgscan_direct`, as in `/proc/vmstat`).
     items: StdHashMap<u32, String>,
     /// Offsets for the charge programs, or why there are none.
-    thresholds: Result<ThresholdOffsets, String>,
+    thresholds: Result<ThresholdOffsets, threshold::OffsetsError>,
     /// Why the facts are incomplete, if they are.
     btf_problem: Option<String>,
 }
@@ -41,7 +83,7 @@ impl Default for KernelFacts {
         KernelFacts {
             offsets: CgroupOffsets::default(),
             items: StdHashMap::new(),
-            thresholds: Err("no BTF".into()),
+            thresholds: Err(threshold::OffsetsError::NoBtf),
             btf_problem: None,
         }
     }
@@ -205,53 +247,57 @@ impl EbpfSource {
             if charge && !opts.usage_thresholds {
                 continue;
             }
-            let result = (|| -> Result<Option<RawTracePointLinkId>, String> {
-                let root = root
-                    .as_deref()
-                    .ok_or("tracefs is not mounted (/sys/kernel/tracing)")?;
+            let result = (|| -> Result<Option<RawTracePointLinkId>, NotAttached> {
+                let root = root.as_deref().ok_or(NotAttached::NoTracefs)?;
                 tracefs::check_tracepoint(root, spec.category, spec.name, spec.fields)?;
                 if spec.program == "count_memcg_events" && facts.items.is_empty() {
                     return Err(match &facts.btf_problem {
-                        Some(p) => format!("{p}: cannot number the memcg event items"),
-                        None => "none of the configured memcg items exists in this kernel".into(),
+                        Some(p) => NotAttached::Btf {
+                            problem: p.clone(),
+                            cannot: "number the memcg event items",
+                        },
+                        None => NotAttached::NoItems,
                     });
                 }
                 if charge {
                     if let Err(why) = &facts.thresholds {
-                        return Err(format!("{why}: cannot read memcg usage"));
+                        return Err(NotAttached::Offsets {
+                            source: why.clone(),
+                            cannot: "read memcg usage",
+                        });
                     }
                 } else if spec.program == "count_memcg_events" {
                     if let Err(why) = &facts.thresholds {
-                        return Err(format!("{why}: cannot read the event's cgroup id"));
+                        return Err(NotAttached::Offsets {
+                            source: why.clone(),
+                            cannot: "read the event's cgroup id",
+                        });
                     }
                 } else if spec.raw && !facts.offsets_valid() {
-                    return Err(format!(
-                        "{}: cannot read the victim's cgroup",
-                        facts.btf_problem.as_deref().unwrap_or("no BTF offsets")
-                    ));
+                    return Err(NotAttached::Btf {
+                        problem: facts
+                            .btf_problem
+                            .clone()
+                            .unwrap_or_else(|| "no BTF offsets".to_string()),
+                        cannot: "read the victim's cgroup",
+                    });
                 }
                 let program = ebpf
                     .program_mut(spec.program)
-                    .ok_or("program missing from the object")?;
+                    .ok_or(NotAttached::NotInObject)?;
                 if spec.raw {
                     let program: &mut RawTracePoint =
-                        program.try_into().map_err(|e| format!("{e}"))?;
-                    program
-                        .load()
-                        .map_err(|e| format!("verifier refused it: {e:?}"))?;
-                    let link = program
-                        .attach(spec.name)
-                        .map_err(|e| format!("attach failed: {e}"))?;
+                        program.try_into().map_err(NotAttached::Program)?;
+                    program.load().map_err(NotAttached::Verifier)?;
+                    let link = program.attach(spec.name).map_err(NotAttached::Attach)?;
                     Ok(Some(link))
                 } else {
                     let program: &mut TracePoint =
-                        program.try_into().map_err(|e| format!("{e}"))?;
-                    program
-                        .load()
-                        .map_err(|e| format!("verifier refused it: {e:?}"))?;
+                        program.try_into().map_err(NotAttached::Program)?;
+                    program.load().map_err(NotAttached::Verifier)?;
                     program
                         .attach(spec.category, spec.name)
-                        .map_err(|e| format!("attach failed: {e}"))?;
+                        .map_err(NotAttached::Attach)?;
                     Ok(None)
                 }
             })();
@@ -273,7 +319,7 @@ impl EbpfSource {
                         }
                     }
                 }
-                Err(why) => missing.push((spec.program, why)),
+                Err(why) => missing.push((spec.program, why.to_string())),
             }
         }
         if attached.is_empty() {

@@ -82,7 +82,7 @@ impl VictimStage {
         victim: Option<(u64, u32)>,
         hard: &[MemcgTarget],
         max_age: Duration,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, StageError> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let slots = slot_mask(&inner.slots, hard);
         let want = match victim {
@@ -101,10 +101,7 @@ impl VictimStage {
         if !staged && !inner.staged {
             return Ok(false);
         }
-        inner
-            .map
-            .set(0, want, 0)
-            .map_err(|e| format!("cannot write the eBPF staged victim: {e}"))?;
+        inner.map.set(0, want, 0).map_err(StageError)?;
         inner.staged = staged;
         Ok(staged)
     }
@@ -116,6 +113,11 @@ impl VictimStage {
         inner.staged = false;
     }
 }
+
+/// The staged victim could not be written to the kernel's map.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the eBPF staged victim: {0}")]
+pub struct StageError(#[source] aya::maps::MapError);
 
 #[cfg(test)]
 mod tests {

@@ -51,21 +51,81 @@ use crate::sense::memcg::Level;
 /// level (page cache coming and going) cannot turn into a stream of crossings.
 pub const MIN_HYSTERESIS_BYTES: u64 = 4 << 20;
 
-/// The offsets the charge programs need, from BTF; `None` names the first one missing.
-pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, String> {
-    let member = |s: &str, m: &str| {
-        btf.member_offset(s, m)
-            .ok_or_else(|| format!("BTF has no {s}.{m}"))
+/// What the kernel's BTF lacks that the charge programs need.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OffsetsError {
+    /// BTF has no such struct member.
+    #[error("BTF has no {0}.{1}")]
+    Member(&'static str, &'static str),
+    /// BTF has no such `node_stat_item`.
+    #[error("BTF has no node_stat_item {0}")]
+    NodeItem(&'static str),
+    /// BTF has no `memory_cgrp_id`.
+    #[error("BTF has no memory_cgrp_id (no memory controller?)")]
+    NoMemoryController,
+    /// There was no BTF to read.
+    #[error("no BTF")]
+    NoBtf,
+}
+
+/// Why a usage threshold was not armed in the kernel; each names the cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageWatchError {
+    /// The charge programs are not attached.
+    #[error("{cgroup}: eBPF usage threshold not armed ({why})")]
+    NoChargePrograms {
+        /// The cgroup.
+        cgroup: String,
+        /// Why the programs are missing.
+        why: String,
+    },
+    /// Every slot of the table is taken.
+    #[error("{0}: eBPF usage threshold not armed: all {MAX_THRESHOLDS} slots are in use")]
+    SlotsFull(String),
+    /// The root cgroup's usage is summed over NUMA nodes, and their layout is unknown.
+    #[error("{0}: eBPF usage threshold not armed on the root cgroup: the NUMA layout in {NODES_ONLINE} is unreadable or has more than {MAX_NODES} nodes")]
+    RootNuma(String),
+    /// The cgroup's directory could not be read.
+    #[error("{cgroup}: cannot stat {}: {source}", dir.display())]
+    Stat {
+        /// The cgroup.
+        cgroup: String,
+        /// Its directory.
+        dir: PathBuf,
+        /// The error from the kernel.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The slot could not be written.
+    #[error("{cgroup}: {source}")]
+    Arm {
+        /// The cgroup.
+        cgroup: String,
+        /// Why.
+        #[source]
+        source: ArmError,
+    },
+}
+
+/// The threshold table could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the eBPF threshold table: {0}")]
+pub struct ArmError(#[source] aya::maps::MapError);
+
+/// The offsets the charge programs need, from BTF; `Err` names the first one missing.
+pub(crate) fn offsets(btf: &Btf) -> Result<ThresholdOffsets, OffsetsError> {
+    let member = |s: &'static str, m: &'static str| {
+        btf.member_offset(s, m).ok_or(OffsetsError::Member(s, m))
     };
-    let node_item = |name: &str| {
+    let node_item = |name: &'static str| {
         btf.enum_value("node_stat_item", name)
             .and_then(|v| u64::try_from(v).ok())
-            .ok_or_else(|| format!("BTF has no node_stat_item {name}"))
+            .ok_or(OffsetsError::NodeItem(name))
     };
     let memory_cgrp_id = btf
         .enum_value("cgroup_subsys_id", "memory_cgrp_id")
         .and_then(|v| u64::try_from(v).ok())
-        .ok_or("BTF has no memory_cgrp_id (no memory controller?)")?;
+        .ok_or(OffsetsError::NoMemoryController)?;
     Ok(ThresholdOffsets {
         memcg_css: member("mem_cgroup", "css")?,
         memcg_usage: member("mem_cgroup", "memory")? + member("page_counter", "usage")?,
@@ -249,25 +309,28 @@ impl UsageThresholds {
 
     /// Places `watch` in the next slot and arms it; `Ok` describes it and gives the cgroup's
     /// id (what its records carry) and the slot, `Err` says why not.
-    pub(crate) fn add(&mut self, watch: UsageWatch) -> Result<(String, u64, usize), String> {
+    pub(crate) fn add(
+        &mut self,
+        watch: UsageWatch,
+    ) -> Result<(String, u64, usize), UsageWatchError> {
         let slot = self.placed.len();
         if slot >= MAX_THRESHOLDS {
-            return Err(format!(
-                "{}: eBPF usage threshold not armed: all {MAX_THRESHOLDS} slots are in use",
-                watch.cgroup
-            ));
+            return Err(UsageWatchError::SlotsFull(watch.cgroup));
         }
         let level = cgroup_level(&watch.cgroup);
         if level == 0 && !self.root {
-            return Err(format!(
-                "{}: eBPF usage threshold not armed on the root cgroup: the NUMA layout in \
-                 {NODES_ONLINE} is unreadable or has more than {MAX_NODES} nodes",
-                watch.cgroup
-            ));
+            return Err(UsageWatchError::RootNuma(watch.cgroup));
         }
-        let id = std::fs::metadata(&watch.dir)
-            .map_err(|e| format!("{}: cannot stat {}: {e}", watch.cgroup, watch.dir.display()))?
-            .ino();
+        let id = match std::fs::metadata(&watch.dir) {
+            Ok(m) => m.ino(),
+            Err(source) => {
+                return Err(UsageWatchError::Stat {
+                    cgroup: watch.cgroup,
+                    dir: watch.dir,
+                    source,
+                })
+            }
+        };
         let level_now = *watch.level.borrow();
         self.placed.push(Placed {
             cgroup: watch.cgroup.clone(),
@@ -289,7 +352,10 @@ impl UsageThresholds {
                     near.wires.pop();
                 }
             })
-            .map_err(|e| format!("{}: {e}", watch.cgroup))?;
+            .map_err(|source| UsageWatchError::Arm {
+                cgroup: watch.cgroup.clone(),
+                source,
+            })?;
         self.moves.insert(slot, WatchStream::new(watch.level));
         Ok((
             format!(
@@ -313,7 +379,7 @@ impl UsageThresholds {
     /// `armed`, the slot is armed even where the working set is past its level already (the
     /// programs coming on after a time off: the next charge writes the record); otherwise
     /// only where it is below, as a v1 eventfd registration does.
-    fn arm(&mut self, index: usize, level: Level, armed: bool) -> Result<(), String> {
+    fn arm(&mut self, index: usize, level: Level, armed: bool) -> Result<(), ArmError> {
         self.placed[index].now = level;
         let written = Written::of(&level);
         if self.placed[index].written == Some(written) && matches!(written, Written::WorkingSet(_))
@@ -346,9 +412,7 @@ impl UsageThresholds {
         // cache and was armed below its level.
         self.kernel_watch
             .set_slot(index, &self.placed[index].cgroup, None, false);
-        self.map
-            .set(0, table, 0)
-            .map_err(|e| format!("cannot write the eBPF threshold table: {e}"))?;
+        self.map.set(0, table, 0).map_err(ArmError)?;
         self.placed[index].written = Some(written);
         let working_set = match written {
             Written::WorkingSet(_) => Some(slot.threshold_pages.saturating_mul(self.page)),

@@ -60,15 +60,18 @@ pub fn parse_format(text: &str) -> Vec<FormatField> {
 
 /// Checks that every field the program reads is where it expects; the error names the first
 /// field that differs.
-pub fn check_layout(format: &[FormatField], expected: &[Field]) -> Result<(), String> {
+pub fn check_layout(format: &[FormatField], expected: &[Field]) -> Result<(), LayoutError> {
     for want in expected {
         match format.iter().find(|f| f.name == want.name) {
-            None => return Err(format!("tracepoint has no field {:?}", want.name)),
+            None => return Err(LayoutError::NoField(want.name)),
             Some(f) if f.offset != want.offset || f.size != want.size => {
-                return Err(format!(
-                    "field {:?} is at offset {} size {}, the program expects offset {} size {}",
-                    want.name, f.offset, f.size, want.offset, want.size
-                ))
+                return Err(LayoutError::Moved {
+                    field: want.name,
+                    offset: f.offset,
+                    size: f.size,
+                    want_offset: want.offset,
+                    want_size: want.size,
+                })
             }
             Some(_) => {}
         }
@@ -82,20 +85,78 @@ pub fn check_tracepoint(
     category: &str,
     name: &str,
     expected: &[Field],
-) -> Result<(), String> {
+) -> Result<(), TracepointError> {
     let path = root.join("events").join(category).join(name).join("format");
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!(
-                "tracepoint {category}:{name} absent ({} not found)",
-                path.display()
-            )
+    let text = std::fs::read_to_string(&path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            TracepointError::Absent {
+                tracepoint: format!("{category}:{name}"),
+                path: path.clone(),
+            }
         } else {
-            format!("cannot read {}: {e}", path.display())
+            TracepointError::Read {
+                path: path.clone(),
+                source,
+            }
         }
     })?;
-    check_layout(&parse_format(&text), expected)
-        .map_err(|e| format!("tracepoint {category}:{name}: {e}"))
+    check_layout(&parse_format(&text), expected).map_err(|source| TracepointError::Layout {
+        tracepoint: format!("{category}:{name}"),
+        source,
+    })
+}
+
+/// A field of a tracepoint's record that is not where the program reads it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// The record has no such field.
+    #[error("tracepoint has no field {0:?}")]
+    NoField(&'static str),
+    /// The field moved or changed size.
+    #[error("field {field:?} is at offset {offset} size {size}, the program expects offset {want_offset} size {want_size}")]
+    Moved {
+        /// The field.
+        field: &'static str,
+        /// Its offset in this kernel.
+        offset: usize,
+        /// Its size in this kernel.
+        size: usize,
+        /// The offset the program was compiled with.
+        want_offset: usize,
+        /// The size the program was compiled with.
+        want_size: usize,
+    },
+}
+
+/// Why a tracepoint cannot be attached to; each names the tracepoint or its file.
+#[derive(Debug, thiserror::Error)]
+pub enum TracepointError {
+    /// This kernel has no such tracepoint.
+    #[error("tracepoint {tracepoint} absent ({} not found)", path.display())]
+    Absent {
+        /// `category:name`.
+        tracepoint: String,
+        /// The format file looked for.
+        path: PathBuf,
+    },
+    /// The format file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The format file.
+        path: PathBuf,
+        /// The error from the kernel.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The record's layout is not the program's.
+    #[error("tracepoint {tracepoint}: {source}")]
+    Layout {
+        /// `category:name`.
+        tracepoint: String,
+        /// The field at fault.
+        #[source]
+        source: LayoutError,
+    },
 }
 
 #[cfg(test)]
@@ -141,7 +202,7 @@ print fmt: \"pid=%d\", REC->pid
         };
         assert_eq!(check_layout(&fields, &[pid]), Ok(()));
         let moved = Field { offset: 16, ..pid };
-        let err = check_layout(&fields, &[moved]).unwrap_err();
+        let err = check_layout(&fields, &[moved]).unwrap_err().to_string();
         assert!(err.contains("\"pid\" is at offset 8"), "{err}");
         let absent = Field {
             name: "oom_score_adj",
@@ -149,13 +210,16 @@ print fmt: \"pid=%d\", REC->pid
         };
         assert!(check_layout(&fields, &[absent])
             .unwrap_err()
+            .to_string()
             .contains("no field \"oom_score_adj\""));
     }
 
     #[test]
     fn an_absent_tracepoint_is_named() {
         let tmp = tempfile::tempdir().unwrap();
-        let err = check_tracepoint(tmp.path(), "memcg", "count_memcg_events", &[]).unwrap_err();
+        let err = check_tracepoint(tmp.path(), "memcg", "count_memcg_events", &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("tracepoint memcg:count_memcg_events absent"),
             "{err}"
@@ -168,7 +232,9 @@ print fmt: \"pid=%d\", REC->pid
             offset: 64,
             size: 2,
         };
-        let err = check_tracepoint(tmp.path(), "oom", "mark_victim", &[adj]).unwrap_err();
+        let err = check_tracepoint(tmp.path(), "oom", "mark_victim", &[adj])
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("tracepoint oom:mark_victim: "), "{err}");
     }
 
@@ -184,7 +250,7 @@ print fmt: \"pid=%d\", REC->pid
         {
             if root.join("events").join(cat).join(name).exists() {
                 assert_eq!(
-                    check_tracepoint(&root, cat, name, fields),
+                    check_tracepoint(&root, cat, name, fields).map_err(|e| e.to_string()),
                     Ok(()),
                     "{cat}:{name}"
                 );
