@@ -72,7 +72,10 @@ impl Background {
         let out = std::fs::File::create(log)
             .with_context(|| format!("cannot create {}", log.display()))?;
         let err = out.try_clone()?;
-        let shown = format!("{script} (in the background at idle priority, log {})", log.display());
+        let shown = format!(
+            "{script} (in the background at idle priority, log {})",
+            log.display()
+        );
         eprintln!("xtask: {shown}");
         let child = cmd
             .stdout(out)
@@ -90,7 +93,10 @@ impl Background {
     /// Waits for it to end; fails with the end of its log when it failed.
     pub(crate) fn wait(mut self) -> Result<()> {
         let waited = std::time::Instant::now();
-        let status = self.child.wait().context("waiting for a background command")?;
+        let status = self
+            .child
+            .wait()
+            .context("waiting for a background command")?;
         eprintln!(
             "xtask: took {:.1} s (waited {:.1} s for it): {}",
             self.start.elapsed().as_secs_f64(),

@@ -822,14 +822,8 @@ pub fn run(opts: &Opts) -> Result<Part> {
             .is_none_or(|v| v.iter().any(|x| x == k))
     };
     let (plain, cache_full) = (variant(VARIANT_KEYS[0]), variant(VARIANT_KEYS[1]));
-    // The cache-full variant runs both rates, but one with --quick.
-    let cache_rates = opts.oom_rates.clone().unwrap_or_else(|| {
-        if opts.quick {
-            vec![350]
-        } else {
-            vec![350, 150]
-        }
-    });
+    // The cache-full variant runs the same rates, even when the plain one is left out.
+    let cache_rates = rates.clone();
     let rates = if plain { rates } else { Vec::new() };
     // As `reactor run` runs the agent: the loop on its own `SCHED_FIFO` thread, the rest at
     // normal scheduling (see `node_runtime`).
