@@ -365,7 +365,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     fn escalate(&mut self, at: usize, reclaim: &Reclaim, decision: &mut Decision) -> bool {
         self.hold_charges(true);
         let f = &mut self.in_flight[at];
-        let killed = super::pods::kill_cgroup_now(&self.cgroups, &f.pod.cgroup, Vec::new());
+        let killed = self.pods.escalate(&f.pod.info.uid, &f.pod.cgroup);
         f.killed_at_ns = killed.killed_at_ns;
         f.holds_charges = self.charge_switch.is_some();
         let (uid, pod, qos, message) = (
