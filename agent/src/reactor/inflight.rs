@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::pods::{ActivePod, Evicted, EvictionStatus, PodControl};
+use super::pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodControl};
 use super::settings::ReactorSettings;
 use crate::act::cgroups::{CgroupManager, CgroupPath};
 use crate::decide::inflight::Victim;
@@ -55,7 +55,7 @@ pub(super) struct InFlight {
     /// Whether the charge programs are held off for it.
     holds_charges: bool,
     /// The runtime's stop's end: what it killed, or why it failed.
-    stop: Option<Result<Evicted, String>>,
+    stop: Option<Result<Evicted, EvictError>>,
     /// `CLOCK_MONOTONIC` ns when the stop ended.
     stop_ended_ns: Option<u64>,
     /// Whether its memory is back: its pod cgroup gone, or empty with its usage no longer
@@ -189,7 +189,7 @@ impl VictimLooks for NodeLooks<'_> {
 /// The end of a stop, sent back by its task.
 pub(super) struct StopEnded {
     uid: String,
-    result: Result<Evicted, String>,
+    result: Result<Evicted, EvictError>,
 }
 
 /// The evictions in flight and what follows them: the victims, the charge programs held off
@@ -294,10 +294,7 @@ impl Evictions {
         let pods = Arc::clone(pods);
         let tx = self.stop_tx.clone();
         tokio::spawn(async move {
-            let result = pods
-                .evict(&uid, grace, status, killed)
-                .await
-                .map_err(|e| e.to_string());
+            let result = pods.evict(&uid, grace, status, killed).await;
             let _ = tx.send(StopEnded { uid, result });
         });
     }
@@ -401,7 +398,10 @@ impl Evictions {
                     .filter(|_| f.released)
                     .map(|k| now_ns.saturating_sub(k)),
                 pending_bytes: (!f.released).then_some(f.pending_bytes),
-                error: f.stop.as_ref().and_then(|s| s.as_ref().err().cloned()),
+                error: f
+                    .stop
+                    .as_ref()
+                    .and_then(|s| s.as_ref().err().map(ToString::to_string)),
             });
         }
         for r in &records {

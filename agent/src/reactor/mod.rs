@@ -83,7 +83,7 @@ pub use outbox::EventTap;
 pub use pods::{
     ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
 };
-pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
+pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimError, ReclaimSteps};
 pub use record::{
     Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
 };
@@ -689,7 +689,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     Err(e) => Action::Reclaimed {
                         freed_bytes: 0,
                         resolved,
-                        error: Some(e),
+                        error: Some(e.to_string()),
                     },
                 };
                 if resolved {
