@@ -53,6 +53,7 @@ mod outbox;
 pub mod pods;
 pub mod reclaim;
 pub mod record;
+mod runtime_pods;
 mod settings;
 pub mod status;
 pub mod thread;
@@ -80,13 +81,12 @@ use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
 pub use outbox::EventTap;
-pub use pods::{
-    ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
-};
+pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl};
 pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimError, ReclaimSteps};
 pub use record::{
     Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
 };
+pub use runtime_pods::RuntimePods;
 pub use settings::{memcg_targets, ReactorSettings};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 
