@@ -154,20 +154,17 @@ impl Crossing {
         nothing_in_flight && self.pending.is_none() && programs_on && !self.hard.is_empty()
     }
 
-    /// Stages the victim of pod `uid` (its cgroup's id and level), or clears the stage
-    /// (`None`). Returns whether a victim is staged now: the caller then reads its figures
-    /// ([`Crossing::figures_mut`]). A failed write is said once and stages nothing.
-    pub(super) fn stage(&mut self, victim: Option<(u64, u32, String)>) -> bool {
+    /// Stages the victim whose cgroup has this id and level, or clears the stage (`None`).
+    /// Returns whether a victim is staged now: the caller then reads its figures
+    /// ([`Crossing::figures_mut`]) and names its pod ([`Crossing::remember`]). A failed
+    /// write is said once and stages nothing.
+    pub(super) fn stage(&mut self, victim: Option<(u64, u32)>) -> bool {
         let Some(stage) = &self.stage else {
             return false;
         };
-        let slot = victim.as_ref().map(|(id, level, _)| (*id, *level));
-        match stage.stage(slot, &self.hard, self.age) {
+        match stage.stage(victim, &self.hard, self.age) {
             Ok(staged) => {
                 self.staged_at_ns = staged.then(monotonic_ns);
-                if let (true, Some((id, _, uid))) = (staged, victim) {
-                    self.remember(id, uid);
-                }
                 staged
             }
             Err(e) => {
@@ -195,7 +192,8 @@ impl Crossing {
         (self.stage.is_some() && attached).then_some(kernel_watched_poll)
     }
 
-    fn remember(&mut self, id: u64, uid: String) {
+    /// Names the pod `uid` staged at cgroup id `id`, for a kill record that comes later.
+    pub(super) fn remember(&mut self, id: u64, uid: String) {
         if self
             .staged
             .last()

@@ -575,13 +575,12 @@ impl<P: PodControl + 'static> Reactor<P> {
         } else {
             None
         };
-        let slot = victim
-            .as_ref()
-            .map(|(pod, id, level)| (*id, *level, pod.uid.clone()));
-        if self.crossing.stage(slot) {
-            if let Some((pod, _, _)) = victim {
-                self.read_figures(&pod);
-            }
+        let staged = self
+            .crossing
+            .stage(victim.as_ref().map(|(_, id, level)| (*id, *level)));
+        if let (true, Some((pod, id, _))) = (staged, victim) {
+            self.read_figures(&pod);
+            self.crossing.remember(id, pod.uid);
         }
     }
 
