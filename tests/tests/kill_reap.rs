@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reactor::act::cgroups::{CgroupManager, CgroupPath};
-use reactor::reactor::pods::{kill_cgroup, kill_cgroup_now};
+use reactor::act::kill::{kill_cgroup, kill_cgroup_now};
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
 use reactor_tests::freezer::Freezer;
 use reactor_tests::{is_root, memhog_bin, require, ChildGuard};

@@ -774,7 +774,7 @@ async fn the_kill_signals_the_runtimes_own_processes_first_and_the_walk_the_rest
     assert_eq!(all.len(), 2, "the main process and its fork: {all:?}");
     // Not fenced first: a fence with grace 0 has the supervisor kill the process too, and
     // whichever kill came first would take the count.
-    let evicted = reactor::reactor::pods::kill_cgroup_now(&s.cgroups, &cgroup, known);
+    let evicted = reactor::act::kill::kill_cgroup_now(&s.cgroups, &cgroup, known);
     assert_eq!(
         evicted.killed, 2,
         "each process signalled once: {evicted:?}"

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::manager::PodManager;
 use super::NodeError;
+use crate::act::cgroups::CgroupPath;
 use crate::act::runtime::RuntimeError;
 use crate::decide::summary::FsStats;
 use crate::reactor::pods::{
@@ -28,6 +29,10 @@ impl PodControl for PodManager {
 
     fn kill_now(&self, uid: &str) -> Option<Evicted> {
         PodManager::kill_now(self, uid)
+    }
+
+    fn escalate(&self, uid: &str, cgroup: &CgroupPath) -> Evicted {
+        PodManager::escalate(self, uid, cgroup)
     }
 
     fn note_kill(&self, uid: &str, status: &EvictionStatus) {

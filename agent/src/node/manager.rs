@@ -13,7 +13,7 @@
 //!   was told to stop (so nothing restarts them) and before the stop is written ahead to
 //!   the checkpoint (so the disk never delays the kill; the kill journal, `node::journal`,
 //!   notes it in between, for an agent that dies there), and the moment is reported back
-//!   (`reactor::pods::begin_kill`, the first half of the `stop_and_kill` the runtime-only
+//!   (`act::kill::begin_kill`, the first half of the `stop_and_kill` the runtime-only
 //!   adapter uses; see `node::stop`).
 //! - [`PodManager::active`] is the loop's hot-path view: the running pods with their cgroups,
 //!   republished by the owner task after every change, read without a round trip.
@@ -38,12 +38,13 @@ pub use super::view::{
 };
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, Resources};
+use crate::act::kill::{kill_cgroup_now, Evicted};
 use crate::act::runtime::{RestartPolicy, Runtime, RuntimeError};
 use crate::decide::cgroups::qos_tiers;
 use crate::decide::memory_qos;
 use crate::decide::pod::PodInfo;
 use crate::devices::DeviceManager;
-use crate::reactor::pods::{kill_cgroup_now, ActivePod, ActivePods, Evicted, PodContainer};
+use crate::reactor::pods::{ActivePod, ActivePods, PodContainer};
 use crate::record::checkpoint::Checkpoint;
 use crate::record::state_file::Generation;
 
@@ -347,6 +348,14 @@ impl PodManager {
         self.runtime.fence(uid);
         let known = self.runtime.known_processes(uid);
         Some(kill_cgroup_now(&self.cgroups, &cgroup, known))
+    }
+
+    /// Hard before soft: SIGKILL now to every process in `cgroup`, pod `uid`'s, whose
+    /// graceful eviction is under way (its runtime was told to stop already, so nothing
+    /// restarts them): the loop's escalation, through its port.
+    pub fn escalate(&self, uid: &str, cgroup: &CgroupPath) -> Evicted {
+        let _ = uid;
+        kill_cgroup_now(&self.cgroups, cgroup, Vec::new())
     }
 
     /// Notes the kill [`PodManager::kill_now`] made in the kill journal ([`KillJournal`]),

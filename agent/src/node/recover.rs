@@ -33,11 +33,11 @@ use super::manager::{Actor, After, Entry, PREEMPTION_MESSAGE, PREEMPTION_REASON}
 use super::record::{Orphan, PodRecord, PodSource, StopIntent};
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, Resources, DEFAULT_REMOVE_WAIT};
+use crate::act::kill::kill_cgroup;
 use crate::act::runtime::{PodPhase, PodStatus, Runtime};
 use crate::decide::cgroups::pod_config;
 use crate::decide::pod::PodInfo;
 use crate::node::document::Checked;
-use crate::reactor::pods::kill_cgroup;
 
 /// `status.reason` of an orphan.
 pub const ORPHANED: &str = "Orphaned";

@@ -12,8 +12,8 @@ use super::record::StopIntent;
 use super::view::{EvictedPod, Removed};
 use super::NodeError;
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
+use crate::act::kill::{begin_kill, finish_kill, Evicted};
 use crate::act::runtime::{PodPhase, Runtime, RuntimeError};
-use crate::reactor::pods::{begin_kill, finish_kill, Evicted};
 
 impl<R: Runtime + 'static> Actor<R> {
     pub(super) fn begin_stop(&mut self, uid: &str, grace: Option<Duration>, after: After) {

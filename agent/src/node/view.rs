@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use crate::act::cgroups::{CgroupPath, MemoryUsage};
+use crate::act::kill::Evicted;
 use crate::act::runtime::{ContainerState, ContainerStatus, PodPhase};
 use crate::decide::pod::PodInfo;
-use crate::reactor::pods::Evicted;
 
 /// A pod as the API and the reactor loop see it.
 #[derive(Clone, Debug, PartialEq)]

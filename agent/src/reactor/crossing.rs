@@ -29,17 +29,15 @@
 //! `STAGE_AGE_POLLS` re-rankings, so those figures are at most that old, as a kubelet's
 //! message gives the statistics it ranked on.
 
-use super::evict::Forced;
-use super::pods::PodControl;
-use super::Reactor;
+use std::time::Duration;
+
 use crate::decide::crossing::{crossing_reclaim, leave_to_kernel, AtCrossing, Defer};
 use crate::decide::pressure::{Observations, Reclaim};
-use crate::decide::signal::{Resource, Signal};
+use crate::decide::signal::Signal;
 use crate::decide::summary::{PodStats, Summary};
-use crate::observe::{PodCgroup, PodReads, Signals};
-use crate::reactor::record::{Action, CrossingKillFigures, Decision};
+use crate::decide::thresholds::Threshold;
+use crate::reactor::record::CrossingKillFigures;
 use crate::sense::ebpf::stage::VictimStage;
-use crate::sense::ebpf::threshold::cgroup_level;
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent};
 
 /// How many of the loop's re-rankings while the charge programs are on (one every
@@ -63,13 +61,17 @@ const LEFT_TO_KERNEL_FOR: std::time::Duration = std::time::Duration::from_millis
 /// come after the loop staged another pod).
 const REMEMBERED: usize = 8;
 
-/// The loop's staging state.
+/// The loop's staging state and its rules: what is staged, since when, for which
+/// thresholds' slots, and a kill the kernel made there for the next pass to complete.
 #[derive(Debug, Default)]
 pub(super) struct Crossing {
     /// The kernel's stage, with `killAtCrossing` and the charge programs attached.
-    pub(super) stage: Option<VictimStage>,
+    stage: Option<VictimStage>,
     /// The hard memory thresholds' targets: the slots whose crossing may kill.
-    pub(super) hard: Vec<MemcgTarget>,
+    hard: Vec<MemcgTarget>,
+    /// How long the kernel holds a staging (and the loop counts one as fresh):
+    /// [`STAGE_AGE_POLLS`] re-rankings.
+    age: Duration,
     /// Recently staged pods: cgroup id → pod uid, newest last.
     staged: Vec<(u64, String)>,
     /// A kill the kernel made, for the next pass to complete.
@@ -82,9 +84,36 @@ pub(super) struct Crossing {
     staged_at_ns: Option<u64>,
     /// When the first of the passes that left the crossing they read to the kernel ran
     /// ([`crate::decide::crossing::leave_to_kernel`]); `None` once a pass does not.
-    pub(super) left_since_ns: Option<u64>,
+    left_since_ns: Option<u64>,
     /// A failed map write was said (once).
     failed_said: bool,
+}
+
+/// An eviction whose victim and kill were the kernel's, at a hard threshold's crossing: the
+/// pod is not searched for, its kill time is the kernel's, and its message gives what was
+/// available at the crossing.
+pub(super) struct Forced {
+    /// The pod whose process was killed.
+    pub(super) uid: String,
+    /// The observations with the signal's `available` at the crossing.
+    pub(super) observations: Observations,
+    /// When the kernel killed it (`CLOCK_MONOTONIC`).
+    pub(super) killed_at_ns: u64,
+    /// Its figures as read at its staging, before the kill (`None`: not read then; they
+    /// are read now, the victim's remains).
+    pub(super) figures: Option<PodStats>,
+}
+
+/// A kill at the crossing ready to be completed as an eviction ([`Crossing::take_kill`]).
+pub(super) struct Completion {
+    /// The hard threshold the kernel saw crossed, as the eviction's reclaim.
+    pub(super) reclaim: Reclaim,
+    /// The victim, its kill and its figures.
+    pub(super) forced: Forced,
+    /// The process the kernel killed.
+    pub(super) pid: u32,
+    /// What the kernel saw at the crossing, for the record.
+    pub(super) figures: CrossingKillFigures,
 }
 
 /// A kill the charge program made at a crossing.
@@ -100,7 +129,71 @@ struct CrossingKill {
 }
 
 impl Crossing {
-    fn remember(&mut self, id: u64, uid: String) {
+    /// Staging on `stage` (the kernel's, with `killAtCrossing` and the charge programs) for
+    /// the slots of `hard`, re-ranked every `kernel_watched_poll` while the programs are on.
+    pub(super) fn start(
+        &mut self,
+        stage: Option<VictimStage>,
+        hard: Vec<MemcgTarget>,
+        kernel_watched_poll: Duration,
+    ) {
+        self.stage = stage;
+        self.hard = hard;
+        self.age = kernel_watched_poll.saturating_mul(STAGE_AGE_POLLS);
+    }
+
+    /// Whether the loop stages victims at all.
+    pub(super) fn staging(&self) -> bool {
+        self.stage.is_some()
+    }
+
+    /// Whether a victim may be staged now: nothing in flight (a second kill is
+    /// [`crate::decide::inflight`]'s call, made by the loop), no kill waiting to be
+    /// completed, the charge programs on, a hard memory threshold to kill at.
+    pub(super) fn ready(&self, nothing_in_flight: bool, programs_on: bool) -> bool {
+        nothing_in_flight && self.pending.is_none() && programs_on && !self.hard.is_empty()
+    }
+
+    /// Stages the victim whose cgroup has this id and level, or clears the stage (`None`).
+    /// Returns whether a victim is staged now: the caller then reads its figures
+    /// ([`Crossing::figures_mut`]) and names its pod ([`Crossing::remember`]). A failed
+    /// write is said once and stages nothing.
+    pub(super) fn stage(&mut self, victim: Option<(u64, u32)>) -> bool {
+        let Some(stage) = &self.stage else {
+            return false;
+        };
+        match stage.stage(victim, &self.hard, self.age) {
+            Ok(staged) => {
+                self.staged_at_ns = staged.then(monotonic_ns);
+                staged
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.failed_said, true) {
+                    tracing::warn!(error = %e, "no victim staged for a kill at the crossing; the loop makes every kill");
+                }
+                false
+            }
+        }
+    }
+
+    /// Where the staged pod `uid`'s figures for its message are read into.
+    pub(super) fn figures_mut(&mut self, uid: &str) -> &mut Summary {
+        self.figures_of = Some(uid.to_string());
+        &mut self.figures
+    }
+
+    /// How often the loop must re-rank while the charge programs are on (`attached`): every
+    /// `kernel_watched_poll`; `None` when it stages nothing.
+    pub(super) fn restage_every(
+        &self,
+        attached: bool,
+        kernel_watched_poll: Duration,
+    ) -> Option<Duration> {
+        (self.stage.is_some() && attached).then_some(kernel_watched_poll)
+    }
+
+    /// Names the pod `uid` staged at cgroup id `id`, for a kill record that comes later.
+    pub(super) fn remember(&mut self, id: u64, uid: String) {
         if self
             .staged
             .last()
@@ -128,6 +221,12 @@ impl Crossing {
         self.pending.is_some()
     }
 
+    /// When the first of the passes that left the crossing to the kernel ran, taken: a
+    /// crossing earlier passes left stays left only while this pass leaves it too.
+    pub(super) fn take_left_since(&mut self) -> Option<u64> {
+        self.left_since_ns.take()
+    }
+
     /// When a crossing left to the kernel is read again (`CLOCK_MONOTONIC`), if one is.
     pub(super) fn left_until_ns(&self) -> Option<u64> {
         let bound = u64::try_from(LEFT_TO_KERNEL_FOR.as_nanos()).unwrap_or(u64::MAX);
@@ -140,122 +239,45 @@ impl Crossing {
             .then(|| self.figures.pods.first().cloned())
             .flatten()
     }
-}
-
-impl<P: PodControl + 'static> Reactor<P> {
-    /// Stages the pod a hard memory threshold would evict now, or clears the stage (see the
-    /// module doc for when).
-    pub(super) fn stage_victim(&mut self) {
-        let Some(stage) = self.crossing.stage.clone() else {
-            return;
-        };
-        let ready = self.in_flight.is_empty()
-            && !self.crossing.pending()
-            && self.kernel_watch.attached()
-            && !self.crossing.hard.is_empty();
-        let victim = if ready {
-            self.first_memory_victim().and_then(|pod| {
-                let id = self.observer.cgroup_id(&pod.cgroup)?;
-                let level = cgroup_level(&pod.cgroup);
-                Some((pod, id, level))
-            })
-        } else {
-            None
-        };
-        match stage.stage(
-            victim.as_ref().map(|(_, id, level)| (*id, *level)),
-            &self.crossing.hard,
-            self.stage_age(),
-        ) {
-            Ok(staged) => {
-                self.crossing.staged_at_ns = staged.then(monotonic_ns);
-                if let (true, Some((pod, id, _))) = (staged, victim) {
-                    self.read_figures(&pod);
-                    self.crossing.remember(id, pod.uid);
-                }
-            }
-            Err(e) => {
-                if !std::mem::replace(&mut self.crossing.failed_said, true) {
-                    tracing::warn!(error = %e, "no victim staged for a kill at the crossing; the loop makes every kill");
-                }
-            }
-        }
-    }
-
-    /// How long the kernel holds a staging (and the loop counts one as fresh).
-    fn stage_age(&self) -> std::time::Duration {
-        self.settings
-            .kernel_watched_poll
-            .saturating_mul(STAGE_AGE_POLLS)
-    }
 
     /// Whether this pass leaves the crossing of `reclaim`'s threshold, as it read it, to the
-    /// kernel's check ([`leave_to_kernel`]): the charge programs watch its cgroup at its
-    /// level, a victim staged for it within the stage's age, nothing in flight. `since`: when
-    /// the first of the passes before it that left it ran; noted again when this one does.
-    pub(super) fn leaves_to_kernel(
+    /// kernel's check ([`leave_to_kernel`]) at `now_ns`: a victim staged for it within the
+    /// stage's age, nothing in flight, and the charge programs watching its cgroup at its
+    /// level (`watched`, asked last). `since`: when the first of the passes before it that
+    /// left it ran; noted again when this one does.
+    pub(super) fn leaves(
         &mut self,
         reclaim: &Reclaim,
-        observations: &Observations,
+        nothing_in_flight: bool,
+        watched: impl FnOnce() -> bool,
         since: Option<u64>,
+        now_ns: u64,
     ) -> bool {
-        let now = monotonic_ns();
-        let max_age = u64::try_from(self.stage_age().as_nanos()).unwrap_or(u64::MAX);
+        let max_age = u64::try_from(self.age.as_nanos()).unwrap_or(u64::MAX);
         let staged = self
-            .crossing
             .staged_at_ns
-            .is_some_and(|at| now.saturating_sub(at) < max_age);
-        let watched = || {
-            let threshold = self.settings.thresholds.get(reclaim.threshold)?;
-            let capacity = observations.get(reclaim.signal)?.capacity?;
-            Some(self.kernel_watches(threshold, capacity))
-        };
-        let ready = staged
-            && self.in_flight.is_empty()
-            && !self.crossing.pending()
-            && watched().unwrap_or(false);
+            .is_some_and(|at| now_ns.saturating_sub(at) < max_age);
+        let ready = staged && nothing_in_flight && self.pending.is_none() && watched();
         let defer = Defer {
             allowance_bytes: LEFT_TO_KERNEL_BYTES,
             for_ns: u64::try_from(LEFT_TO_KERNEL_FOR.as_nanos()).unwrap_or(u64::MAX),
         };
-        let left = leave_to_kernel(reclaim, ready, since, now, defer);
+        let left = leave_to_kernel(reclaim, ready, since, now_ns, defer);
         if left {
-            self.crossing.left_since_ns = Some(since.unwrap_or(now));
+            self.left_since_ns = Some(since.unwrap_or(now_ns));
             tracing::debug!(signal = %reclaim.signal.name(), available = %reclaim.available, "the crossing read is left to the kernel's check");
         }
         left
     }
 
-    /// The pod a hard memory threshold would evict now, with its cgroups: the bounded
-    /// search an eviction makes.
-    fn first_memory_victim(&mut self) -> Option<PodCgroup> {
-        let pods = self.candidates(true, Resource::Memory);
-        let (paths, usage) = self.pod_usages(&pods);
-        let (victim, _) = self.first_by_memory(&pods, &paths, &usage);
-        let root = self.settings.cgroup_root.trim_end_matches('/');
-        victim.map(|i| pods[i].cgroups(root))
-    }
-
-    /// Reads the staged pod's message figures (see the module doc): its working set and
-    /// each container's usage, one pod's files.
-    fn read_figures(&mut self, pod: &PodCgroup) {
-        let reads = PodReads {
-            pod_memory: true,
-            ..PodReads::message(Resource::Memory)
-        };
-        let problems = self.observer.observe_pods_for(
-            std::slice::from_ref(pod),
-            reads,
-            &mut self.crossing.figures,
-        );
-        for p in problems {
-            tracing::debug!(error = %p, "the staged pod's figures left out of its message");
-        }
-        self.crossing.figures_of = Some(pod.uid.clone());
-    }
-
-    /// Takes note of a record whose crossing killed the staged victim's process.
-    pub(super) fn note_crossing_kill(&mut self, event: &PressureEvent) {
+    /// Takes note of a record whose crossing killed the staged victim's process; the
+    /// watched cgroups `node_cgroup` and `kubepods_cgroup` name the signal that crossed.
+    pub(super) fn note_kill(
+        &mut self,
+        event: &PressureEvent,
+        node_cgroup: &str,
+        kubepods_cgroup: &str,
+    ) {
         let Kind::ThresholdCrossed {
             killed: Some(killed),
             usage_bytes,
@@ -264,17 +286,16 @@ impl<P: PodControl + 'static> Reactor<P> {
         else {
             return;
         };
-        if let Some(stage) = &self.crossing.stage {
+        if let Some(stage) = &self.stage {
             stage.killed();
         }
-        self.crossing.staged_at_ns = None;
-        let settings = self.observer.settings();
+        self.staged_at_ns = None;
         let signal = match event.cgroup.as_deref() {
-            Some(c) if c == settings.node_cgroup => Some(Signal::MemoryAvailable),
-            Some(c) if c == settings.kubepods_cgroup => Some(Signal::AllocatableMemoryAvailable),
+            Some(c) if c == node_cgroup => Some(Signal::MemoryAvailable),
+            Some(c) if c == kubepods_cgroup => Some(Signal::AllocatableMemoryAvailable),
             _ => None,
         };
-        self.crossing.pending = Some(CrossingKill {
+        self.pending = Some(CrossingKill {
             at_ns: event.at_ns,
             pid: killed.pid,
             cgroup_id: killed.cgroup_id,
@@ -286,19 +307,21 @@ impl<P: PodControl + 'static> Reactor<P> {
         });
     }
 
-    /// Completes the eviction a kill at the crossing began (see the module doc); fills in
-    /// `decision`. Returns the reclaim it stands for when the pod was evicted.
-    pub(super) async fn complete_crossing_kill(
+    /// Takes the kill waiting to be completed, as the eviction it begins: for the hard
+    /// threshold of `thresholds` whose level the kernel saw crossed, with what was available
+    /// then ([`crossing_reclaim`] over `observations`). `None` when none waits, or when the
+    /// kill was not a staged pod's under a hard memory threshold (said: the pass decides
+    /// alone).
+    pub(super) fn take_kill(
         &mut self,
-        signals: &Signals,
-        decision: &mut Decision,
-    ) -> Option<Reclaim> {
-        let kill = self.crossing.pending.take()?;
-        let observations = signals.observations();
-        let uid = self.crossing.uid_of(kill.cgroup_id);
+        thresholds: &[Threshold],
+        observations: &Observations,
+    ) -> Option<Completion> {
+        let kill = self.pending.take()?;
+        let uid = self.uid_of(kill.cgroup_id);
         let reclaim = kill
             .signal
-            .and_then(|s| crossing_reclaim(&self.settings.thresholds, s, &observations, kill.at));
+            .and_then(|s| crossing_reclaim(thresholds, s, observations, kill.at));
         let (Some(uid), Some((reclaim, then))) = (uid, reclaim) else {
             tracing::warn!(
                 pid = kill.pid,
@@ -307,47 +330,21 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             return None;
         };
-        // The loop may have evicted the pod already, woken by another source's record of the
-        // same crossing before the kernel's kill record was taken: the kill is then part of
-        // that eviction.
-        if self.in_flight.iter().any(|f| f.pod.info.uid == uid) {
-            return None;
-        }
-        if !self.pods.pods().iter().any(|p| p.info.uid == uid) {
-            tracing::warn!(pid = kill.pid, %uid, "the pod killed at the crossing is no longer running; nothing to complete");
-            return None;
-        }
-        decision.killed_at_crossing = Some(kill.pid);
-        decision.crossing_kill = Some(CrossingKillFigures {
-            at_ns: kill.at_ns,
-            usage_bytes: kill.at.usage_bytes,
-            level_bytes: kill.at.level_bytes,
-        });
-        let layout = signals.fs_layout().unwrap_or_default();
-        let forced = Forced {
-            figures: self.crossing.figures_for(&uid),
-            uid,
-            observations: then,
-            killed_at_ns: kill.at_ns,
-        };
-        let evicted = self
-            .evict_one(
-                &reclaim,
-                &[reclaim.threshold],
-                signals,
-                layout,
-                decision,
-                Some(forced),
-            )
-            .await;
-        if !evicted {
-            // The pass goes on as if no kill had been made at the crossing.
-            decision.killed_at_crossing = None;
-            decision.crossing_kill = None;
-            decision.action = Action::None;
-            decision.ranking.clear();
-        }
-        evicted.then_some(reclaim)
+        Some(Completion {
+            reclaim,
+            forced: Forced {
+                figures: self.figures_for(&uid),
+                uid,
+                observations: then,
+                killed_at_ns: kill.at_ns,
+            },
+            pid: kill.pid,
+            figures: CrossingKillFigures {
+                at_ns: kill.at_ns,
+                usage_bytes: kill.at.usage_bytes,
+                level_bytes: kill.at.level_bytes,
+            },
+        })
     }
 }
 
@@ -369,5 +366,75 @@ mod tests {
         c.remember(5, "pod-new".into());
         assert_eq!(c.uid_of(5).as_deref(), Some("pod-new"));
         assert_eq!(c.staged.iter().filter(|(i, _)| *i == 5).count(), 1);
+    }
+
+    fn kill_record(cgroup: &str, cgroup_id: u64) -> PressureEvent {
+        PressureEvent {
+            at_ns: 7,
+            woke_ns: None,
+            source: crate::sense::Source::Ebpf,
+            cgroup: Some(cgroup.to_string()),
+            kind: Kind::ThresholdCrossed {
+                threshold_bytes: Some(900),
+                usage_bytes: Some(1000),
+                killed: Some(crate::sense::KilledAtCrossing { pid: 42, cgroup_id }),
+            },
+        }
+    }
+
+    #[test]
+    fn a_kill_record_waits_for_the_next_pass_and_stops_the_staging() {
+        let mut c = Crossing {
+            hard: vec![MemcgTarget {
+                cgroup: "/kubepods".into(),
+                threshold_bytes: Some(900),
+            }],
+            ..Crossing::default()
+        };
+        assert!(c.ready(true, true));
+        assert!(!c.ready(false, true), "an eviction in flight");
+        assert!(!c.ready(true, false), "the charge programs off");
+        c.remember(3, "pod-a".into());
+        c.staged_at_ns = Some(1);
+        c.note_kill(&kill_record("/kubepods", 3), "/", "/kubepods");
+        assert!(c.pending());
+        assert_eq!(c.staged_at_ns, None, "the staging is spent");
+        assert!(!c.ready(true, true), "a kill waits to be completed");
+        // No threshold to complete it for: taken all the same, and the pass decides alone.
+        assert!(c.take_kill(&[], &Observations::default()).is_none());
+        assert!(!c.pending());
+        // A record that killed nothing is not a kill.
+        let mut quiet = kill_record("/kubepods", 3);
+        quiet.kind = Kind::ThresholdCrossed {
+            threshold_bytes: Some(900),
+            usage_bytes: Some(1000),
+            killed: None,
+        };
+        c.note_kill(&quiet, "/", "/kubepods");
+        assert!(!c.pending());
+    }
+
+    #[test]
+    fn nothing_is_left_to_the_kernel_without_a_fresh_staging() {
+        let mut c = Crossing::default();
+        c.start(None, Vec::new(), Duration::from_millis(100));
+        assert!(!c.staging());
+        assert_eq!(c.restage_every(true, Duration::from_millis(100)), None);
+        let zero = crate::decide::quantity::Quantity::ZERO;
+        let reclaim = Reclaim {
+            threshold: 0,
+            signal: Signal::MemoryAvailable,
+            resource: crate::decide::signal::Resource::Memory,
+            reclaim_to: zero,
+            threshold_quantity: zero,
+            available: zero,
+            hard: true,
+        };
+        assert!(!c.leaves(&reclaim, true, || true, None, 1_000));
+        assert_eq!(c.left_until_ns(), None);
+        // Staged too long ago (past two re-rankings): the loop acts itself.
+        c.staged_at_ns = Some(1_000);
+        assert!(!c.leaves(&reclaim, true, || true, None, 1_000 + 200_000_000));
+        assert_eq!(c.take_left_since(), None);
     }
 }

@@ -59,12 +59,14 @@ impl<P: PodControl + 'static> Reactor<P> {
         let problems = self.observer.observe_pods_for(
             &[pod.cgroups(&root)],
             PodReads::message(resource),
-            &mut self.victim,
+            &mut self.figures.victim,
         );
         for p in problems {
             tracing::debug!(error = %p, "the victim's statistics left out of its message");
         }
-        if let (Some((_, _, asked)), Some(stats)) = (&memory_reads, self.victim.pods.first_mut()) {
+        if let (Some((_, _, asked)), Some(stats)) =
+            (&memory_reads, self.figures.victim.pods.first_mut())
+        {
             stats.memory = asked[victim].flatten().map(|ws| MemoryStats {
                 working_set_bytes: Some(ws),
             });
@@ -74,7 +76,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let message = eviction_message(
             resource,
             info,
-            self.victim.pods.first(),
+            self.figures.victim.pods.first(),
             text.as_ref().map(|(q, a)| (q.as_str(), a.as_str())),
         );
         self.dry_run.record(WouldEvict {
@@ -88,7 +90,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         if let Some(reads) = memory_reads {
             self.rank_memory_for_record(reclaim, layout, pods, reads, decision);
         }
-        if let Some(m) = &self.metrics {
+        if let Some(m) = &self.out.metrics {
             m.record_dry_run_eviction(reclaim.signal, info.qos);
         }
         decision.action = Action::WouldEvict {
@@ -129,9 +131,9 @@ impl<P: PodControl + 'static> Reactor<P> {
         conditions_changed: bool,
     ) -> Option<Decision> {
         if super::reclaim::reclaims_node_level(reclaim.signal) {
-            self.disk_hold_until_ns = monotonic_ns().saturating_add(
+            self.evictions.hold_disk(monotonic_ns().saturating_add(
                 u64::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(u64::MAX),
-            );
+            ));
         }
         let new = !matches!(decision.action, Action::None);
         (new || conditions_changed).then_some(decision)

@@ -14,38 +14,26 @@ use std::time::Duration;
 
 use crate::sense::ThreadCpu;
 
-use super::inflight::{InFlight, Progress};
+use super::crossing::Forced;
+use super::inflight::Started;
 use super::pods::{pod_cgroup_path, ActivePod, ActivePods, EvictionStatus, PodControl};
 use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
 use crate::decide::inflight::{hard_choice, HardChoice};
 use crate::decide::pod::PodInfo;
+use crate::decide::pressure::Observations;
 use crate::decide::pressure::{threshold_met_text, Reclaim};
 use crate::decide::rank::{charged, eviction_message, first_for_memory, rank};
 use crate::decide::signal::{FsLayout, Resource};
 use crate::decide::summary::{MemoryStats, PodRef, PodStats};
 use crate::decide::thresholds::pod_grace_period_seconds;
 use crate::observe::{PodCgroup, PodReads, Signals};
+use crate::sense::ebpf::threshold::cgroup_level;
 use crate::sense::monotonic_ns;
 
 /// What a bounded memory search read: each pod cgroup's path, its usage, and the working
 /// sets it asked for.
 pub(super) type MemoryReads = (Vec<String>, Vec<Option<u64>>, Vec<Option<Option<u64>>>);
-
-/// An eviction whose victim and kill were the kernel's, at a hard threshold's crossing
-/// ([`super::crossing`]): the pod is not searched for, its kill time is the kernel's, and
-/// its message gives what was available at the crossing.
-pub(super) struct Forced {
-    /// The pod whose process was killed.
-    pub(super) uid: String,
-    /// The observations with the signal's `available` at the crossing.
-    pub(super) observations: crate::decide::pressure::Observations,
-    /// When the kernel killed it (`CLOCK_MONOTONIC`).
-    pub(super) killed_at_ns: u64,
-    /// Its figures as read at its staging, before the kill (`None`: not read then; they
-    /// are read now, the victim's remains).
-    pub(super) figures: Option<PodStats>,
-}
 
 /// The victim a pass chose, with what the choice read: what a dry run records instead of
 /// the eviction (`Reactor::would_evict`).
@@ -57,6 +45,14 @@ pub(super) struct Chosen<'a> {
     pub(super) pods: &'a ActivePods,
     pub(super) victim: usize,
     pub(super) memory_reads: Option<MemoryReads>,
+}
+
+/// The victim a pass picked ([`Reactor::pick`]): the pods it was picked among, its place
+/// there, and what a memory search read.
+pub(super) struct Pick {
+    pods: ActivePods,
+    victim: usize,
+    memory_reads: Option<MemoryReads>,
 }
 
 impl<P: PodControl + 'static> Reactor<P> {
@@ -74,20 +70,53 @@ impl<P: PodControl + 'static> Reactor<P> {
         signals: &Signals,
         layout: FsLayout,
         decision: &mut Decision,
-        mut forced: Option<Forced>,
+        forced: Option<Forced>,
     ) -> bool {
+        let Some(pick) = self.pick(reclaim, layout, decision, forced.as_ref()).await else {
+            return false;
+        };
+        // A dry run records the eviction instead of making it (`dry_run`); nothing is in
+        // flight there, so nothing is escalated either.
+        if self.settings.dry_run {
+            let choice = Chosen {
+                reclaim,
+                met,
+                signals,
+                layout,
+                pods: &pick.pods,
+                victim: pick.victim,
+                memory_reads: pick.memory_reads,
+            };
+            self.would_evict(choice, decision);
+            return false;
+        }
+        if let Some(at) = self.evictions.position(&pick.pods[pick.victim].info.uid) {
+            if let Some(reads) = pick.memory_reads {
+                self.rank_memory_for_record(reclaim, layout, &pick.pods, reads, decision);
+            }
+            return self.escalate(at, reclaim, decision);
+        }
+        self.launch(pick, reclaim, met, signals, layout, decision, forced)
+    }
+
+    /// Picks the pod to evict for `reclaim`: for memory, from every pod's usage and the
+    /// fewest working sets (`first_for_memory`), nothing copied per pod but its cgroup's
+    /// path, the full ranking for the record completed after the kill; for other signals,
+    /// the full ranking first, as the kubelet does, written into `decision`. With `forced`
+    /// the pick is the kernel's victim, if it is a candidate. `None` when there is nothing
+    /// to evict (`decision` then says so, with its ranking).
+    async fn pick(
+        &mut self,
+        reclaim: &Reclaim,
+        layout: FsLayout,
+        decision: &mut Decision,
+        forced: Option<&Forced>,
+    ) -> Option<Pick> {
         let resource = reclaim.signal.resource();
         let pods = self.candidates(reclaim.hard, resource);
-        let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
-        // Memory: the victim from every pod's usage and the fewest working sets
-        // (`first_for_memory`), nothing copied per pod but its cgroup's path; the full
-        // ranking for the record is completed after the kill. Other signals: the full
-        // ranking first, as the kubelet does.
         let (victim, memory_reads) = if resource == Resource::Memory {
             let (paths, usage) = self.pod_usages(&pods);
-            let at = forced
-                .as_ref()
-                .and_then(|f| pods.iter().position(|p| p.info.uid == f.uid));
+            let at = forced.and_then(|f| pods.iter().position(|p| p.info.uid == f.uid));
             let (victim, asked) = match at {
                 Some(i) => {
                     let mut asked = vec![None; pods.len()];
@@ -101,12 +130,13 @@ impl<P: PodControl + 'static> Reactor<P> {
             };
             (victim, Some((paths, usage, asked)))
         } else {
+            let root = self.settings.cgroup_root.trim_end_matches('/').to_string();
             let cgroups: Vec<PodCgroup> = pods.iter().map(|p| p.cgroups(&root)).collect();
             let infos: Vec<PodInfo> = pods.iter().map(|p| p.info.clone()).collect();
             let problems = self.observer.observe_pods_for(
                 &cgroups,
                 PodReads::ranking(resource),
-                &mut self.summary,
+                &mut self.figures.ranking,
             );
             for p in problems {
                 tracing::debug!(error = %p, "pod statistics left out of the ranking");
@@ -114,15 +144,16 @@ impl<P: PodControl + 'static> Reactor<P> {
             if charged(reclaim.signal, layout).is_some_and(|c| c.rootfs) {
                 self.add_writable_layers().await;
             }
-            let order = rank(reclaim.signal, layout, &infos, &self.summary.index());
+            let order = rank(
+                reclaim.signal,
+                layout,
+                &infos,
+                &self.figures.ranking.index(),
+            );
             decision.ranking = self.ranked(&order, &infos);
             // The first non-critical pod; one whose graceful eviction is in flight (listed
-            // only for a hard threshold) is escalated below.
-            let in_flight = |i: usize| {
-                self.in_flight
-                    .iter()
-                    .any(|f| f.pod.info.uid == infos[i].uid)
-            };
+            // only for a hard threshold) is escalated by the caller.
+            let in_flight = |i: usize| self.evictions.contains(&infos[i].uid);
             let victim =
                 hard_choice(&order, |i| infos[i].is_critical(), in_flight).map(|c| match c {
                     HardChoice::Escalate(i) | HardChoice::Evict(i) => i,
@@ -134,35 +165,39 @@ impl<P: PodControl + 'static> Reactor<P> {
                 self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
             }
             decision.action = Action::NothingToEvict;
-            return false;
+            return None;
         };
-        // A dry run records the eviction instead of making it (`dry_run`); nothing is in
-        // flight there, so nothing is escalated either.
-        if self.settings.dry_run {
-            let choice = Chosen {
-                reclaim,
-                met,
-                signals,
-                layout,
-                pods: &pods,
-                victim,
-                memory_reads,
-            };
-            self.would_evict(choice, decision);
-            return false;
-        }
+        Some(Pick {
+            pods,
+            victim,
+            memory_reads,
+        })
+    }
+
+    /// Starts evicting the pod `pick` found, not in flight yet: reads its figures for its
+    /// message (before the kill), kills it now for grace 0 (through [`PodControl::kill_now`],
+    /// with the charge programs held off while it is torn down, see `inflight`), starts the
+    /// runtime's stop on a task of its own and puts the victim in flight; then completes the
+    /// record off the reaction's path. Returns whether a pod was evicted.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        pick: Pick,
+        reclaim: &Reclaim,
+        met: &[usize],
+        signals: &Signals,
+        layout: FsLayout,
+        decision: &mut Decision,
+        mut forced: Option<Forced>,
+    ) -> bool {
+        let Pick {
+            pods,
+            victim,
+            memory_reads,
+        } = pick;
+        let resource = reclaim.signal.resource();
         let pod = &pods[victim];
         let info = &pod.info;
-        if let Some(at) = self
-            .in_flight
-            .iter()
-            .position(|f| f.pod.info.uid == info.uid)
-        {
-            if let Some(reads) = memory_reads {
-                self.rank_memory_for_record(reclaim, layout, &pods, reads, decision);
-            }
-            return self.escalate(at, reclaim, decision);
-        }
         let Some(grace) = self.eviction_grace(reclaim, pod) else {
             return false;
         };
@@ -177,18 +212,19 @@ impl<P: PodControl + 'static> Reactor<P> {
         // frees it at once (a v2 guest run once reported 112Ki for a hog of 200 MiB). The
         // reads cost tens of microseconds, a few KiB of the fastest hog's growth.
         // A kill at the crossing: the figures read at the pod's staging, before the kill.
+        let root = self.settings.cgroup_root.trim_end_matches('/');
         let staged = forced.as_mut().and_then(|f| f.figures.take());
         let from_staging = staged.is_some();
         let problems = match staged {
             Some(figures) => {
-                self.victim.pods.clear();
-                self.victim.pods.push(figures);
+                self.figures.victim.pods.clear();
+                self.figures.victim.pods.push(figures);
                 Vec::new()
             }
             None => self.observer.observe_pods_for(
-                &[pod.cgroups(&root)],
+                &[pod.cgroups(root)],
                 PodReads::message(resource),
-                &mut self.victim,
+                &mut self.figures.victim,
             ),
         };
         // With grace 0 the kill is made here, on the loop's task, as soon as the victim is
@@ -196,7 +232,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         // `inflight`); the rest of the stop (the runtime's, the status, the cgroup) runs on a
         // task of its own.
         let killed = if grace == 0 {
-            self.hold_charges(true);
+            self.evictions.hold_charges(true);
             self.pods.kill_now(&uid)
         } else {
             None
@@ -206,9 +242,11 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
         // For memory the pod's own working set is the one the search read (before the kill),
         // or the staging's.
-        if let (false, Some((_, _, asked)), Some(stats)) =
-            (from_staging, &memory_reads, self.victim.pods.first_mut())
-        {
+        if let (false, Some((_, _, asked)), Some(stats)) = (
+            from_staging,
+            &memory_reads,
+            self.figures.victim.pods.first_mut(),
+        ) {
             stats.memory = asked[victim].flatten().map(|ws| MemoryStats {
                 working_set_bytes: Some(ws),
             });
@@ -219,7 +257,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let message = eviction_message(
             resource,
             info,
-            self.victim.pods.first(),
+            self.figures.victim.pods.first(),
             text.as_ref().map(|(q, a)| (q.as_str(), a.as_str())),
         );
         let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
@@ -227,13 +265,14 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.pods.note_kill(&uid, &status);
         }
         let started_ns = monotonic_ns();
-        self.launch(
+        self.evictions.launch(
+            &self.pods,
             uid.clone(),
             Duration::from_secs(grace.unsigned_abs()),
             status,
             killed,
         );
-        self.in_flight.push(InFlight {
+        self.evictions.push(Started {
             pod: pod.clone(),
             signal: reclaim.signal,
             grace: Duration::from_secs(grace.unsigned_abs()),
@@ -249,15 +288,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 None
             },
             expected_bytes,
-            pending_bytes: expected_bytes,
-            last_usage_bytes: None,
-            progress: Progress::new(expected_bytes),
             usage_path: pod_cgroup_path(self.settings.cgroup_root.trim_end_matches('/'), pod),
-            holds_charges: grace == 0 && self.charge_switch.is_some(),
-            stop: None,
-            stop_ended_ns: None,
-            released: false,
-            reported: false,
         });
         // Off the reaction's path now: the rest of the memory ranking, for the record.
         if let Some(reads) = memory_reads {
@@ -272,7 +303,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 self.time_kill(killed_at, killed_at, cpu, decision);
             }
         }
-        if let Some(m) = &self.metrics {
+        if let Some(m) = &self.out.metrics {
             m.record_eviction(reclaim.signal, info.qos);
         }
         decision.action = Action::Evicted {
@@ -340,21 +371,16 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// reaction's path).
     pub(super) fn candidates(&self, hard: bool, resource: Resource) -> ActivePods {
         let running = self.pods.pods();
-        if self.in_flight.is_empty() {
+        if self.evictions.is_empty() {
             return running;
         }
         let mut pods: Vec<ActivePod> = running
             .iter()
-            .filter(|p| !self.in_flight.iter().any(|f| f.pod.info.uid == p.info.uid))
+            .filter(|p| !self.evictions.contains(&p.info.uid))
             .cloned()
             .collect();
         if hard {
-            pods.extend(
-                self.in_flight
-                    .iter()
-                    .filter(|f| f.graceful() && f.signal.resource() == resource)
-                    .map(|f| f.pod.clone()),
-            );
+            pods.extend(self.evictions.graceful(resource).cloned());
         }
         pods.into()
     }
@@ -363,17 +389,16 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// first in the ranking for a hard threshold. The runtime's stop under way (told
     /// already, so nothing restarts the processes) then ends at once.
     fn escalate(&mut self, at: usize, reclaim: &Reclaim, decision: &mut Decision) -> bool {
-        self.hold_charges(true);
-        let f = &mut self.in_flight[at];
-        let killed = super::pods::kill_cgroup_now(&self.cgroups, &f.pod.cgroup, Vec::new());
-        f.killed_at_ns = killed.killed_at_ns;
-        f.holds_charges = self.charge_switch.is_some();
+        self.evictions.hold_charges(true);
+        let f = self.evictions.get(at);
+        let killed = self.pods.escalate(&f.pod.info.uid, &f.pod.cgroup);
         let (uid, pod, qos, message) = (
             f.pod.info.uid.clone(),
             f.pod.info.name.clone(),
             f.pod.info.qos.as_str().to_string(),
             f.message.clone(),
         );
+        self.evictions.escalated(at, killed.killed_at_ns);
         tracing::info!(%pod, %uid, killed = killed.killed, "eviction escalated: a hard threshold is met during the pod's grace period");
         self.time_kill(
             killed.killed_at_ns,
@@ -419,7 +444,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         if let (Some(k), Some(ev)) = (killed_at, waking) {
             let lag = k.saturating_sub(ev.at_ns);
             decision.reaction_lag_ns = Some(lag);
-            if let Some(m) = &self.metrics {
+            if let Some(m) = &self.out.metrics {
                 m.observe_reaction_lag(ev.source, lag as f64 / 1e9);
             }
         }
@@ -441,7 +466,7 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// The decision's ranking (its first `ranking_top` pods) from `order`.
     fn ranked(&self, order: &[usize], infos: &[PodInfo]) -> Vec<RankedPod> {
-        let index = self.summary.index();
+        let index = self.figures.ranking.index();
         order
             .iter()
             .take(self.settings.ranking_top)
@@ -476,7 +501,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         (paths, usage, asked): MemoryReads,
         decision: &mut Decision,
     ) {
-        self.summary.pods.clear();
+        self.figures.ranking.pods.clear();
         let mut listed = Vec::with_capacity(pods.len());
         for (i, (path, known)) in paths.iter().zip(asked).enumerate() {
             let info = &pods[i].info;
@@ -490,7 +515,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             };
             let Some(ws) = ws else { continue };
             listed.push(info.clone());
-            self.summary.pods.push(PodStats {
+            self.figures.ranking.pods.push(PodStats {
                 pod_ref: PodRef {
                     uid: info.uid.clone(),
                     name: info.name.clone(),
@@ -502,7 +527,12 @@ impl<P: PodControl + 'static> Reactor<P> {
                 ..PodStats::default()
             });
         }
-        let order = rank(reclaim.signal, layout, &listed, &self.summary.index());
+        let order = rank(
+            reclaim.signal,
+            layout,
+            &listed,
+            &self.figures.ranking.index(),
+        );
         decision.ranking = self.ranked(&order, &listed);
     }
 
@@ -510,7 +540,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// (where the observer found none), for a disk signal that charges writable layers.
     async fn add_writable_layers(&mut self) {
         let layers = self.pods.writable_layers().await;
-        for pod in &mut self.summary.pods {
+        for pod in &mut self.figures.ranking.pods {
             let Some(of_pod) = layers.get(&pod.pod_ref.uid) else {
                 continue;
             };
@@ -520,5 +550,139 @@ impl<P: PodControl + 'static> Reactor<P> {
                 }
             }
         }
+    }
+}
+
+/// The loop's side of killing at the crossing ([`super::crossing`]): the victim staged is the
+/// one an eviction would pick now, and a kill the kernel made there completes as an eviction.
+impl<P: PodControl + 'static> Reactor<P> {
+    /// Stages the pod a hard memory threshold would evict now, or clears the stage (see
+    /// [`super::crossing`] for when).
+    pub(super) fn stage_victim(&mut self) {
+        if !self.crossing.staging() {
+            return;
+        }
+        let ready = self.crossing.ready(
+            self.evictions.is_empty(),
+            self.close.kernel_watch().attached(),
+        );
+        let victim = if ready {
+            self.first_memory_victim().and_then(|pod| {
+                let id = self.observer.cgroup_id(&pod.cgroup)?;
+                let level = cgroup_level(&pod.cgroup);
+                Some((pod, id, level))
+            })
+        } else {
+            None
+        };
+        let staged = self
+            .crossing
+            .stage(victim.as_ref().map(|(_, id, level)| (*id, *level)));
+        if let (true, Some((pod, id, _))) = (staged, victim) {
+            self.read_figures(&pod);
+            self.crossing.remember(id, pod.uid);
+        }
+    }
+
+    /// The pod a hard memory threshold would evict now, with its cgroups: the bounded
+    /// search an eviction makes.
+    fn first_memory_victim(&mut self) -> Option<PodCgroup> {
+        let pods = self.candidates(true, Resource::Memory);
+        let (paths, usage) = self.pod_usages(&pods);
+        let (victim, _) = self.first_by_memory(&pods, &paths, &usage);
+        let root = self.settings.cgroup_root.trim_end_matches('/');
+        victim.map(|i| pods[i].cgroups(root))
+    }
+
+    /// Reads the staged pod's message figures ([`super::crossing`]): its working set and each
+    /// container's usage, one pod's files.
+    fn read_figures(&mut self, pod: &PodCgroup) {
+        let reads = PodReads {
+            pod_memory: true,
+            ..PodReads::message(Resource::Memory)
+        };
+        let problems = self.observer.observe_pods_for(
+            std::slice::from_ref(pod),
+            reads,
+            self.crossing.figures_mut(&pod.uid),
+        );
+        for p in problems {
+            tracing::debug!(error = %p, "the staged pod's figures left out of its message");
+        }
+    }
+
+    /// Whether this pass leaves the crossing of `reclaim`'s threshold, as it read it, to the
+    /// kernel's check ([`super::crossing::Crossing::leaves`]): the charge programs watch
+    /// its cgroup at its level, a victim staged for it within the stage's age, nothing in
+    /// flight.
+    pub(super) fn leaves_to_kernel(
+        &mut self,
+        reclaim: &Reclaim,
+        observations: &Observations,
+        since: Option<u64>,
+    ) -> bool {
+        let (thresholds, close, cgroups) = (
+            &self.settings.thresholds,
+            &self.close,
+            self.observer.settings(),
+        );
+        let watched = || {
+            let threshold = thresholds.get(reclaim.threshold)?;
+            let capacity = observations.get(reclaim.signal)?.capacity?;
+            Some(close.watches(threshold, capacity, cgroups))
+        };
+        self.crossing.leaves(
+            reclaim,
+            self.evictions.is_empty(),
+            || watched().unwrap_or(false),
+            since,
+            monotonic_ns(),
+        )
+    }
+
+    /// Completes the eviction a kill at the crossing began ([`super::crossing`]); fills in
+    /// `decision`. Returns the reclaim it stands for when the pod was evicted.
+    pub(super) async fn complete_crossing_kill(
+        &mut self,
+        signals: &Signals,
+        decision: &mut Decision,
+    ) -> Option<Reclaim> {
+        let observations = signals.observations();
+        let done = self
+            .crossing
+            .take_kill(&self.settings.thresholds, &observations)?;
+        let uid = &done.forced.uid;
+        // The loop may have evicted the pod already, woken by another source's record of the
+        // same crossing before the kernel's kill record was taken: the kill is then part of
+        // that eviction.
+        if self.evictions.contains(uid) {
+            return None;
+        }
+        if !self.pods.pods().iter().any(|p| p.info.uid == *uid) {
+            tracing::warn!(pid = done.pid, %uid, "the pod killed at the crossing is no longer running; nothing to complete");
+            return None;
+        }
+        decision.killed_at_crossing = Some(done.pid);
+        decision.crossing_kill = Some(done.figures);
+        let layout = signals.fs_layout().unwrap_or_default();
+        let reclaim = done.reclaim;
+        let evicted = self
+            .evict_one(
+                &reclaim,
+                &[reclaim.threshold],
+                signals,
+                layout,
+                decision,
+                Some(done.forced),
+            )
+            .await;
+        if !evicted {
+            // The pass goes on as if no kill had been made at the crossing.
+            decision.killed_at_crossing = None;
+            decision.crossing_kill = None;
+            decision.action = Action::None;
+            decision.ranking.clear();
+        }
+        evicted.then_some(reclaim)
     }
 }

@@ -131,7 +131,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         };
         record.outcome = outcome.to_string();
         record.took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        if let Some(m) = &self.metrics {
+        if let Some(m) = &self.out.metrics {
             m.record_memory_reclaim(outcome, record.freed_bytes, record.took_ns as f64 / 1e9);
         }
         Some(record)

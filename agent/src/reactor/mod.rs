@@ -42,15 +42,18 @@
 //! ([`Reactor::with_tap`]) instead of reading the sense layer beside it; [`Reactor::run`]
 //! hands the sense layer back when it ends, for its lag statistics.
 
+mod close;
 mod crossing;
 mod dry_run;
 mod evict;
 mod inflight;
 mod memory_reclaim;
 pub mod oom;
+mod outbox;
 pub mod pods;
 pub mod reclaim;
 pub mod record;
+mod runtime_pods;
 mod settings;
 pub mod status;
 pub mod thread;
@@ -69,25 +72,21 @@ use crate::decide::pressure::{
     pass_with_psi, pick_reclaim, reclaim_of, thresholds_met, EvictionState, Observations,
     PassResult, Reclaim,
 };
-use crate::decide::quantity::Quantity;
 use crate::decide::signal::NodeCondition;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
-use crate::decide::thresholds::{format_quantity, Threshold};
+use crate::decide::thresholds::format_quantity;
 use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
-use crate::sense::ebpf::charge_switch::ChargeSwitch;
-use crate::sense::ebpf::kernel_watch::KernelWatch;
-use crate::sense::memcg::MemcgThresholds;
 use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
-pub use pods::{
-    ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl, RuntimePods,
-};
-pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimSteps};
+pub use outbox::EventTap;
+pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl};
+pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimError, ReclaimSteps};
 pub use record::{
     Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
 };
+pub use runtime_pods::RuntimePods;
 pub use settings::{memcg_targets, ReactorSettings};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
 
@@ -118,6 +117,11 @@ impl ReactorHandle {
 }
 
 /// The loop's state; see the module doc. Run it with [`Reactor::run`] or [`spawn`].
+///
+/// Its parts own their state and their rules: the evictions in flight
+/// ([`inflight::Evictions`]), the crossing staging ([`crossing::Crossing`]), the close watch
+/// ([`close::CloseWatch`]) and what the loop hands out ([`outbox::Outbox`]). What is left
+/// here is what every pass reads and the eviction manager's own state.
 pub struct Reactor<P> {
     settings: ReactorSettings,
     observer: Observer,
@@ -125,72 +129,32 @@ pub struct Reactor<P> {
     cgroups: CgroupManager,
     reclaimer: Option<Arc<dyn NodeReclaim>>,
     state: EvictionState,
-    summary: Summary,
-    /// The victim's statistics, read for its eviction message.
-    victim: Summary,
-    decisions: broadcast::Sender<Decision>,
-    conditions: watch::Sender<Vec<String>>,
-    pressure: watch::Sender<Option<NodePressure>>,
-    transitions: status::Transitions,
-    seq: u64,
+    figures: PodFigures,
     /// The loop thread's CPU time as this pass began to observe (for the decision's
     /// `decide_to_kill_cpu_ns`).
     pass_cpu: Option<crate::sense::ThreadCpu>,
-    unprevented_ooms: u64,
+    /// Each container's OOM kill counter as last read, by pod uid and container name.
     oom_counts: BTreeMap<(String, String), u64>,
     /// The first kernel event of the current pressure episode (since the last evaluation
     /// that found nothing met and nothing close): what a timer-woken decision answers to.
     episode: Option<PressureEvent>,
-    close: CloseWatch,
-    /// Which watched cgroups the kernel checks at their working-set level now.
-    kernel_watch: KernelWatch,
-    tap: Option<EventTap>,
-    metrics: Option<Arc<Metrics>>,
-    /// The memcg usage thresholds, moved by the inactive file pages on every pass.
-    thresholds: MemcgThresholds,
-    /// Takes the eBPF charge programs off while a victim the loop killed is torn down
-    /// (`evict_one`; see [`ChargeSwitch`]).
-    charge_switch: Option<ChargeSwitch>,
-    /// After a disk eviction, `CLOCK_MONOTONIC` ns until which disk thresholds are not
-    /// acted on (see [`Reactor::disk_held`]); 0 when none.
-    disk_hold_until_ns: u64,
-    /// The evictions in flight (see [`inflight`]).
-    in_flight: Vec<inflight::InFlight>,
-    /// How many victims in flight hold the charge programs off.
-    charge_holds: usize,
-    /// When [`Reactor::track`] last read the victims in flight: the rules judge them as of
-    /// then ([`Reactor::victims`]), so a victim counts as past its bound only once `track`
-    /// has seen it so and its record is out, never first in a decision read a moment later.
-    tracked_ns: u64,
-    /// Whether the last pass found its thresholds covered by the victims in flight (and
-    /// recorded it): the passes after it that find the same are not recorded again.
-    covered_said: bool,
-    /// The victim staged for a kill at the crossing, and a kill the kernel made there for
-    /// the next pass to complete ([`crossing`]).
+    close: close::CloseWatch,
+    evictions: inflight::Evictions,
     crossing: crossing::Crossing,
-    /// Where stop tasks report their end, and where the loop takes it.
-    stop_tx: tokio::sync::mpsc::UnboundedSender<inflight::StopEnded>,
-    stop_rx: tokio::sync::mpsc::UnboundedReceiver<inflight::StopEnded>,
     /// With `dryRun`, the would-be evictions of the open pressure episodes ([`dry_run`]).
     dry_run: crate::decide::dry_run::DryRunLedger,
+    out: outbox::Outbox,
 }
 
-/// How closely the loop re-reads the memory signals between events ([`Reactor::close_watch`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CloseWatch {
-    /// No memory signal is close to a threshold: the housekeeping interval.
-    Far,
-    /// Close only to thresholds the kernel checks at their working-set level itself:
-    /// `kernel_watched_poll`, a net under the kernel's record.
-    KernelWatched,
-    /// Close to a threshold nothing in the kernel watches at its crossing: `close_poll`.
-    Close,
+/// The pods' figures a pass reads, kept between passes so that their buffers are reused
+/// rather than allocated on the way to a kill.
+#[derive(Default)]
+struct PodFigures {
+    /// The pods' statistics a ranking compares.
+    ranking: Summary,
+    /// The victim's statistics, read for its eviction message.
+    victim: Summary,
 }
-
-/// How far above a threshold's working-set level a kernel slot may sit and still count as
-/// watching it: the charge program checks every page near an armed level (every 16 pages per
-/// CPU farther away), and a slot's level is rounded up to a page.
-const KERNEL_WATCH_SLACK_BYTES: u64 = 64 << 10;
 
 /// The longest a pass the timer started waits for a kernel record already in the ring
 /// buffer ([`Reactor::kernel_record_with_timer`]): one turn of the runtime is enough (the
@@ -209,9 +173,6 @@ enum Woke {
     /// The eBPF charge programs came on: a watched cgroup is near its level.
     Near,
 }
-
-/// What [`Reactor::with_tap`] takes: called with every event the loop receives.
-pub type EventTap = Box<dyn Fn(&Received) + Send + Sync>;
 
 /// Waits for the next change of the pods; never resolves without a change feed (or once
 /// the feed has closed), so it can sit in a `select!` unconditionally.
@@ -248,8 +209,8 @@ impl<P: PodControl + 'static> Reactor<P> {
         cgroups: CgroupManager,
         reclaimer: Option<Arc<dyn NodeReclaim>>,
     ) -> Reactor<P> {
-        let (stop_tx, stop_rx) = inflight::stop_channel();
         let transitions = status::Transitions::new(&settings.psi);
+        let evictions = inflight::Evictions::new(&settings);
         Reactor {
             settings,
             observer,
@@ -257,32 +218,15 @@ impl<P: PodControl + 'static> Reactor<P> {
             cgroups,
             reclaimer,
             state: EvictionState::default(),
-            summary: Summary::default(),
-            victim: Summary::default(),
-            decisions: broadcast::channel(1024).0,
-            conditions: watch::channel(Vec::new()).0,
-            pressure: watch::channel(None).0,
-            transitions,
-            seq: 0,
+            figures: PodFigures::default(),
             pass_cpu: None,
-            unprevented_ooms: 0,
             oom_counts: BTreeMap::new(),
             episode: None,
-            close: CloseWatch::Far,
-            kernel_watch: KernelWatch::default(),
-            tap: None,
-            metrics: None,
-            thresholds: MemcgThresholds::default(),
-            charge_switch: None,
-            disk_hold_until_ns: 0,
-            in_flight: Vec::new(),
-            charge_holds: 0,
-            tracked_ns: 0,
-            covered_said: false,
+            close: close::CloseWatch::default(),
+            evictions,
             crossing: crossing::Crossing::default(),
-            stop_tx,
-            stop_rx,
             dry_run: Default::default(),
+            out: outbox::Outbox::new(transitions),
         }
     }
 
@@ -290,23 +234,23 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// included), before the loop folds them: the agent's event counters, event stream and
     /// per-event log line hang here. It runs on the loop's task, so it must be quick.
     pub fn with_tap(mut self, tap: impl Fn(&Received) + Send + Sync + 'static) -> Reactor<P> {
-        self.tap = Some(Box::new(tap));
+        self.out.tap = Some(Box::new(tap));
         self
     }
 
     /// Keeps `metrics` up to date: signal values and thresholds on every pass, node
     /// conditions, evictions by signal and QoS, reaction lag by the waking event's source.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Reactor<P> {
-        self.metrics = Some(metrics);
+        self.out.metrics = Some(metrics);
         self
     }
 
     /// The outputs, to subscribe before running.
     pub fn handle(&self) -> ReactorHandle {
         ReactorHandle {
-            decisions: self.decisions.clone(),
-            conditions: self.conditions.subscribe(),
-            pressure: self.pressure.subscribe(),
+            decisions: self.out.decisions.clone(),
+            conditions: self.out.conditions.subscribe(),
+            pressure: self.out.pressure.subscribe(),
         }
     }
 
@@ -315,9 +259,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
         self.baseline_oom_counts();
         self.check_memory_reclaim();
-        self.thresholds = sense.memcg_thresholds();
-        self.charge_switch = sense.charge_switch();
-        self.kernel_watch = sense.kernel_watch();
+        self.close
+            .start(sense.kernel_watch(), sense.memcg_thresholds());
+        self.evictions.set_charge_switch(sense.charge_switch());
         if self.settings.kill_at_crossing && self.settings.memory_reclaim.is_some() {
             // Reclaim first means the loop decides at the crossing whether page cache can
             // stand in for a pod; a kill in the kernel would pre-empt it.
@@ -327,11 +271,14 @@ impl<P: PodControl + 'static> Reactor<P> {
             // and wake the loop, but it kills nothing.
             tracing::info!("dry run: no victim is staged for a kill at the crossing");
         } else if self.settings.kill_at_crossing {
-            self.crossing.stage = sense.victim_stage();
-            self.crossing.hard = settings::hard_memcg_targets(&self.settings, &self.observer);
+            self.crossing.start(
+                sense.victim_stage(),
+                settings::hard_memcg_targets(&self.settings, &self.observer),
+                self.settings.kernel_watched_poll,
+            );
         }
-        let near = self.kernel_watch.clone();
-        let staging = self.crossing.stage.is_some();
+        let near = self.close.kernel_watch().clone();
+        let staging = self.crossing.staging();
         let mut pods_changed = self.pods.changes();
         self.warm_pods();
         // The first pass runs at once, as the kubelet's eviction manager synchronizes as soon
@@ -355,7 +302,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     Some(r) => Woke::Sense(Some(r)),
                     None => return sense,
                 },
-                Some(ended) = self.stop_rx.recv() => Woke::StopEnded(ended),
+                Some(ended) = self.evictions.next_stop() => Woke::StopEnded(ended),
                 () = tokio::time::sleep(sleep) => Woke::Sense(None),
                 Some(()) = next_change(&mut pods_changed) => Woke::Pods,
                 () = near.came_on(), if staging => Woke::Near,
@@ -408,12 +355,10 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// Counts a pass the timer started while a memory signal was close to a threshold.
     fn count_close_reread(&self) {
-        let watch = match self.close {
-            CloseWatch::Far => return,
-            CloseWatch::KernelWatched => "kernel_watched",
-            CloseWatch::Close => "close",
+        let Some(watch) = self.close.reread_label() else {
+            return;
         };
-        if let Some(m) = &self.metrics {
+        if let Some(m) = &self.out.metrics {
             m.count_close_reread(watch);
         }
     }
@@ -434,7 +379,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         let mut wake: Option<(PressureEvent, u64)> = None;
         let mut coalesced = 0;
         for r in received {
-            if let Some(tap) = &self.tap {
+            if let Some(tap) = &self.out.tap {
                 tap(&r);
             }
             if !self.is_ours(&r.event) {
@@ -443,7 +388,9 @@ impl<P: PodControl + 'static> Reactor<P> {
             if let Kind::OomKill { pid, comm, .. } = &r.event.kind {
                 self.record_oom(&r, *pid, comm.clone());
             }
-            self.note_crossing_kill(&r.event);
+            let watched = self.observer.settings();
+            self.crossing
+                .note_kill(&r.event, &watched.node_cgroup, &watched.kubepods_cgroup);
             coalesced += 1;
             if record::is_kernel_event(&r.event) && self.episode.is_none() {
                 self.episode = Some(r.event.clone());
@@ -481,22 +428,15 @@ impl<P: PodControl + 'static> Reactor<P> {
     fn next_recheck(&self) -> Duration {
         let now = i128::from(monotonic_ns());
         let mut wait = i128::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(i128::MAX);
-        let close = match self.close {
-            CloseWatch::Far => None,
-            CloseWatch::KernelWatched => Some(self.settings.kernel_watched_poll),
-            // A dry run with an episode open re-reads no faster than the kernel-watched net
-            // (`dry_run`).
-            CloseWatch::Close if !self.dry_run.is_empty() => Some(
-                self.settings
-                    .close_poll
-                    .max(self.settings.kernel_watched_poll),
-            ),
-            CloseWatch::Close => Some(self.settings.close_poll),
-        };
+        let close = self.close.recheck_every(
+            self.settings.close_poll,
+            self.settings.kernel_watched_poll,
+            !self.dry_run.is_empty(),
+        );
         if let Some(every) = close {
             wait = wait.min(i128::try_from(every.as_nanos()).unwrap_or(0));
         }
-        let held = i128::from(self.disk_hold_until_ns) - now;
+        let held = i128::from(self.evictions.disk_hold_until_ns()) - now;
         if held > 0 {
             wait = wait.min(held + 1);
         }
@@ -517,15 +457,18 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
         // The victim staged for a kill at the crossing is re-ranked at least this often
         // while the charge programs are on.
-        if self.crossing.stage.is_some() && self.kernel_watch.attached() {
-            let every = self.settings.kernel_watched_poll;
+        let attached = self.close.kernel_watch().attached();
+        if let Some(every) = self
+            .crossing
+            .restage_every(attached, self.settings.kernel_watched_poll)
+        {
             wait = wait.min(i128::try_from(every.as_nanos()).unwrap_or(0));
         }
         // A crossing left to the kernel is read again when its time is up.
         if let Some(due) = self.crossing.left_until_ns() {
             wait = wait.min((i128::from(due) - now).max(0) + 1);
         }
-        if let Some(d) = self.in_flight_recheck(u64::try_from(now).unwrap_or(0)) {
+        if let Some(d) = self.evictions.recheck(u64::try_from(now).unwrap_or(0)) {
             wait = wait.min(i128::try_from(d.as_nanos()).unwrap_or(0));
         }
         Duration::from_nanos(u64::try_from(wait.max(0)).unwrap_or(u64::MAX))
@@ -544,7 +487,8 @@ impl<P: PodControl + 'static> Reactor<P> {
             // overstate.
             self.track(monotonic_ns());
             let signals = self.observer.observe();
-            self.move_thresholds(&signals);
+            self.close
+                .move_thresholds(&signals, self.observer.settings());
             if let Some(layout) = signals.fs_layout() {
                 self.follow_layout(layout);
             }
@@ -562,16 +506,23 @@ impl<P: PodControl + 'static> Reactor<P> {
             );
             self.state = next;
             self.end_dry_run_episodes(&result.met);
-            self.close = self.close_watch(&signals);
+            self.close.assess(
+                &self.settings.thresholds,
+                &observations,
+                self.observer.settings(),
+            );
             // The episode ends when no threshold is met (grace periods aside) and no memory
             // signal is close; node conditions may linger for their transition period.
-            if self.state.first_observed_at.is_empty() && self.close == CloseWatch::Far {
+            if self.state.first_observed_at.is_empty()
+                && self.close.closeness() == close::Closeness::Far
+            {
                 self.episode = None;
             }
             // Only whether the conditions changed is asked before the act; their names, the
             // met thresholds' text and the signals' figures (tens of microseconds of
             // formatting) are written into the record after it, off the path to the SIGKILL.
             let conditions_changed = !self
+                .out
                 .conditions
                 .borrow()
                 .iter()
@@ -582,7 +533,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 signals.monotonic_ns,
                 Vec::new(),
                 Action::None,
-                self.unprevented_ooms,
+                self.out.unprevented_ooms,
             );
             decision.dry_run = self.settings.dry_run;
             // The act first; the metrics and the status snapshot of this pass after it, off
@@ -598,7 +549,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 )
                 .await;
             if conditions_changed {
-                self.conditions.send_replace(condition_names(&result));
+                self.out.conditions.send_replace(condition_names(&result));
             }
             self.record_metrics(&observations, &result.conditions);
             let mut snapshot = status::snapshot(
@@ -606,12 +557,12 @@ impl<P: PodControl + 'static> Reactor<P> {
                 &self.state,
                 &observations,
                 &result.conditions,
-                &mut self.transitions,
+                &mut self.out.transitions,
                 &signals,
             );
             snapshot.dry_run = self.settings.dry_run;
             snapshot.would_evict = status::would_evict(self.dry_run.current(), &signals);
-            self.pressure.send_replace(Some(snapshot));
+            self.out.pressure.send_replace(Some(snapshot));
             if let Some(mut d) = decided {
                 self.describe(&mut d, &result, &signals);
                 self.emit(d);
@@ -624,9 +575,9 @@ impl<P: PodControl + 'static> Reactor<P> {
                 self.wait_serially().await;
             }
             if reclaim::reclaims_node_level(reclaim.signal) {
-                self.disk_hold_until_ns = monotonic_ns().saturating_add(
+                self.evictions.hold_disk(monotonic_ns().saturating_add(
                     u64::try_from(self.settings.housekeeping.as_nanos()).unwrap_or(u64::MAX),
-                );
+                ));
             }
             // Events that came in while the victim was going are folded into the next pass,
             // which runs at once (OOM kills among them are still recorded).
@@ -653,7 +604,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     ) -> (Option<Decision>, Option<Reclaim>) {
         // A crossing earlier passes left to the kernel stays left only while this pass
         // leaves it too.
-        let left_since = self.crossing.left_since_ns.take();
+        let left_since = self.crossing.take_left_since();
         // A kill the kernel made at a hard threshold's crossing is completed first, whatever
         // this pass read (`crossing`).
         if self.crossing.pending() {
@@ -663,10 +614,10 @@ impl<P: PodControl + 'static> Reactor<P> {
         }
         // With evictions in flight, only the thresholds their victims do not stand for call
         // for another (`decide::inflight`); with none, the pass's choice.
-        let reclaim = if self.in_flight.is_empty() {
+        let reclaim = if self.evictions.is_empty() {
             result.reclaim
         } else {
-            let victims = self.victims();
+            let victims = self.evictions.victims();
             let open = uncovered(
                 &self.settings.thresholds,
                 &result.met,
@@ -679,7 +630,7 @@ impl<P: PodControl + 'static> Reactor<P> {
         // A pass whose thresholds the victims in flight stand for is recorded once, not on
         // every re-read while they go.
         let covered = result.reclaim.is_some() && reclaim.is_none();
-        let said = std::mem::replace(&mut self.covered_said, covered);
+        let said = self.evictions.note_covered(covered);
         let reclaim = reclaim.filter(|r| !self.disk_held(r.signal, signals.monotonic_ns));
         // A hard memory crossing the kernel is about to check at its level, with the victim
         // staged, is left to it for a moment (`crossing`); recorded only with the conditions.
@@ -738,7 +689,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     Err(e) => Action::Reclaimed {
                         freed_bytes: 0,
                         resolved,
-                        error: Some(e),
+                        error: Some(e.to_string()),
                     },
                 };
                 if resolved {
@@ -768,7 +719,7 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// pause from acting only on disk statistics newer than its last decision, which it
     /// refreshes at the housekeeping interval. Memory and pids are never held.
     fn disk_held(&self, signal: Signal, now_ns: u64) -> bool {
-        reclaim::reclaims_node_level(signal) && now_ns < self.disk_hold_until_ns
+        reclaim::reclaims_node_level(signal) && now_ns < self.evictions.disk_hold_until_ns()
     }
 
     /// Re-derives the `containerfs` thresholds when the observed filesystem layout is not
@@ -795,95 +746,13 @@ impl<P: PodControl + 'static> Reactor<P> {
         self.state.thresholds_met.retain(|&i| i < kept);
     }
 
-    /// How closely to re-read the memory signals: a memory signal is close when it is within
-    /// a margin of a threshold (a quarter of its level, at least 16 MiB). Close to a
-    /// threshold the kernel checks at its working-set level itself (an armed eBPF slot that
-    /// follows the page cache, [`KernelWatch`]), the kernel's record wakes the loop at the
-    /// crossing and re-reading every `close_poll` would only race it; close to any other,
-    /// the loop re-reads every `close_poll` rather than trusting the next notification to
-    /// come in time.
-    fn close_watch(&self, signals: &Signals) -> CloseWatch {
-        let observations = signals.observations();
-        let mut watch = CloseWatch::Far;
-        for t in &self.settings.thresholds {
-            if !matches!(
-                t.signal,
-                Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable
-            ) {
-                continue;
-            }
-            let Some(obs) = observations.get(t.signal) else {
-                continue;
-            };
-            let capacity = obs
-                .capacity
-                .unwrap_or(crate::decide::quantity::Quantity::ZERO);
-            let level = t.level(capacity, false).value();
-            let margin = (level / 4).max(16 << 20);
-            if obs.available.value() >= level.saturating_add(margin) {
-                continue;
-            }
-            if self.kernel_watches(t, capacity) {
-                watch = CloseWatch::KernelWatched;
-            } else {
-                return CloseWatch::Close;
-            }
-        }
-        watch
-    }
-
-    /// Whether the kernel checks memory threshold `t` itself (an armed eBPF slot following
-    /// the page cache on its cgroup, at or below the working set where it is met:
-    /// `capacity - level`).
-    fn kernel_watches(&self, t: &Threshold, capacity: Quantity) -> bool {
-        let settings = self.observer.settings();
-        let cgroup = match t.signal {
-            Signal::MemoryAvailable => &settings.node_cgroup,
-            Signal::AllocatableMemoryAvailable => &settings.kubepods_cgroup,
-            _ => return false,
-        };
-        let level = t.level(capacity, false).value();
-        let working_set = u64::try_from(capacity.value().saturating_sub(level)).unwrap_or(0);
-        self.kernel_watch
-            .watches(cgroup, working_set, KERNEL_WATCH_SLACK_BYTES)
-    }
-
-    /// Keeps each memcg usage threshold where the working set meets its level: the base
-    /// (`capacity - level`, armed at start) plus the cgroup's inactive file pages now, as the
-    /// kubelet's threshold notifier does, so the kernel's notification comes when the
-    /// threshold is met rather than a page cache earlier. Every change is passed on: the
-    /// eBPF slot follows it page for page (one map write), the v1 registration only by
-    /// [`crate::sense::memcg::V1_MOVE_STEP_BYTES`] or more.
-    fn move_thresholds(&self, signals: &Signals) {
-        let settings = self.observer.settings();
-        for target in self.thresholds.targets() {
-            let Some(base) = target.threshold_bytes else {
-                continue;
-            };
-            let memory = if target.cgroup == settings.node_cgroup {
-                signals.memory
-            } else if target.cgroup == settings.kubepods_cgroup {
-                signals.allocatable_memory
-            } else {
-                None
-            };
-            let Some(m) = memory else {
-                continue;
-            };
-            self.thresholds.set(
-                target,
-                crate::sense::memcg::Level::working_set(base, m.inactive_file_bytes),
-            );
-        }
-    }
-
     /// Puts this pass's signal values, thresholds and node conditions on the metrics.
     fn record_metrics(
         &self,
         observations: &crate::decide::pressure::Observations,
         on: &[NodeCondition],
     ) {
-        let Some(m) = &self.metrics else {
+        let Some(m) = &self.out.metrics else {
             return;
         };
         for &signal in &Signal::ALL {
@@ -909,7 +778,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 },
             );
         }
-        for &c in self.transitions.listed() {
+        for &c in self.out.transitions.listed() {
             m.set_condition(c, on.contains(&c));
         }
     }
@@ -926,11 +795,56 @@ impl<P: PodControl + 'static> Reactor<P> {
         d.signals = signal_values(signals);
     }
 
-    fn emit(&mut self, mut d: Decision) {
-        self.seq += 1;
-        d.seq = self.seq;
-        d.log();
-        let _ = self.decisions.send(d);
+    fn emit(&mut self, d: Decision) {
+        self.out.emit(d);
+    }
+
+    /// Reads every victim in flight ([`inflight::Evictions::track`]) and emits the second
+    /// records that are due.
+    fn track(&mut self, now_ns: u64) {
+        let mut looks = inflight::NodeLooks {
+            cgroups: &self.cgroups,
+            observer: &mut self.observer,
+        };
+        for r in self.evictions.track(now_ns, &mut looks) {
+            let action = Action::Released {
+                uid: r.uid,
+                pod: r.pod,
+                released: r.released,
+                pending_bytes: r.pending_bytes,
+                error: r.error,
+            };
+            let mut d = self.out.record(Wake::timer(None), monotonic_ns(), action);
+            d.release_ns = r.release_ns;
+            self.emit(d);
+        }
+    }
+
+    /// Takes in the end of a stop, and looks at the victims.
+    fn stop_ended(&mut self, ended: inflight::StopEnded) {
+        let now = monotonic_ns();
+        self.evictions.stop_ended(ended, now);
+        self.track(now);
+    }
+
+    /// The kubelet's way (`serialEvictions`): waits for every eviction in flight to end and
+    /// its memory to come back (bounded by `release_wait` after the stop) before the next
+    /// pass.
+    async fn wait_serially(&mut self) {
+        loop {
+            let now = monotonic_ns();
+            self.track(now);
+            if !self.evictions.waiting_serially(now) {
+                return;
+            }
+            let ended = tokio::select! {
+                Some(ended) = self.evictions.next_stop() => Some(ended),
+                () = tokio::time::sleep(self.settings.close_poll) => None,
+            };
+            if let Some(ended) = ended {
+                self.stop_ended(ended);
+            }
+        }
     }
 }
 

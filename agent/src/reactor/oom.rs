@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use super::pods::{ActivePod, PodControl};
-use super::record::{Action, Decision, Wake};
+use super::record::{Action, Wake};
 use super::Reactor;
 use crate::sense::{monotonic_ns, Received};
 
@@ -113,7 +113,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             return;
         }
         for (pod, container) in hits {
-            self.unprevented_ooms += 1;
+            self.out.unprevented_ooms += 1;
             let restarting = pod.map(|p| p.restart_policy.restarts(137));
             let wake = Wake {
                 event: Some(r.event.clone()),
@@ -130,14 +130,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 restarting,
                 reason: "OOMKilled".to_string(),
             };
-            let conditions = self.conditions.borrow().clone();
-            let d = Decision::new(
-                wake,
-                monotonic_ns(),
-                conditions,
-                action,
-                self.unprevented_ooms,
-            );
+            let d = self.out.record(wake, monotonic_ns(), action);
             self.emit(d);
         }
     }

@@ -3,24 +3,24 @@
 //! The loop ranks and evicts pods but does not own them: the node's pod manager (admission,
 //! API, status) does. [`PodControl`] is the narrow interface between the two — list the
 //! active pods with their cgroups, and evict one with a grace period and the status the pod
-//! must end in. [`RuntimePods`] implements it directly over a [`Runtime`] and the cgroup
-//! writer, for nodes (and tests) without a pod manager.
+//! must end in. [`super::RuntimePods`] (`runtime_pods.rs`) implements it directly over a
+//! runtime and the cgroup writer, for nodes (and tests) without a pod manager.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::act::cgroups::{CgroupError, CgroupManager, CgroupPath};
-use crate::act::kill::{kill_and_reap, Killed, KnownProcess};
-use crate::act::runtime::{PodStatus, RestartPolicy, Runtime, RuntimeError};
+use crate::act::cgroups::{CgroupError, CgroupPath};
+use crate::act::runtime::{RestartPolicy, RuntimeError};
 use crate::decide::pod::PodInfo;
 use crate::decide::summary::FsStats;
 use crate::observe::{ContainerCgroup, PodCgroup};
-use crate::sense::monotonic_ns;
+
+/// What an eviction's kill did: the port's answer, made by [`crate::act::kill`].
+pub use crate::act::kill::Evicted;
 
 /// A pod that runs on the node now, as the loop ranks and evicts it.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,25 +88,6 @@ impl EvictionStatus {
     }
 }
 
-/// What an eviction did, for the decision record.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Evicted {
-    /// `CLOCK_MONOTONIC` ns when SIGKILL went to the pod's processes (at once for grace 0,
-    /// after the grace period otherwise); `None` when nothing was left to kill.
-    pub killed_at_ns: Option<u64>,
-    /// The killing thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`) at `killed_at_ns`, when the
-    /// kill was made on the caller's thread ([`kill_cgroup_now`]: the loop's, for the
-    /// decision's `decide_to_kill_cpu_ns`).
-    #[serde(skip)]
-    pub killed_cpu: Option<crate::sense::ThreadCpu>,
-    /// How many processes were sent SIGKILL by the eviction itself.
-    pub killed: usize,
-    /// Of those, how many were handed to `process_mrelease` right after the SIGKILL, on a
-    /// reaper thread (0 where the kernel lacks it, before 5.15).
-    pub reaped: usize,
-}
-
 /// Why an eviction failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EvictError {
@@ -119,7 +100,7 @@ pub enum EvictError {
 }
 
 /// The pod manager as the reactor loop sees it. Implemented by the node's pod manager, and
-/// by [`RuntimePods`] where there is none.
+/// by [`super::RuntimePods`] where there is none.
 pub trait PodControl: Send + Sync {
     /// The pods running now (admitted, not terminated), with their cgroups.
     fn pods(&self) -> ActivePods;
@@ -144,6 +125,12 @@ pub trait PodControl: Send + Sync {
     fn note_kill(&self, uid: &str, status: &EvictionStatus) {
         let _ = (uid, status);
     }
+
+    /// Hard before soft: SIGKILL now to every process in `cgroup` (pod `uid`'s), whose
+    /// graceful eviction is under way. The runtime was told to stop already (so nothing
+    /// restarts what dies), and the stop under way then ends at once. Synchronous, from the
+    /// loop's task, like [`PodControl::kill_now`]; the kill is [`crate::act::kill`]'s.
+    fn escalate(&self, uid: &str, cgroup: &CgroupPath) -> Evicted;
 
     /// Stops the pod `uid` — SIGKILL at once when `grace` is zero, SIGTERM then SIGKILL after
     /// `grace` otherwise — and sets its status to `status`. `killed` is the kill
@@ -174,125 +161,6 @@ pub trait PodControl: Send + Sync {
     }
 }
 
-/// [`PodControl`] over a [`Runtime`] and the cgroup writer: the pods are registered by the
-/// caller (who created their cgroups and ran them), eviction stops them through the runtime
-/// and removes the pod cgroup, and the final statuses are kept for the caller to read.
-pub struct RuntimePods<R> {
-    runtime: Arc<R>,
-    cgroups: CgroupManager,
-    pods: Mutex<BTreeMap<String, ActivePod>>,
-    /// `pods` as the loop asks for them, rebuilt on every change: an eviction's pass takes
-    /// them at once instead of copying every pod on its way to the SIGKILL. Also the change
-    /// feed ([`PodControl::changes`]): the loop opens a new pod's files when it is added, as
-    /// it does under the pod manager, not between the kernel's event and the kill.
-    listed: tokio::sync::watch::Sender<ActivePods>,
-    evicted: Mutex<BTreeMap<String, EvictionStatus>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl<R: Runtime> RuntimePods<R> {
-    /// An adapter with no pods yet.
-    pub fn new(runtime: Arc<R>, cgroups: CgroupManager) -> RuntimePods<R> {
-        RuntimePods {
-            runtime,
-            cgroups,
-            pods: Mutex::new(BTreeMap::new()),
-            listed: tokio::sync::watch::Sender::new(Arc::new([])),
-            evicted: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// Changes the pods and the list [`PodControl::pods`] hands out, under one lock.
-    fn change<T>(&self, f: impl FnOnce(&mut BTreeMap<String, ActivePod>) -> T) -> T {
-        let mut pods = lock(&self.pods);
-        let out = f(&mut pods);
-        self.listed.send_replace(pods.values().cloned().collect());
-        out
-    }
-
-    /// Registers a pod the caller runs through the runtime.
-    pub fn add(&self, pod: ActivePod) {
-        self.change(|pods| pods.insert(pod.info.uid.clone(), pod));
-    }
-
-    /// Forgets a pod (stopped by the caller).
-    pub fn remove(&self, uid: &str) -> Option<ActivePod> {
-        self.change(|pods| pods.remove(uid))
-    }
-
-    /// The final status of an evicted pod.
-    pub fn eviction_status(&self, uid: &str) -> Option<EvictionStatus> {
-        lock(&self.evicted).get(uid).cloned()
-    }
-
-    /// Every eviction so far, by uid.
-    pub fn evictions(&self) -> BTreeMap<String, EvictionStatus> {
-        lock(&self.evicted).clone()
-    }
-}
-
-impl<R: Runtime> PodControl for RuntimePods<R> {
-    fn pods(&self) -> ActivePods {
-        self.listed.borrow().clone()
-    }
-
-    fn changes(&self) -> Option<tokio::sync::watch::Receiver<ActivePods>> {
-        let mut rx = self.listed.subscribe();
-        rx.mark_unchanged();
-        Some(rx)
-    }
-
-    fn kill_now(&self, uid: &str) -> Option<Evicted> {
-        let cgroup = lock(&self.pods).get(uid).map(|p| p.cgroup.clone())?;
-        self.runtime.fence(uid);
-        let known = self.runtime.known_processes(uid);
-        Some(kill_cgroup_now(&self.cgroups, &cgroup, known))
-    }
-
-    async fn evict(
-        &self,
-        uid: &str,
-        grace: Duration,
-        status: EvictionStatus,
-        killed: Option<Evicted>,
-    ) -> Result<Evicted, EvictError> {
-        let Some(pod) = lock(&self.pods).get(uid).cloned() else {
-            return Err(RuntimeError::NotFound {
-                uid: uid.to_string(),
-            }
-            .into());
-        };
-        let kill_in = Some(&pod.cgroup).filter(|_| killed.is_none());
-        let (result, mut out) =
-            stop_and_kill(&*self.runtime, uid, grace, kill_in, &self.cgroups).await;
-        if let Some(k) = killed {
-            out = k;
-        }
-        // The pod is gone from the node whatever the runtime says about its last moments.
-        self.change(|pods| pods.remove(uid));
-        lock(&self.evicted).insert(uid.to_string(), status);
-        match result {
-            Ok(_) | Err(RuntimeError::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-        self.cgroups
-            .remove_off_runtime(&pod.cgroup, Duration::from_secs(2))
-            .await?;
-        Ok(out)
-    }
-
-    async fn writable_layers(&self) -> BTreeMap<String, BTreeMap<String, FsStats>> {
-        let uids: Vec<String> = lock(&self.pods).keys().cloned().collect();
-        writable_layers_of(uids, |uid| async move {
-            self.runtime.writable_layers(&uid).await
-        })
-        .await
-    }
-}
-
 /// Asks `fetch` for each pod's writable layers and keeps the pods it knows something about;
 /// a pod the runtime cannot measure is left out of the disk figures (ranked as a pod without
 /// statistics) and logged at debug.
@@ -315,115 +183,6 @@ where
         }
     }
     out
-}
-
-/// Sends SIGKILL to every process in `cgroup` and below, then reaps their memory with
-/// `process_mrelease` where the kernel has it ([`crate::act::kill`]). The eviction's own kill
-/// for grace 0: the loop does not wait for a runtime's supervisor task to be scheduled, nor
-/// for the victims' exit paths, before the memory starts coming back.
-pub fn kill_cgroup(cgroups: &CgroupManager, cgroup: &CgroupPath) -> Killed {
-    let pids = cgroups.procs_recursive(cgroup).unwrap_or_default();
-    kill_and_reap(&pids)
-}
-
-/// Stops a pod through the runtime, the eviction's way. With grace 0 the runtime is first
-/// told to stop (its first poll, so no supervisor restarts what dies next), then every
-/// process in `cgroup` gets SIGKILL from here at once — not whenever the runtime's own tasks
-/// are scheduled — and that moment is the kill time; with a grace period (or no cgroup) it
-/// is when the runtime reports the stop.
-pub async fn stop_and_kill<R: Runtime>(
-    rt: &R,
-    uid: &str,
-    grace: Duration,
-    cgroup: Option<&CgroupPath>,
-    cgroups: &CgroupManager,
-) -> (Result<PodStatus, RuntimeError>, Evicted) {
-    let stop = rt.stop_pod(uid, grace);
-    let (first, out) = begin_kill(stop, grace, cgroup, cgroups, || rt.known_processes(uid));
-    finish_kill(first, out).await
-}
-
-/// A stop begun by [`begin_kill`]: the runtime's answer if it came at the first poll, else
-/// the rest of its stop to await.
-pub type Begun<F> = (Result<Result<PodStatus, RuntimeError>, F>, Evicted);
-
-/// The first half of [`stop_and_kill`], without awaiting: polls `stop` (the runtime's
-/// `stop_pod`) once, so the runtime is told before anything dies, then with grace 0 sends
-/// SIGKILL to every process in `cgroup` at once, the runtime's own processes (`known`, asked
-/// only when there is a kill, before the runtime is told) first. For a caller that must
-/// record something right after the kill and before the stop's end (the pod manager's
-/// write-ahead record), without delaying the kill by it. Finish with [`finish_kill`].
-pub fn begin_kill<F>(
-    stop: F,
-    grace: Duration,
-    cgroup: Option<&CgroupPath>,
-    cgroups: &CgroupManager,
-    known: impl FnOnce() -> Vec<KnownProcess>,
-) -> Begun<std::pin::Pin<Box<F>>>
-where
-    F: Future<Output = Result<PodStatus, RuntimeError>>,
-{
-    let kill = cgroup.filter(|_| grace.is_zero()).map(|cg| (cg, known()));
-    let mut stop = Box::pin(stop);
-    // A no-op waker is enough for this first poll: the caller polls again (with its task's
-    // waker) in `finish_kill` when the stop is not done.
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let first = match stop.as_mut().poll(&mut cx) {
-        Poll::Ready(r) => Ok(r),
-        Poll::Pending => Err(stop),
-    };
-    let out = kill.map_or_else(Evicted::default, |(cg, known)| {
-        kill_cgroup_now(cgroups, cg, known)
-    });
-    (first, out)
-}
-
-/// SIGKILL to every process in `cgroup` and below, then their memory reaped
-/// ([`crate::act::kill`]). The eviction's kill for grace 0. The processes the runtime named
-/// (`known`, its containers' own processes, through their pidfds) are signalled first and
-/// that is the kill time: a container's main process then dies without waiting for the walk
-/// of the pod's cgroups, a cgroupfs walk that contends with every pod cgroup being created
-/// or removed. The walk follows at once and signals whatever else runs there (forks); with
-/// nothing known, the kill time is the walk's signal. Either way it is taken before the
-/// reap, which frees the memory on a blocking thread while the caller goes on
-/// ([`crate::act::kill::Signalled::reap_aside`]).
-pub fn kill_cgroup_now(
-    cgroups: &CgroupManager,
-    cgroup: &CgroupPath,
-    known: Vec<KnownProcess>,
-) -> Evicted {
-    let mut signalled = crate::act::kill::kill_known(known);
-    let stamp = || (monotonic_ns(), crate::sense::ThreadCpu::now());
-    let first = (signalled.killed() > 0).then(stamp);
-    let pids = cgroups.memory_procs_recursive(cgroup).unwrap_or_default();
-    signalled.kill_rest(&pids);
-    let (killed_at_ns, killed_cpu) = first.unwrap_or_else(stamp);
-    let k = signalled.reap_aside();
-    Evicted {
-        killed_at_ns: Some(killed_at_ns),
-        killed_cpu: Some(killed_cpu),
-        killed: k.killed,
-        reaped: k.reaped,
-    }
-}
-
-/// The second half of [`stop_and_kill`]: awaits the runtime's stop; with a grace period the
-/// kill time is when it reports the pod stopped.
-pub async fn finish_kill<F>(
-    first: Result<Result<PodStatus, RuntimeError>, std::pin::Pin<Box<F>>>,
-    mut out: Evicted,
-) -> (Result<PodStatus, RuntimeError>, Evicted)
-where
-    F: Future<Output = Result<PodStatus, RuntimeError>>,
-{
-    let result = match first {
-        Ok(r) => r,
-        Err(stop) => stop.await,
-    };
-    if out.killed_at_ns.is_none() {
-        out.killed_at_ns = Some(monotonic_ns());
-    }
-    (result, out)
 }
 
 impl ActivePod {

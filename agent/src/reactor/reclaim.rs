@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::decide::signal::{FsLayout, Signal};
-use crate::images::ImageGcManager;
+use crate::images::{ImageGcError, ImageGcManager};
 
 /// What a node-level reclaim freed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,9 +24,17 @@ pub struct NodeReclaimed {
     pub images_deleted: usize,
 }
 
+/// Why a node-level reclaim failed. The loop records it in its decision and evicts anyway.
+#[derive(Debug, thiserror::Error)]
+pub enum ReclaimError {
+    /// The image garbage collector could not remove dead containers or delete images.
+    #[error(transparent)]
+    ImageGc(#[from] ImageGcError),
+}
+
 /// The boxed future a [`NodeReclaim`] returns (object safe, so the loop holds any).
 pub type ReclaimFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<NodeReclaimed, String>> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = Result<NodeReclaimed, ReclaimError>> + Send + 'a>>;
 
 /// Which node-level steps can free the filesystem a disk signal measures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,8 +122,7 @@ impl NodeReclaim for ImageGcManager {
                 self.delete_dead_containers().await
             } else {
                 return Ok(NodeReclaimed::default());
-            }
-            .map_err(|e| e.to_string())?;
+            }?;
             Ok(NodeReclaimed {
                 freed_bytes: r.freed_bytes,
                 containers_removed: r.containers_removed.len() + r.sandboxes_removed.len(),

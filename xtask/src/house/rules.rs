@@ -118,16 +118,6 @@ pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "agent/src/reactor/crossing.rs",
-            "agent/src/reactor/evict.rs",
-            "agent/src/reactor/inflight.rs",
-            "agent/src/reactor/mod.rs",
-        ],
-        "crossing, inflight and evict are `impl Reactor` blocks of the parent's type, to go \
-         with the loop in parts (issue 40)",
-    ),
-    (
-        &[
             "tests/src/v2/agent.rs",
             "tests/src/v2/kernel.rs",
             "tests/src/v2/memory_qos.rs",

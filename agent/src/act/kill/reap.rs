@@ -1,4 +1,5 @@
-//! Killing a victim's processes and giving their memory back at once.
+//! Killing processes and giving their memory back at once: the signal and the reap, by
+//! pidfd, below the pod-level kill of [`super`].
 //!
 //! SIGKILL only marks a process dying: its memory comes back when its own exit path tears
 //! down the address space, in the victim's context — on a busy node whenever the scheduler
