@@ -9,6 +9,7 @@ pub mod cgroups;
 pub mod crossing;
 pub mod dry_run;
 pub mod duration;
+pub mod eviction_message;
 pub mod image_gc;
 pub mod inflight;
 pub mod memory_qos;

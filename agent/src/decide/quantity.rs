@@ -8,8 +8,9 @@
 
 use std::fmt;
 
-/// Nano-units per unit.
-const NANO: i128 = 1_000_000_000;
+/// Nano-units per unit: a [`Quantity`] counts nano-units, so whole units compare with it
+/// scaled by this.
+pub(crate) const NANO: i128 = 1_000_000_000;
 
 /// A parsed Kubernetes quantity: an exact number of nano-units.
 ///

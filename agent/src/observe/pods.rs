@@ -157,7 +157,7 @@ impl PodReads {
     }
 
     /// What the eviction message says of the victim for `resource` beyond what its ranking
-    /// read ([`crate::decide::rank::eviction_message`]): for memory each container's usage
+    /// read ([`crate::decide::eviction_message::eviction_message`]): for memory each container's usage
     /// (the caller has the pod's own), for the others the ranking's figures.
     pub fn message(resource: Resource) -> PodReads {
         match resource {
