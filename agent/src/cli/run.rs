@@ -30,7 +30,7 @@
 //!
 //! The housekeeping tick is logged at debug with `source`, `lag` and `lag_ns`, message `tick`.
 //! Each evaluation that found a threshold met, changed a condition or acted is one line,
-//! message `eviction decision` (see `reactor::reactor::record`), and each kernel OOM kill the
+//! message `eviction decision` (see `reactor::reactor::decision`), and each kernel OOM kill the
 //! agent did not prevent is one such line with an `OOMKilled` action.
 //! Other lines: `sense source attached` (`source`, `what`), `sense source missing`
 //! (`source`, `reason`), `metrics endpoint listening` (`address`), `reactor running`

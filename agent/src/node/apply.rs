@@ -13,7 +13,7 @@ use super::admit::{fit, is_extended, rejection};
 use super::document::Checked;
 use super::events::NodeEventKind;
 use super::manager::{Actor, After, Entry, Pending, Reply};
-use super::record::{PodRecord, PodSource};
+use super::pod_record::{PodRecord, PodSource};
 use super::view::Applied;
 use super::NodeError;
 use crate::act::cgroups::{CgroupPath, Resources, DEFAULT_REMOVE_WAIT};

@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::record::{PodRecord, StopIntent};
+use super::pod_record::{PodRecord, StopIntent};
 
 /// The journal's file name in `stateDir`.
 pub const FILE_NAME: &str = "evictions.journal";

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::manager::{Actor, Entry};
-use super::record::PodSource;
+use super::pod_record::PodSource;
 use super::view::PodView;
 use crate::act::cgroups::MemoryUsage;
 use crate::act::runtime::Runtime;

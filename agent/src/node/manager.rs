@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::document::{self, Checked, Format};
 use super::events::EventHub;
 use super::journal::{stops_from_notes, KillJournal};
-use super::record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
+use super::pod_record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::runtime_view::{RuntimeView, View};
 use super::settings::NodePlan;
 pub use super::view::{

@@ -25,7 +25,7 @@ pub mod events;
 pub mod journal;
 mod listing;
 pub mod manager;
-pub mod record;
+pub mod pod_record;
 pub mod recover;
 mod runtime_view;
 pub mod settings;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::events::NodeEventKind;
 use super::manager::{Actor, After, Entry, PREEMPTION_MESSAGE, PREEMPTION_REASON};
-use super::record::{Orphan, PodRecord, PodSource, StopIntent};
+use super::pod_record::{Orphan, PodRecord, PodSource, StopIntent};
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, Resources, DEFAULT_REMOVE_WAIT};
 use crate::act::kill::kill_cgroup;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::events::NodeEventKind;
 use super::manager::{reply, Actor, After, Command, PREEMPTION_MESSAGE, PREEMPTION_REASON};
-use super::record::StopIntent;
+use super::pod_record::StopIntent;
 use super::view::{EvictedPod, Removed};
 use super::NodeError;
 use crate::act::cgroups::DEFAULT_REMOVE_WAIT;

@@ -36,7 +36,7 @@ use crate::decide::pressure::{Observations, Reclaim};
 use crate::decide::signal::Signal;
 use crate::decide::summary::{PodStats, Summary};
 use crate::decide::thresholds::Threshold;
-use crate::reactor::record::CrossingKillFigures;
+use crate::reactor::decision::CrossingKillFigures;
 use crate::sense::ebpf::stage::VictimStage;
 use crate::sense::{monotonic_ns, Kind, MemcgTarget, PressureEvent};
 

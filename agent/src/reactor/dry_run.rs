@@ -20,9 +20,9 @@
 //! gone, and re-reading a node that stays past its threshold every millisecond would only
 //! cost the node CPU.
 
+use super::decision::{Action, Decision};
 use super::evict::Chosen;
 use super::pods::PodControl;
-use super::record::{Action, Decision};
 use super::Reactor;
 use crate::decide::dry_run::WouldEvict;
 use crate::decide::eviction_message::eviction_message;

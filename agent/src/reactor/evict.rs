@@ -15,9 +15,9 @@ use std::time::Duration;
 use crate::sense::ThreadCpu;
 
 use super::crossing::Forced;
+use super::decision::{Action, Decision, RankedPod};
 use super::inflight::Started;
 use super::pods::{pod_cgroup_path, ActivePod, ActivePods, EvictionStatus, PodControl};
-use super::record::{Action, Decision, RankedPod};
 use super::Reactor;
 use crate::decide::eviction_message::eviction_message;
 use crate::decide::inflight::{hard_choice, HardChoice};

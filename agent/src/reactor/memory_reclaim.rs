@@ -22,8 +22,8 @@ use crate::decide::memory_reclaim::{memory_shortfall, next_step, ReclaimView, St
 use crate::decide::pressure::{thresholds_met, Reclaim};
 use crate::observe::Signals;
 
+use super::decision::MemoryReclaim;
 use super::pods::PodControl;
-use super::record::MemoryReclaim;
 use super::Reactor;
 
 impl<P: PodControl + 'static> Reactor<P> {

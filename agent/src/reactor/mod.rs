@@ -44,6 +44,7 @@
 
 mod close;
 mod crossing;
+pub mod decision;
 mod dry_run;
 mod evict;
 mod inflight;
@@ -52,7 +53,6 @@ pub mod oom;
 mod outbox;
 pub mod pods;
 pub mod reclaim;
-pub mod record;
 mod runtime_pods;
 mod settings;
 pub mod status;
@@ -80,12 +80,12 @@ use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
+pub use decision::{
+    Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
+};
 pub use outbox::EventTap;
 pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl};
 pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimError, ReclaimSteps};
-pub use record::{
-    Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
-};
 pub use runtime_pods::RuntimePods;
 pub use settings::{memcg_targets, ReactorSettings};
 pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
@@ -392,7 +392,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             self.crossing
                 .note_kill(&r.event, &watched.node_cgroup, &watched.kubepods_cgroup);
             coalesced += 1;
-            if record::is_kernel_event(&r.event) && self.episode.is_none() {
+            if decision::is_kernel_event(&r.event) && self.episode.is_none() {
                 self.episode = Some(r.event.clone());
             }
             // The wake-up is the earliest kernel event of the batch (ticks only when alone).
@@ -400,8 +400,8 @@ impl<P: PodControl + 'static> Reactor<P> {
                 None => true,
                 Some((w, _)) => {
                     let (wk, rk) = (
-                        record::is_kernel_event(w),
-                        record::is_kernel_event(&r.event),
+                        decision::is_kernel_event(w),
+                        decision::is_kernel_event(&r.event),
                     );
                     (rk && !wk) || (rk == wk && r.event.at_ns < w.at_ns)
                 }

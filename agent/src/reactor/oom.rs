@@ -7,8 +7,8 @@
 
 use std::collections::BTreeSet;
 
+use super::decision::{Action, Wake};
 use super::pods::{ActivePod, PodControl};
-use super::record::{Action, Wake};
 use super::Reactor;
 use crate::sense::{monotonic_ns, Received};
 

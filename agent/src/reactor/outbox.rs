@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::{broadcast, watch};
 
-use super::record::{Action, Decision, Wake};
+use super::decision::{Action, Decision, Wake};
 use super::status::{NodePressure, Transitions};
 use crate::record::metrics::Metrics;
 use crate::sense::Received;

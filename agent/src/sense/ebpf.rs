@@ -91,12 +91,12 @@
 pub mod btf;
 pub mod cgroup;
 pub mod charge_switch;
+pub mod decode;
 mod drain;
 pub mod floor;
 pub mod kernel_watch;
 mod load;
 pub mod near;
-pub mod record;
 pub mod stage;
 pub mod threshold;
 pub mod tracefs;

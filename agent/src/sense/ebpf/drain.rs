@@ -11,7 +11,7 @@ use tokio::io::Interest;
 use tokio::sync::mpsc::Sender;
 
 use super::cgroup::{self, CgroupNames};
-use super::record::{self, comm_str, Record};
+use super::decode::{self, comm_str, Record};
 use super::threshold::UsageThresholds;
 use super::{monotonic_ns, EbpfError, EbpfSource};
 use crate::sense::{KilledAtCrossing, Kind, PressureEvent, Source};
@@ -95,7 +95,7 @@ impl EbpfSource {
                     loop {
                         // The item (a borrow of the ring) is dropped at the end of this
                         // statement, giving its slot back before the event is sent.
-                        let Some(decoded) = guard.get_inner_mut().next().map(|i| record::decode(&i))
+                        let Some(decoded) = guard.get_inner_mut().next().map(|i| decode::decode(&i))
                         else {
                             guard.clear_ready();
                             break;
