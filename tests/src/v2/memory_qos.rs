@@ -229,11 +229,15 @@ pub fn limited_swap() -> String {
         "v2-swap",
         &format!("{NODE}memorySwap: {{swapBehavior: LimitedSwap}}\nfailSwapOn: false\n"),
     );
+    // Paced (24 MiB/s): allocated as fast as it can, the swapper outran the guest's swap
+    // device on a busy host, and the kernel OOM-killed it at its limit 2 s in, before
+    // anything reached swap (CI, with other work on the host); paced, reclaim has the time
+    // to write pages out, as a workload that grows does.
     let hog = |mib: &str| {
         vec![
             memhog_bin().display().to_string(),
             mib.into(),
-            "0".into(),
+            "24".into(),
             "3600".into(),
         ]
     };
