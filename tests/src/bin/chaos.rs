@@ -50,6 +50,9 @@ fn main() {
             for v in &out.tally.violations {
                 println!("  violation: {v}");
             }
+            if let Some(log) = &out.agent_log {
+                println!("chaos: the agent's log is kept in {}", log.display());
+            }
             println!("chaos: repeat with cargo xtask chaos --seed {seed} --minutes ...");
             std::process::exit(1);
         }

@@ -47,8 +47,10 @@ pub struct Tracked {
     pub ended: Option<Instant>,
     /// The run removed it (`pod rm`): it may vanish from `pod ls`.
     pub removed: bool,
-    /// Eviction events seen for it.
+    /// Eviction events seen for it (an escalation of a graceful one not counted).
     pub evictions: u32,
+    /// The grace its eviction gave (0 once escalated).
+    pub eviction_grace: Option<i64>,
     /// Its container's restart count when it was evicted.
     pub restarts_at_eviction: Option<u64>,
     /// Its processes are frozen by the run until then (and may not die before).
@@ -186,13 +188,16 @@ pub fn ended(p: &Value) -> bool {
     matches!(p["phase"].as_str(), Some("Failed" | "Succeeded"))
 }
 
-/// The rows of `pod ls` that rank before `victim` for the memory signal by a relation that
-/// holds whatever the exact usages are: a running, non-critical pod not itself being
-/// evicted ranks before a Guaranteed victim when it is BestEffort with memory in use (it
-/// exceeds its request of 0, the victim cannot exceed its limit) or has a lower priority
-/// (the kubelet's order: exceeds-request, then priority, then usage above request). For the
-/// other signals only the lower priority is certain (disk: no usage is known under the
-/// process runtime; pids: priority first).
+/// The rows of `pod ls` that rank before `victim` for `signal` by a relation that holds
+/// whatever the exact usages are (the kubelet's orders: memory by exceeds-request, then
+/// priority, then usage above request; pids by priority, then count; disk by
+/// exceeds-request, then priority, then usage, and under the process runtime no pod has a
+/// known disk usage). Only a running, non-critical pod whose own eviction has not been
+/// announced can rank before anyone. It does when its priority is lower and, for memory, it
+/// is BestEffort with memory in use (it exceeds its request of 0, so it is in the first
+/// group whatever the victim is); for a Guaranteed victim under memory pressure, any
+/// BestEffort pod with memory in use does (a Guaranteed pod cannot exceed its request).
+/// For pids and disk a lower priority is enough.
 pub fn ranks_before<'a>(
     victim: &Value,
     signal: &str,
@@ -200,6 +205,7 @@ pub fn ranks_before<'a>(
     evicting: &BTreeSet<String>,
 ) -> Vec<&'a Value> {
     let vp = victim["priority"].as_i64().unwrap_or(0);
+    let memory = signal.starts_with("memory") || signal.starts_with("allocatableMemory");
     snapshot
         .iter()
         .filter(|q| q["uid"] != victim["uid"] && q["phase"] == "Running")
@@ -207,10 +213,14 @@ pub fn ranks_before<'a>(
         .filter(|q| !evicting.contains(q["uid"].as_str().unwrap_or("")))
         .filter(|q| q["priority"].as_i64().unwrap_or(0) < 2_000_000_000)
         .filter(|q| {
-            let qp = q["priority"].as_i64().unwrap_or(0);
+            let lower = q["priority"].as_i64().unwrap_or(0) < vp;
             let besteffort_in_use =
                 q["qos"] == "BestEffort" && q["memoryWorkingSetBytes"].as_u64().unwrap_or(0) > 0;
-            qp < vp || (signal.starts_with("memory") && besteffort_in_use)
+            if memory {
+                besteffort_in_use && (lower || victim["qos"] == "Guaranteed")
+            } else {
+                lower
+            }
         })
         .collect()
 }

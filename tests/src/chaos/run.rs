@@ -41,6 +41,8 @@ pub struct Outcome {
     pub peak_rss_kib: u64,
     /// The last actions before the end (or the failure), with their times.
     pub last: Vec<String>,
+    /// Where the agent's log was kept, after a failure.
+    pub agent_log: Option<PathBuf>,
 }
 
 /// The RSS the agent must stay under (a debug build with every source attached, 50 pods'
@@ -187,6 +189,8 @@ struct Run {
     evicting: BTreeSet<String>,
     /// The last `pod ls`.
     snapshot: Vec<Value>,
+    /// When the last `pod ls` had answered.
+    snapshot_at: Option<std::time::SystemTime>,
     freezers: Vec<Freezer>,
     oom: OomWatch,
     out: Outcome,
@@ -228,6 +232,7 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         seen_events: BTreeSet::new(),
         evicting: BTreeSet::new(),
         snapshot: Vec::new(),
+        snapshot_at: None,
         freezers: Vec::new(),
         oom: OomWatch::start(kubepods),
         out: Outcome::default(),
@@ -282,6 +287,13 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         let _ = f.set("THAWED");
     }
     r.out.last = r.recent.iter().cloned().collect();
+    if failed {
+        // The agent's log is the one thing kept from a failed run (its temp dir goes).
+        let keep = std::env::temp_dir().join(format!("reactor-chaos-{}-agent.log", opts.seed));
+        if std::fs::write(&keep, r.agent.log()).is_ok() {
+            r.out.agent_log = Some(keep);
+        }
+    }
     let mut out = std::mem::take(&mut r.out);
     out.tally = std::mem::take(&mut r.tally);
     drop(r);
@@ -383,6 +395,7 @@ impl Run {
                     ended: (!admitted).then(Instant::now),
                     removed: false,
                     evictions: 0,
+                    eviction_grace: None,
                     restarts_at_eviction: None,
                     frozen_until: None,
                 });
@@ -542,7 +555,7 @@ impl Run {
         self.drain_events();
         let pods = self.agent.pods();
         self.observe(&pods);
-        self.snapshot = pods;
+        self.set_snapshot(pods);
         self.check_cgroups();
         self.check_rss();
         self.check_agreement();
@@ -568,7 +581,11 @@ impl Run {
                 continue;
             }
             match kind.as_str() {
-                "eviction" => self.on_eviction(&e["event"]),
+                "eviction" => {
+                    let at = std::time::UNIX_EPOCH
+                        + Duration::from_nanos(e["atUnixNanos"].as_u64().unwrap_or(0));
+                    self.on_eviction(&e["event"], at)
+                }
                 "oom_kill" => *self.out.agent.entry("oom-kill events".into()).or_default() += 1,
                 "preemption" => *self.out.agent.entry("preemptions".into()).or_default() += 1,
                 _ => {}
@@ -576,7 +593,7 @@ impl Run {
         }
     }
 
-    fn on_eviction(&mut self, ev: &Value) {
+    fn on_eviction(&mut self, ev: &Value, ev_at: std::time::SystemTime) {
         let signal = ev["signal"].as_str().unwrap_or("?").to_string();
         *self
             .out
@@ -602,11 +619,27 @@ impl Run {
             .iter()
             .find(|p| p["uid"] == uid.as_str())
             .cloned();
+        let grace = ev["gracePeriodSeconds"].as_i64().unwrap_or(0);
         let p = &mut self.pods[i];
+        // A graceful eviction that a hard threshold cuts short is reported again with grace
+        // 0 (docs/architecture.md: an escalation is a second record): the same eviction.
+        let escalation = p.evictions == 1 && p.eviction_grace.is_some_and(|g| g > 0) && grace == 0;
+        if escalation {
+            p.eviction_grace = Some(0);
+            *self
+                .out
+                .agent
+                .entry("escalations (graceful eviction cut short)".into())
+                .or_default() += 1;
+            return;
+        }
         p.evictions += 1;
-        p.restarts_at_eviction = row
-            .as_ref()
-            .and_then(|r| r["containers"][0]["restartCount"].as_u64());
+        p.eviction_grace = Some(grace);
+        if p.restarts_at_eviction.is_none() {
+            p.restarts_at_eviction = row
+                .as_ref()
+                .and_then(|r| r["containers"][0]["restartCount"].as_u64());
+        }
         p.ended.get_or_insert_with(Instant::now);
         let (n, critical, guaranteed) = (
             p.evictions,
@@ -619,16 +652,31 @@ impl Run {
         self.tally.check("critical-never-evicted", !critical, || {
             format!("{full} is critical and was evicted: {ev}")
         });
-        if let (true, Some(row)) = (guaranteed, row) {
-            let before = check::ranks_before(&row, &signal, &self.snapshot, &self.evicting);
-            let names: Vec<String> = before
-                .iter()
-                .map(|q| format!("{} ({} priority {})", q["name"], q["qos"], q["priority"]))
-                .collect();
-            self.tally
-                .check("guaranteed-after-lower-ranks", names.is_empty(), || {
+        // The order is judged from a listing taken before the decision only.
+        let at = ev_at;
+        match row.filter(|_| self.snapshot_at.is_some_and(|t| t < at)) {
+            Some(row) => {
+                let before = check::ranks_before(&row, &signal, &self.snapshot, &self.evicting);
+                let names: Vec<String> = before
+                    .iter()
+                    .map(|q| format!("{} ({} priority {})", q["name"], q["qos"], q["priority"]))
+                    .collect();
+                let name = if guaranteed {
+                    "eviction-order-guaranteed"
+                } else {
+                    "eviction-order"
+                };
+                self.tally.check(name, names.is_empty(), || {
                     format!("{full} evicted for {signal} while {names:?} ranked before it")
                 });
+            }
+            None => {
+                *self
+                    .out
+                    .agent
+                    .entry("evictions not order-checked (no listing before)".into())
+                    .or_default() += 1
+            }
         }
         self.evicting.insert(uid);
     }
@@ -654,9 +702,10 @@ impl Run {
                     );
                     let ok = restarts <= was || was.is_none();
                     let ok2 = !(check::ended(row) && running);
-                    self.tally.check("not-restarted-after-eviction", ok && ok2, || {
-                        format!("{full} restarted after its eviction: {row}")
-                    });
+                    self.tally
+                        .check("not-restarted-after-eviction", ok && ok2, || {
+                            format!("{full} restarted after its eviction: {row}")
+                        });
                 }
             } else if !p.removed {
                 self.tally.check("every-pod-listed", false, || {
@@ -745,7 +794,7 @@ impl Run {
             let file = check::checkpoint_pods(&state);
             let now = self.agent.pods();
             let b = check::listed_phases(&now);
-            self.snapshot = now;
+            self.set_snapshot(now);
             if a != b {
                 continue;
             }
@@ -765,24 +814,62 @@ impl Run {
                 format!("pods.json {file:?} but pod ls {a:?}")
             });
         }
-        let notes = reactor::node::journal::KillJournal::read(&state);
-        for n in notes {
-            let known = self.evicting.contains(&n.uid)
-                || self
+        // A note is written right after the kill, before its event and `pod ls` show the
+        // eviction: an unknown note is looked at again after the events have caught up.
+        for attempt in 0..4 {
+            let unknown: Vec<_> = reactor::node::journal::KillJournal::read(&state)
+                .into_iter()
+                .filter(|n| !self.evicted(&n.uid))
+                .collect();
+            if unknown.is_empty() {
+                break;
+            }
+            if attempt < 3 {
+                std::thread::sleep(Duration::from_millis(300));
+                self.drain_events();
+                self.set_snapshot(self.agent.pods());
+                continue;
+            }
+            for n in unknown {
+                let name = self
+                    .pods
+                    .iter()
+                    .find(|p| p.uid.as_deref() == Some(n.uid.as_str()))
+                    .map(Tracked::full);
+                let row = self
                     .snapshot
                     .iter()
-                    .any(|p| p["uid"] == n.uid.as_str() && p["reason"] == "Evicted");
-            let uid = n.uid.clone();
-            self.tally.check("journal-agrees", known, || {
-                format!("the kill journal notes {uid}, which no eviction names")
-            });
+                    .find(|p| p["uid"] == n.uid.as_str())
+                    .cloned();
+                self.tally.check("journal-agrees", false, || {
+                    format!(
+                        "the kill journal notes {} ({name:?}, {}: {}), which no eviction \
+                         names; pod ls: {row:?}",
+                        n.uid, n.reason, n.message
+                    )
+                });
+            }
         }
         *self.tally.checks.entry("journal-agrees").or_default() += 1;
     }
 
+    fn set_snapshot(&mut self, rows: Vec<Value>) {
+        self.snapshot = rows;
+        self.snapshot_at = Some(std::time::SystemTime::now());
+    }
+
+    /// Whether an eviction of `uid` was announced or `pod ls` shows it evicted.
+    fn evicted(&self, uid: &str) -> bool {
+        self.evicting.contains(uid)
+            || self
+                .snapshot
+                .iter()
+                .any(|p| p["uid"] == uid && p["reason"] == "Evicted")
+    }
+
     /// After a restart: every pod is running and known, or ended and recorded.
     fn after_restart(&mut self) {
-        self.snapshot = self.agent.pods();
+        self.set_snapshot(self.agent.pods());
         self.unseen("restart-none-unseen");
         let rows = self.snapshot.clone();
         for p in &self.pods {

@@ -254,25 +254,25 @@ pub fn schedule(seed: u64, millis: u64, mix: Mix) -> Vec<(u64, Action)> {
                 n,
                 grace: rng.range(0, 3),
             }
-        } else if roll < 55 {
+        } else if roll < 58 || (roll >= 90 && !mix.containerd) {
             let plan = pod(&mut rng, started, mix);
             live.push(started);
             started += 1;
             Action::Start(plan)
-        } else if roll < 67 && !live.is_empty() {
+        } else if roll < 70 && !live.is_empty() {
             let i = (rng.next_u64() % live.len() as u64) as usize;
             let n = live.remove(i);
             Action::Remove {
                 n,
                 grace: rng.range(0, 3),
             }
-        } else if roll < 75 && !live.is_empty() {
+        } else if roll < 78 && !live.is_empty() {
             let n = *rng.pick(&live);
             Action::Freeze {
                 n,
                 ms: rng.range(500, 4000),
             }
-        } else if roll < 90 || !mix.containerd {
+        } else if roll < 90 {
             Action::KillAgent {
                 down_ms: rng.range(0, 2000),
             }
