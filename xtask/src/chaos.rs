@@ -1,5 +1,6 @@
-//! `cargo xtask chaos [--minutes N] [--seed S] [--no-build]`: a seeded chaos run against
-//! the real agent on this host (root, cgroup v1): the `chaos` binary of `reactor-tests`
+//! `cargo xtask chaos [--minutes N] [--seed S] [--containerd] [--no-build]`: a seeded chaos
+//! run against the real agent on this host (root, cgroup v1), with the process runtime or
+//! (`--containerd`) a private containerd that is killed and restarted too: the `chaos` binary of `reactor-tests`
 //! (`tests/src/chaos/`, invariants in docs/reliability.md). The same seed plays the same
 //! schedule; a failure prints the seed and the last actions before it, and fails the task.
 
@@ -16,6 +17,7 @@ struct Args {
     minutes: String,
     seed: Option<String>,
     build: bool,
+    containerd: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
@@ -23,6 +25,7 @@ fn parse(args: &[String]) -> Result<Args> {
         minutes: "2".into(),
         seed: None,
         build: true,
+        containerd: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -41,6 +44,7 @@ fn parse(args: &[String]) -> Result<Args> {
                 }
             }
             "--no-build" => out.build = false,
+            "--containerd" => out.containerd = true,
             other => bail!("chaos: unknown argument {other:?}"),
         }
     }
@@ -69,6 +73,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if let Some(seed) = &a.seed {
         cmd.args(["--seed", seed]);
     }
+    if a.containerd {
+        cmd.arg("--containerd");
+    }
     sh(&mut cmd)
 }
 
@@ -87,10 +94,12 @@ mod tests {
             Args {
                 minutes: "30".into(),
                 seed: Some("7".into()),
-                build: false
+                build: false,
+                containerd: false,
             }
         );
         assert_eq!(parse(&[]).unwrap().minutes, "2");
+        assert!(parse(&s(&["--containerd"])).unwrap().containerd);
         assert!(parse(&s(&["--seed", "x"])).is_err());
         assert!(parse(&s(&["--seed", "1.5"])).is_err());
         assert!(parse(&s(&["--minutes"])).is_err());

@@ -40,11 +40,12 @@ commands:
                10 minutes, 50 API clients and a hog every 30 s: RSS and reaction over time),
                which the default run leaves out; `--quick` runs 2 repetitions of concurrent
                and no soak
-  chaos [--minutes N] [--seed S] [--no-build]
+  chaos [--minutes N] [--seed S] [--containerd] [--no-build]
                a seeded chaos run against the real agent (root, cgroup v1; default 2
                minutes, seed from the clock): pods of every QoS and priority the host runs,
                hogs, stubborn, frozen and multi-process pods, page-cache writers, fork
-               storms, disk fillers on a run-owned tmpfs, the agent SIGKILLed and restarted;
+               storms, disk fillers on a run-owned tmpfs, the agent (and with `--containerd`
+               a private containerd running the pods) SIGKILLed and restarted;
                the invariants of docs/reliability.md checked throughout. The same seed
                plays the same schedule; a failure prints the seed and the last actions
                before it

@@ -1,4 +1,4 @@
-//! `chaos --minutes N --seed S`: one chaos run against the real kernel (root, cgroup v1),
+//! `chaos --minutes N --seed S [--containerd]`: one chaos run against the real kernel (root, cgroup v1),
 //! as `cargo xtask chaos` starts it; see `reactor_tests::chaos`. Prints what it did, the
 //! counts of every action and invariant check, and on a failure the seed and the last
 //! actions before it; exits 1 then.
@@ -9,10 +9,15 @@ fn main() {
     let mut opts = Options {
         seed: 0,
         minutes: 2.0,
+        containerd: false,
     };
     let mut seed = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--containerd" {
+            opts.containerd = true;
+            continue;
+        }
         let value = args.next();
         match (a.as_str(), value) {
             ("--minutes", Some(v)) => opts.minutes = v.parse().unwrap_or_else(|_| usage(&a)),
@@ -30,10 +35,24 @@ fn main() {
         reactor_tests::is_root()
             && std::path::Path::new("/sys/fs/cgroup/memory/memory.oom_control").exists(),
         "root and the cgroup v1 memory hierarchy, for the chaos run",
-    ) {
+    ) || (opts.containerd
+        && !reactor_tests::require(
+            reactor_tests::containerd_available(),
+            "containerd, runc and busybox-static, for the chaos run's containerd mode",
+        ))
+    {
         return;
     }
-    println!("chaos: seed {} for {} minutes", opts.seed, opts.minutes);
+    println!(
+        "chaos: seed {} for {} minutes, {}",
+        opts.seed,
+        opts.minutes,
+        if opts.containerd {
+            "pods through containerd"
+        } else {
+            "pods through the process runtime"
+        }
+    );
     let seed = opts.seed;
     let result = std::panic::catch_unwind(|| chaos::run(&opts));
     match result {
@@ -94,6 +113,6 @@ fn report(seed: u64, out: &Outcome) {
 }
 
 fn usage(arg: &str) -> ! {
-    eprintln!("chaos: bad argument {arg:?}; usage: chaos [--minutes N] [--seed S]");
+    eprintln!("chaos: bad argument {arg:?}; usage: chaos [--minutes N] [--seed S] [--containerd]");
     std::process::exit(2);
 }

@@ -15,6 +15,9 @@ pub struct Places<'a> {
     pub cache_dir: &'a Path,
     /// The run's nodefs filesystem (a small tmpfs).
     pub nodefs: &'a Path,
+    /// Under containerd, the image every container runs (busybox and memhog at
+    /// `/bin/memhog`): disk fillers write into their own writable layer then.
+    pub image: Option<&'a str>,
 }
 
 /// MiB a pod's processes may hold at most (allocation and a margin for the processes
@@ -44,7 +47,14 @@ fn term(plan: &PodPlan) -> &'static str {
 
 /// The pod document for `plan`.
 pub fn document(plan: &PodPlan, at: &Places<'_>) -> Value {
-    let hog = at.memhog.display().to_string();
+    let hog = match at.image {
+        Some(_) => "/bin/memhog".to_string(),
+        None => at.memhog.display().to_string(),
+    };
+    let nodefs = match at.image {
+        Some(_) => Path::new("/chaos"),
+        None => at.nodefs,
+    };
     let name = plan.name();
     let mut env = Vec::new();
     let command: Vec<String> = match &plan.work {
@@ -81,7 +91,7 @@ pub fn document(plan: &PodPlan, at: &Places<'_>) -> Value {
             "{}mkdir -p {d}/{name} && dd if=/dev/zero of={d}/{name}/fill bs=1M count={mib} \
              2>/dev/null; exec sleep 3600",
             term(plan),
-            d = at.nodefs.display()
+            d = nodefs.display()
         )),
     };
     let resources = match plan.qos {
@@ -99,13 +109,17 @@ pub fn document(plan: &PodPlan, at: &Places<'_>) -> Value {
     } else {
         "Never"
     };
-    json!({"apiVersion": "v1", "kind": "Pod",
+    let mut doc = json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "chaos"},
            "spec": {"terminationGracePeriodSeconds": plan.grace,
                     "restartPolicy": restart,
                     "priority": plan.priority,
                     "containers": [{"name": "app", "command": command, "env": env,
-                                    "resources": resources}]}})
+                                    "resources": resources}]}});
+    if let Some(image) = at.image {
+        doc["spec"]["containers"][0]["image"] = json!(image);
+    }
+    doc
 }
 
 fn sh(script: String) -> Vec<String> {

@@ -15,7 +15,10 @@ use super::pods::{self, Places};
 use super::schedule::{self, Action, Mix, Qos, Work};
 use crate::agent::TestAgent;
 use crate::freezer::{Freezer, FREEZER};
-use crate::ChildGuard;
+use crate::{ChildGuard, Containerd, TestImage};
+
+/// The image every container runs under containerd: busybox, and memhog at `/bin/memhog`.
+const IMAGE: &str = "localhost/reactor/chaos:1";
 
 /// What `cargo xtask chaos` asks for.
 #[derive(Clone, Debug)]
@@ -24,6 +27,9 @@ pub struct Options {
     pub seed: u64,
     /// How long the schedule runs.
     pub minutes: f64,
+    /// Pods through a private containerd over CRI (killed and restarted too) instead of the
+    /// process runtime.
+    pub containerd: bool,
 }
 
 /// What a run did and found.
@@ -57,12 +63,21 @@ const SLACK: Duration = Duration::from_secs(6);
 
 /// The node the run models: 768 MiB, hard memory threshold 150 MiB, soft 300 MiB for 2 s,
 /// nodefs (the run's 64 MiB tmpfs) at 20 %, pids at 700 tasks above what the machine ran at
-/// the start; every kernel source on.
-fn config(nodefs: &Path, pid_threshold: u64) -> String {
+/// the start (and imagefs at 20 % under containerd); every kernel source on.
+fn config(nodefs: &Path, pid_threshold: u64, cri: Option<&str>) -> String {
+    // Under containerd its root is a small tmpfs: the image filesystem, where the disk
+    // fillers' writable layers are, with a threshold of its own.
+    let (imagefs, runtime) = match cri {
+        Some(endpoint) => (
+            ", imagefs.available: 20%".to_string(),
+            format!("runtime: {{kind: cri, endpoint: '{endpoint}'}}\n"),
+        ),
+        None => (String::new(), String::new()),
+    };
     format!(
         "node: {{memoryCapacity: 768Mi, cpuCapacity: '2', nodefsPath: {nodefs}}}\n\
          evictionHard: {{memory.available: 150Mi, nodefs.available: 20%, \
-         pid.available: '{pid_threshold}'}}\n\
+         pid.available: '{pid_threshold}'{imagefs}}}\n{runtime}\
          evictionSoft: {{memory.available: 300Mi}}\n\
          evictionSoftGracePeriod: {{memory.available: 2s}}\n\
          evictionMaxPodGracePeriod: 5\n\
@@ -178,6 +193,8 @@ impl Drop for OomWatch {
 
 struct Run {
     agent: TestAgent,
+    /// After the agent: dropped after it, with what it left running.
+    ctd: Option<Containerd>,
     started: Instant,
     seed: u64,
     pods: Vec<Tracked>,
@@ -210,10 +227,24 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
     let cache_dir = run_dir.path().join("cache");
     std::fs::create_dir(&cache_dir).expect("cache dir");
     let nodefs = Tmpfs::mount(run_dir.path().join("nodefs"), 64).expect("mount the nodefs tmpfs");
+    let ctd = opts.containerd.then(|| {
+        let ctd = Containerd::start_on_tmpfs(&format!("chaos-{}", opts.seed), 192 << 20)
+            .expect("start a private containerd");
+        let image = TestImage::busybox(IMAGE, 0)
+            .with_host_binary(&crate::memhog_bin())
+            .expect("memhog and its libraries");
+        ctd.build_and_import(&image)
+            .expect("build and import the chaos image");
+        ctd
+    });
     let agent = TestAgent::start_sensing(
         &format!("chaos-{}", opts.seed),
         "",
-        &config(&nodefs.0, pid_threshold()),
+        &config(
+            &nodefs.0,
+            pid_threshold(),
+            ctd.as_ref().map(Containerd::endpoint).as_deref(),
+        ),
     );
     // A second fence: the run's whole memory cgroup is limited too.
     let _ = std::fs::write(
@@ -223,6 +254,7 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
     let kubepods = agent.cgroup_dir("memory", "kubepods");
     let mut r = Run {
         agent,
+        ctd,
         started: Instant::now(),
         seed: opts.seed,
         pods: Vec::new(),
@@ -245,7 +277,7 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
     let guaranteed = r.probe_guaranteed();
     let mix = Mix {
         guaranteed: guaranteed.is_ok(),
-        containerd: false,
+        containerd: opts.containerd,
     };
     r.out.guaranteed = Some(match &guaranteed {
         Ok(()) => "Guaranteed pods run here: in the mix".into(),
@@ -328,6 +360,10 @@ impl Run {
                      "containers": [{"name": "app", "command": ["sleep", "3600"],
                         "resources": {"requests": {"memory": "32Mi", "cpu": "100m"},
                                       "limits": {"memory": "32Mi", "cpu": "100m"}}}]}});
+        let mut doc = doc;
+        if self.ctd.is_some() {
+            doc["spec"]["containers"][0]["image"] = serde_json::json!(IMAGE);
+        }
         self.agent.apply_ok(&doc);
         let deadline = Instant::now() + Duration::from_secs(10);
         let result = loop {
@@ -367,6 +403,7 @@ impl Run {
                     memhog: &self.memhog,
                     cache_dir: &self.cache_dir,
                     nodefs: &self.nodefs,
+                    image: self.ctd.as_ref().map(|_| IMAGE),
                 };
                 let doc = pods::document(plan, &at);
                 let out = self
@@ -390,7 +427,11 @@ impl Run {
                 self.pods.push(Tracked {
                     plan: plan.clone(),
                     uid: answer["uid"].as_str().map(str::to_string),
-                    cgroup: answer["cgroup"].as_str().map(str::to_string),
+                    // A refused pod has no cgroup of its own (the answer names none).
+                    cgroup: answer["cgroup"]
+                        .as_str()
+                        .filter(|c| admitted && c.contains("/pod"))
+                        .map(str::to_string),
                     applied: Instant::now(),
                     ended: (!admitted).then(Instant::now),
                     removed: false,
@@ -451,9 +492,28 @@ impl Run {
                 self.after_restart();
                 true
             }
-            Action::KillContainerd { .. } => {
-                self.note(format!("{action}: skipped, no containerd in this mode"));
-                false
+            Action::KillContainerd { down_ms } => {
+                let Some(pid) = self.ctd.as_ref().map(Containerd::pid) else {
+                    self.note(format!("{action}: skipped, no containerd in this mode"));
+                    return;
+                };
+                self.note(format!("{action}"));
+                if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(p, Signal::KILL);
+                }
+                if let Some(c) = self.ctd.as_mut() {
+                    // Reaps the dead daemon; its shims and containers keep running.
+                    c.stop_daemon();
+                }
+                let until = Instant::now() + Duration::from_millis(*down_ms);
+                while Instant::now() < until {
+                    self.drain_ooms();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if let Some(c) = self.ctd.as_mut() {
+                    c.start_daemon().expect("containerd back");
+                }
+                true
             }
         };
         if done {

@@ -299,6 +299,12 @@ fn pod(rng: &mut Rng, n: usize, mix: Mix) -> PodPlan {
             mib: rng.range(20, 120),
             rate: *rng.pick(&[20, 50, 100]),
         },
+        // Under containerd the run's writable layers are on a tmpfs (its imagefs), where
+        // written pages are shmem, not page cache: a sleeper instead.
+        62..=75 if mix.containerd => {
+            let _ = rng.range(50, 400);
+            Work::Sleeper
+        }
         62..=75 => Work::CacheWriter {
             mib: rng.range(50, 400),
         },
@@ -379,6 +385,19 @@ mod tests {
         assert!(s
             .iter()
             .all(|(_, a)| !matches!(a, Action::Start(p) if p.qos == Qos::Guaranteed)));
+    }
+
+    #[test]
+    fn containerd_mode_kills_containerd_too_and_writes_no_page_cache() {
+        let mix = Mix {
+            guaranteed: false,
+            containerd: true,
+        };
+        let s = schedule(3, 30 * 60_000, mix);
+        let kinds: std::collections::BTreeSet<&str> = s.iter().map(|(_, a)| a.kind()).collect();
+        assert!(kinds.contains("kill-containerd"), "{kinds:?}");
+        assert!(kinds.contains("kill-agent"), "{kinds:?}");
+        assert!(!kinds.contains("start-page-cache-writer"), "{kinds:?}");
     }
 
     #[test]
