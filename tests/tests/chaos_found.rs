@@ -1,0 +1,112 @@
+//! Bugs the chaos run (`cargo xtask chaos`, docs/reliability.md) found, each replayed here
+//! as the one scenario that shows it, through a real `reactor run` on the real kernel.
+//!
+//! - Seed 20261128, at 259 s: a pod that ignores SIGTERM was being evicted with grace when
+//!   the agent was SIGKILLed. The restarted agent finished the eviction (killed the pod's
+//!   processes, ended it `Failed`/`Evicted`) but kept the container states of its checkpoint,
+//!   so `pod ls` showed the evicted pod's container still `running`, for good.
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use reactor_tests::agent::TestAgent;
+use reactor_tests::{is_root, memhog_bin, reactor_bin, require};
+use rustix::process::Signal;
+use serde_json::{json, Value};
+
+fn ready() -> bool {
+    require(is_root(), "root, to create cgroups and run pods")
+        && require(
+            Path::new("/sys/fs/cgroup/memory/memory.oom_control").exists(),
+            "cgroup v1 memory hierarchy under /sys/fs/cgroup",
+        )
+        && require(
+            memhog_bin().exists() && reactor_bin().exists(),
+            "the reactor and memhog binaries (cargo build --workspace --bins)",
+        )
+}
+
+/// A 512 MiB node whose soft threshold (300Mi for 1 s) evicts with up to 60 s of grace.
+const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+                    evictionHard: {memory.available: 100Mi}\n\
+                    evictionSoft: {memory.available: 300Mi}\n\
+                    evictionSoftGracePeriod: {memory.available: 1s}\n\
+                    evictionMaxPodGracePeriod: 60\n\
+                    housekeepingInterval: 1s\n\
+                    sense: {ebpf: true, psi: false, memcgThreshold: true}\n";
+
+fn next_event(
+    rx: &mpsc::Receiver<Value>,
+    within: Duration,
+    mut pred: impl FnMut(&Value) -> bool,
+) -> Option<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(e) if pred(&e) => return Some(e),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+#[test]
+fn an_eviction_finished_by_the_restarted_agent_leaves_no_container_running_in_pod_ls() {
+    if !ready() {
+        return;
+    }
+    let mut agent = TestAgent::start("chaos-finish", NODE);
+    let (events_child, events) = agent.follow_events(Some("eviction"));
+    // 230 MiB in a pod that ignores SIGTERM, 60 s of grace: the soft threshold is met and
+    // its graceful eviction stays under way.
+    let hog = format!("trap '' TERM; exec {} 230 0", memhog_bin().display());
+    agent.apply_ok(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "stubborn", "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 60, "restartPolicy": "Never",
+                 "containers": [{"name": "app", "command": ["/bin/sh", "-c", hog]}]}}));
+    let soft = next_event(&events, Duration::from_secs(30), |e| {
+        e["event"]["pod"] == "default/stubborn"
+    })
+    .unwrap_or_else(|| panic!("no soft eviction: {}", agent.log()));
+    assert_eq!(soft["event"]["gracePeriodSeconds"], 60, "{soft}");
+    let pod = agent.pod("default/stubborn").expect("listed");
+    let cgroup = pod["cgroup"].as_str().expect("its cgroup").to_string();
+    assert!(
+        !agent.procs(&format!("{cgroup}/app")).is_empty(),
+        "it ignores SIGTERM, so it still runs in its grace: {pod}"
+    );
+
+    // The agent dies in the middle of the grace period and comes back.
+    drop(events_child);
+    agent.kill(Signal::KILL);
+    agent.restart();
+    agent.wait("the restarted agent to finish the eviction", || {
+        agent
+            .pod("default/stubborn")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    let pod = agent.pod("default/stubborn").expect("listed");
+    assert_eq!(pod["reason"], "Evicted", "{pod}");
+    assert!(
+        agent
+            .log()
+            .contains("the eviction under way when the agent stopped was finished"),
+        "the restart finished it: {}",
+        agent.log()
+    );
+    agent.wait("its processes to be gone", || {
+        agent.procs(&format!("{cgroup}/app")).is_empty()
+    });
+    // What `pod ls` says of its container: not running, now or a little later.
+    for _ in 0..10 {
+        let pod = agent.pod("default/stubborn").expect("listed");
+        let c = &pod["containers"][0];
+        assert_ne!(
+            c["state"], "running",
+            "an evicted pod's container shown running: {pod}"
+        );
+        assert_eq!(c["state"], "terminated", "{pod}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
