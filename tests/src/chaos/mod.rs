@@ -10,6 +10,7 @@
 //! are ended only by pid (the agent's, and on drop whatever is left in the run's cgroups).
 
 pub mod check;
+mod node;
 pub mod pods;
 mod run;
 pub mod schedule;
