@@ -5,6 +5,10 @@
 //!   the agent was SIGKILLed. The restarted agent finished the eviction (killed the pod's
 //!   processes, ended it `Failed`/`Evicted`) but kept the container states of its checkpoint,
 //!   so `pod ls` showed the evicted pod's container still `running`, for good.
+//! - Seed 2, at 107 s: a graceful eviction cut short by a hard threshold came on `reactor
+//!   events` as a second eviction of the pod, like the first in every field but the grace
+//!   (the metrics counted one, the decision record said `escalated`): a client could not
+//!   tell an escalation from an eviction made twice.
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -109,4 +113,62 @@ fn an_eviction_finished_by_the_restarted_agent_leaves_no_container_running_in_po
         assert_eq!(c["state"], "terminated", "{pod}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn an_escalated_graceful_eviction_is_one_eviction_and_its_escalation_on_the_event_stream() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start("chaos-escalate", NODE);
+    let (_events_child, events) = agent.follow_events(Some("eviction"));
+    // A: 230 MiB, ignores SIGTERM, 60 s of grace: the soft threshold evicts it gracefully.
+    let hog = format!("trap '' TERM; exec {} 230 0", memhog_bin().display());
+    agent.apply_ok(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "a", "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 60, "restartPolicy": "Never",
+                 "containers": [{"name": "app", "command": ["/bin/sh", "-c", hog]}]}}));
+    let soft = next_event(&events, Duration::from_secs(30), |e| {
+        e["event"]["pod"] == "default/a"
+    })
+    .unwrap_or_else(|| panic!("no soft eviction of a: {}", agent.log()));
+    assert_eq!(soft["event"]["gracePeriodSeconds"], 60, "{soft}");
+    assert_eq!(soft["event"]["escalated"], false, "{soft}");
+
+    // B grows at 50 MiB/s while A is in its grace: the hard threshold (412 MiB used) is met
+    // with B near 180 MiB, A (230 MiB) first in the ranking: A's stop is cut short.
+    agent.apply_ok(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "b", "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 0, "restartPolicy": "Never",
+                 "containers": [{"name": "app",
+                                 "command": [memhog_bin().display().to_string(), "300", "50"]}]}}));
+    let hard = next_event(&events, Duration::from_secs(30), |e| {
+        e["event"]["pod"] == "default/a"
+    })
+    .unwrap_or_else(|| panic!("no second record for a: {}", agent.log()));
+    assert_eq!(hard["event"]["gracePeriodSeconds"], 0, "{hard}");
+    assert_eq!(
+        hard["event"]["escalated"], true,
+        "the SIGKILL cutting A's grace short says it is an escalation: {hard}"
+    );
+    agent.wait("a to be stopped", || {
+        agent
+            .pod("default/a")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    // One eviction on the metrics, as on the stream once escalations are told apart.
+    let text = agent.scrape();
+    let evictions: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("reactor_evictions_total{") && l.contains("BestEffort"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let b_evicted = agent
+        .pod("default/b")
+        .is_some_and(|p| p["reason"] == "Evicted");
+    assert_eq!(
+        evictions,
+        if b_evicted { 2.0 } else { 1.0 },
+        "A counted once: {text}"
+    );
 }
