@@ -1,4 +1,4 @@
-//! `chaos --minutes N --seed S [--containerd]`: one chaos run against the real kernel (root, cgroup v1),
+//! `chaos --minutes N --seed S [--containerd] [--keep-going]`: one chaos run against the real kernel (root, cgroup v1),
 //! as `cargo xtask chaos` starts it; see `reactor_tests::chaos`. Prints what it did, the
 //! counts of every action and invariant check, and on a failure the seed and the last
 //! actions before it; exits 1 then.
@@ -10,12 +10,17 @@ fn main() {
         seed: 0,
         minutes: 2.0,
         containerd: false,
+        keep_going: false,
     };
     let mut seed = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--containerd" {
             opts.containerd = true;
+            continue;
+        }
+        if a == "--keep-going" {
+            opts.keep_going = true;
             continue;
         }
         let value = args.next();
@@ -113,6 +118,6 @@ fn report(seed: u64, out: &Outcome) {
 }
 
 fn usage(arg: &str) -> ! {
-    eprintln!("chaos: bad argument {arg:?}; usage: chaos [--minutes N] [--seed S] [--containerd]");
+    eprintln!("chaos: bad argument {arg:?}; usage: chaos [--minutes N] [--seed S] [--containerd] [--keep-going]");
     std::process::exit(2);
 }

@@ -30,6 +30,9 @@ pub struct Options {
     /// Pods through a private containerd over CRI (killed and restarted too) instead of the
     /// process runtime.
     pub containerd: bool,
+    /// Goes on after a violation (each is printed as it is found, with the last actions),
+    /// failing at the end: a long run tells all it finds.
+    pub keep_going: bool,
 }
 
 /// What a run did and found.
@@ -159,19 +162,37 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         r.out.actions.entry(a.kind()).or_default().0 += 1;
     }
     r.started = Instant::now();
+    let mut reported = 0;
+    // Prints the violations not yet told, with the seed and the last actions; whether the
+    // run stops here.
+    let mut stop = |r: &mut Run| -> bool {
+        let v = &r.tally.violations;
+        if v.len() == reported {
+            return false;
+        }
+        println!(
+            "chaos: VIOLATION, seed {}; the last actions before it:",
+            r.seed
+        );
+        for l in &r.recent {
+            println!("  {l}");
+        }
+        for line in &v[reported..] {
+            println!("  violation: {line}");
+        }
+        reported = v.len();
+        !opts.keep_going
+    };
     let mut failed = false;
-    for (at, action) in plan {
+    'plan: for (at, action) in plan {
         while r.started.elapsed() < Duration::from_millis(at) {
             r.round();
-            if !r.tally.violations.is_empty() {
-                break;
+            if stop(&mut r) {
+                failed = true;
+                break 'plan;
             }
             let left = Duration::from_millis(at).saturating_sub(r.started.elapsed());
             std::thread::sleep(left.min(Duration::from_millis(300)));
-        }
-        if !r.tally.violations.is_empty() {
-            failed = true;
-            break;
         }
         r.act(&action);
     }
@@ -179,12 +200,14 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
     let settle = Instant::now();
     while !failed && settle.elapsed() < Duration::from_secs(12) {
         r.round();
-        failed = !r.tally.violations.is_empty();
+        failed = stop(&mut r);
         std::thread::sleep(Duration::from_millis(300));
     }
     if !failed {
         r.final_checks();
+        stop(&mut r);
     }
+    let failed = !r.tally.violations.is_empty();
     for f in &r.freezers {
         let _ = f.set("THAWED");
     }
@@ -551,16 +574,20 @@ impl Run {
             .cloned();
         let grace = ev["gracePeriodSeconds"].as_i64().unwrap_or(0);
         let p = &mut self.pods[i];
-        // A graceful eviction that a hard threshold cuts short is reported again with grace
-        // 0 (docs/architecture.md: an escalation is a second record): the same eviction.
-        let escalation = p.evictions == 1 && p.eviction_grace.is_some_and(|g| g > 0) && grace == 0;
-        if escalation {
+        // A graceful eviction that a hard threshold cuts short is reported again, marked
+        // `escalated`: the same eviction, once it had begun with a grace.
+        if ev["escalated"] == true {
+            let ok = p.evictions == 1 && p.eviction_grace.is_some_and(|g| g > 0) && grace == 0;
             p.eviction_grace = Some(0);
             *self
                 .out
                 .agent
                 .entry("escalations (graceful eviction cut short)".into())
                 .or_default() += 1;
+            self.tally
+                .check("escalation-of-a-graceful-eviction", ok, || {
+                    format!("{full} escalated without a graceful eviction under way: {ev}")
+                });
             return;
         }
         p.evictions += 1;
@@ -586,7 +613,15 @@ impl Run {
         let at = ev_at;
         match row.filter(|_| self.snapshot_at.is_some_and(|t| t < at)) {
             Some(row) => {
-                let before = check::ranks_before(&row, &signal, &self.snapshot, &self.evicting);
+                // A pod the run removed is being stopped: it ranks before nobody either.
+                let mut stopping = self.evicting.clone();
+                stopping.extend(
+                    self.pods
+                        .iter()
+                        .filter(|p| p.removed)
+                        .filter_map(|p| p.uid.clone()),
+                );
+                let before = check::ranks_before(&row, &signal, &self.snapshot, &stopping);
                 let names: Vec<String> = before
                     .iter()
                     .map(|q| format!("{} ({} priority {})", q["name"], q["qos"], q["priority"]))
