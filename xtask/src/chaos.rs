@@ -1,8 +1,10 @@
-//! `cargo xtask chaos [--minutes N] [--seed S] [--containerd] [--no-build]`: a seeded chaos
-//! run against the real agent on this host (root, cgroup v1), with the process runtime or
-//! (`--containerd`) a private containerd that is killed and restarted too: the `chaos` binary of `reactor-tests`
-//! (`tests/src/chaos/`, invariants in docs/reliability.md). The same seed plays the same
-//! schedule; a failure prints the seed and the last actions before it, and fails the task.
+//! `cargo xtask chaos [--minutes N] [--seed S] [--containerd] [--keep-going] [--no-build]`:
+//! a seeded chaos run against the real agent on this host (root, cgroup v1), with the
+//! process runtime or (`--containerd`) a private containerd that is killed and restarted
+//! too: the `chaos` binary of `reactor-tests` (`tests/src/chaos/`, invariants in
+//! docs/reliability.md). The same seed plays the same schedule; a failure prints the seed
+//! and the last actions before it, and fails the task (at once, or with `--keep-going` at
+//! the end, every violation told as it is found).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -18,6 +20,7 @@ struct Args {
     seed: Option<String>,
     build: bool,
     containerd: bool,
+    keep_going: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args> {
@@ -26,6 +29,7 @@ fn parse(args: &[String]) -> Result<Args> {
         seed: None,
         build: true,
         containerd: false,
+        keep_going: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -45,6 +49,7 @@ fn parse(args: &[String]) -> Result<Args> {
             }
             "--no-build" => out.build = false,
             "--containerd" => out.containerd = true,
+            "--keep-going" => out.keep_going = true,
             other => bail!("chaos: unknown argument {other:?}"),
         }
     }
@@ -76,6 +81,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if a.containerd {
         cmd.arg("--containerd");
     }
+    if a.keep_going {
+        cmd.arg("--keep-going");
+    }
     sh(&mut cmd)
 }
 
@@ -96,10 +104,12 @@ mod tests {
                 seed: Some("7".into()),
                 build: false,
                 containerd: false,
+                keep_going: false,
             }
         );
         assert_eq!(parse(&[]).unwrap().minutes, "2");
         assert!(parse(&s(&["--containerd"])).unwrap().containerd);
+        assert!(parse(&s(&["--keep-going"])).unwrap().keep_going);
         assert!(parse(&s(&["--seed", "x"])).is_err());
         assert!(parse(&s(&["--seed", "1.5"])).is_err());
         assert!(parse(&s(&["--minutes"])).is_err());

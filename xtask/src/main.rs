@@ -40,7 +40,7 @@ commands:
                10 minutes, 50 API clients and a hog every 30 s: RSS and reaction over time),
                which the default run leaves out; `--quick` runs 2 repetitions of concurrent
                and no soak
-  chaos [--minutes N] [--seed S] [--containerd] [--no-build]
+  chaos [--minutes N] [--seed S] [--containerd] [--keep-going] [--no-build]
                a seeded chaos run against the real agent (root, cgroup v1; default 2
                minutes, seed from the clock): pods of every QoS and priority the host runs,
                hogs, stubborn, frozen and multi-process pods, page-cache writers, fork
@@ -48,7 +48,7 @@ commands:
                a private containerd running the pods) SIGKILLed and restarted;
                the invariants of docs/reliability.md checked throughout. The same seed
                plays the same schedule; a failure prints the seed and the last actions
-               before it
+               before it (and stops the run, unless `--keep-going`)
   vm-test [--systemd] [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]
                the cgroup v2 suite in a QEMU guest (TCG) with a real v2 memory controller:
                fetches and caches a Debian kernel, builds an initramfs with the agent and
