@@ -333,6 +333,12 @@ impl Run {
                     restarts_at_eviction: None,
                     frozen_until: None,
                 });
+                // A listing with the new pod in it, so an eviction that comes before the
+                // next round is judged too.
+                if admitted {
+                    let rows = self.agent.pods();
+                    self.set_snapshot(rows);
+                }
                 true
             }
             Action::Remove { n, grace } => {
