@@ -5,6 +5,11 @@
 //!   the agent was SIGKILLed. The restarted agent finished the eviction (killed the pod's
 //!   processes, ended it `Failed`/`Evicted`) but kept the container states of its checkpoint,
 //!   so `pod ls` showed the evicted pod's container still `running`, for good.
+//! - Seed 20261128 again, at 370 s (with the fix above): a pod evicted at grace 0, its memory
+//!   back and its cgroup removed, when the agent was SIGKILLed before the stop was written.
+//!   The restarted agent finished the eviction from its kill journal, but the runtime no
+//!   longer knew the pod, its stop answered nothing, and `pod ls` kept showing the
+//!   container `running`.
 //! - Seed 2, at 107 s: a graceful eviction cut short by a hard threshold came on `reactor
 //!   events` as a second eviction of the pod, like the first in every field but the grace
 //!   (the metrics counted one, the decision record said `escalated`): a client could not
@@ -13,6 +18,8 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use reactor::node::journal::KillJournal;
+use reactor::record::checkpoint::Checkpoint;
 use reactor_tests::agent::TestAgent;
 use reactor_tests::{is_root, memhog_bin, reactor_bin, require};
 use rustix::process::Signal;
@@ -171,4 +178,75 @@ fn an_escalated_graceful_eviction_is_one_eviction_and_its_escalation_on_the_even
         if b_evicted { 2.0 } else { 1.0 },
         "A counted once: {text}"
     );
+}
+
+#[test]
+fn an_eviction_finished_from_the_kill_journal_of_a_pod_the_runtime_lost_shows_its_container_ended()
+{
+    if !ready() {
+        return;
+    }
+    let mut agent = TestAgent::start("chaos-journal", "");
+    agent.apply_ok(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "victim", "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 0, "restartPolicy": "Never",
+                 "containers": [{"name": "app", "command": ["sleep", "3600"]}]}}));
+    agent.wait("the victim to run", || {
+        agent
+            .pod("default/victim")
+            .is_some_and(|p| p["containers"][0]["state"] == "running")
+    });
+    let victim = agent.pod("default/victim").expect("listed");
+    let uid = victim["uid"].as_str().expect("uid").to_string();
+    let cgroup = victim["cgroup"]
+        .as_str()
+        .expect("cgroup")
+        .trim_start_matches('/')
+        .to_string();
+
+    // What the agent leaves when it dies right after an eviction's kill and the victim's
+    // release: the processes gone, the pod cgroup removed, the kill noted, no stop written.
+    agent.kill(Signal::KILL);
+    for pid in agent.procs(&format!("{cgroup}/app")) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
+        }
+    }
+    agent.wait("the victim's processes to be gone", || {
+        agent.procs(&format!("{cgroup}/app")).is_empty()
+    });
+    for dir in &agent.root.dirs {
+        let pod = dir.join(&cgroup);
+        let _ = std::fs::remove_dir(pod.join("app"));
+        let _ = std::fs::remove_dir(&pod);
+    }
+    // The runtime had finished its part of the stop and written it down: it no longer
+    // knows the pod.
+    let state = agent.dir.path().join("state");
+    let runtime = Checkpoint::new(state.join("process-runtime.json"), "process-runtime", 1);
+    let pods: Vec<Value> = runtime.load().value.expect("the runtime's checkpoint");
+    let kept: Vec<Value> = pods
+        .into_iter()
+        .filter(|p| !p.to_string().contains(&uid))
+        .collect();
+    runtime
+        .save(&kept)
+        .expect("the runtime's checkpoint without the pod");
+    let message = "The node was low on resource: memory. Threshold quantity: 100Mi.";
+    KillJournal::open(&state).note(&uid, "Evicted", message);
+
+    agent.restart();
+    let pod = agent.pod("default/victim").expect("listed");
+    assert_eq!(
+        (&pod["phase"], &pod["reason"]),
+        (&json!("Failed"), &json!("Evicted")),
+        "{pod}\n{}",
+        agent.log()
+    );
+    let c = &pod["containers"][0];
+    assert_ne!(
+        c["state"], "running",
+        "an evicted pod's container shown running: {pod}"
+    );
+    assert_eq!(c["state"], "terminated", "{pod}");
 }
