@@ -138,3 +138,57 @@ impl Drop for OomWatch {
         }
     }
 }
+
+/// Thaws each frozen cgroup when its time comes, on a thread of its own: the run's main
+/// loop may wait on the agent (a CLI call behind a runtime stop of that very frozen pod),
+/// and a freeze must not last as long as that wait.
+pub(super) struct Thawer {
+    due: Arc<Mutex<Vec<(PathBuf, Instant)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Thawer {
+    pub(super) fn start() -> Thawer {
+        let due: Arc<Mutex<Vec<(PathBuf, Instant)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (d, s) = (Arc::clone(&due), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                d.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(dir, at)| {
+                        if *at > now {
+                            return true;
+                        }
+                        let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+                        false
+                    });
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Thawer {
+            due,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Thaws the freezer cgroup `dir` at `at`.
+    pub(super) fn thaw_at(&self, dir: PathBuf, at: Instant) {
+        self.due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((dir, at));
+    }
+}
+
+impl Drop for Thawer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -10,7 +10,7 @@ use rustix::process::Signal;
 use serde_json::Value;
 
 use super::check::{self, Excuses, Tally, Tracked};
-use super::node::{config, pid_threshold, OomWatch, Tmpfs};
+use super::node::{config, pid_threshold, OomWatch, Thawer, Tmpfs};
 use super::pods::{self, Places};
 use super::schedule::{self, Action, Mix, Qos, Work};
 use crate::agent::TestAgent;
@@ -82,6 +82,7 @@ struct Run {
     /// When the last `pod ls` had answered.
     snapshot_at: Option<std::time::SystemTime>,
     freezers: Vec<Freezer>,
+    thawer: Thawer,
     oom: OomWatch,
     out: Outcome,
     recent: VecDeque<String>,
@@ -139,6 +140,7 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         snapshot: Vec::new(),
         snapshot_at: None,
         freezers: Vec::new(),
+        thawer: Thawer::start(),
         oom: OomWatch::start(kubepods),
         out: Outcome::default(),
         recent: VecDeque::new(),
@@ -185,13 +187,18 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
     };
     let mut failed = false;
     'plan: for (at, action) in plan {
-        while r.started.elapsed() < Duration::from_millis(at) {
+        // At least one round between two actions, also when the run is behind its schedule
+        // (the agent slow to answer): no action goes unchecked.
+        loop {
             r.round();
             if stop(&mut r) {
                 failed = true;
                 break 'plan;
             }
             let left = Duration::from_millis(at).saturating_sub(r.started.elapsed());
+            if left.is_zero() {
+                break;
+            }
             std::thread::sleep(left.min(Duration::from_millis(300)));
         }
         r.act(&action);
@@ -429,7 +436,7 @@ impl Run {
     }
 
     /// Moves pod `i`'s processes into a freezer cgroup below the run's root and freezes
-    /// them; [`Run::round`] thaws them after `dur`.
+    /// them; the [`Thawer`] thaws them after `dur`.
     fn freeze(&mut self, i: usize, dur: Duration) -> String {
         let Some(cg) = self.pods[i].cgroup.clone() else {
             return "no cgroup".into();
@@ -449,23 +456,9 @@ impl Run {
         let moved = pids.iter().filter(|p| f.add(**p).is_ok()).count();
         let frozen = f.freeze(Duration::from_secs(2)).unwrap_or(false);
         self.pods[i].frozen_until = Some(Instant::now() + dur);
+        self.thawer.thaw_at(f.0.clone(), Instant::now() + dur);
         self.freezers.push(f);
         format!("{moved} processes, frozen: {frozen}")
-    }
-
-    fn thaw_due(&mut self) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        for p in &mut self.pods {
-            if p.frozen_until.is_some_and(|u| u <= now) {
-                due.push(format!("{}/frozen-{}", self.agent.root.name, p.plan.n));
-            }
-        }
-        for f in &self.freezers {
-            if due.iter().any(|d| f.0.ends_with(d)) && f.state() != "THAWED" {
-                let _ = f.set("THAWED");
-            }
-        }
     }
 
     fn drain_ooms(&mut self) {
@@ -508,7 +501,6 @@ impl Run {
 
     /// One round of every continuous check.
     fn round(&mut self) {
-        self.thaw_due();
         self.clean_up_files();
         self.drain_ooms();
         self.drain_events();
