@@ -383,6 +383,9 @@ impl Run {
             Action::KillAgent { down_ms } => {
                 self.note(format!("{action}"));
                 self.excuses.agent_down.push((Instant::now(), None));
+                // What the agent said before it dies is read first: a new follower starts
+                // from the next agent's events.
+                self.drain_events();
                 self.events = None;
                 self.agent.kill(Signal::KILL);
                 let until = Instant::now() + Duration::from_millis(*down_ms);
