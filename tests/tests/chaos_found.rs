@@ -10,6 +10,9 @@
 //!   The restarted agent finished the eviction from its kill journal, but the runtime no
 //!   longer knew the pod, its stop answered nothing, and `pod ls` kept showing the
 //!   container `running`.
+//! - Seed 5 under containerd, at 146 s (with both fixes above): a pod evicted while
+//!   containerd was down. The agent killed its processes itself, but the runtime's stop
+//!   failed and the record kept its container `running`, in `pod ls`, for good.
 //! - Seed 2, at 107 s: a graceful eviction cut short by a hard threshold came on `reactor
 //!   events` as a second eviction of the pod, like the first in every field but the grace
 //!   (the metrics counted one, the decision record said `escalated`): a client could not
@@ -21,7 +24,9 @@ use std::time::{Duration, Instant};
 use reactor::node::journal::KillJournal;
 use reactor::record::checkpoint::Checkpoint;
 use reactor_tests::agent::TestAgent;
-use reactor_tests::{is_root, memhog_bin, reactor_bin, require};
+use reactor_tests::{
+    containerd_available, is_root, memhog_bin, reactor_bin, require, Containerd, TestImage,
+};
 use rustix::process::Signal;
 use serde_json::{json, Value};
 
@@ -249,4 +254,84 @@ fn an_eviction_finished_from_the_kill_journal_of_a_pod_the_runtime_lost_shows_it
         "an evicted pod's container shown running: {pod}"
     );
     assert_eq!(c["state"], "terminated", "{pod}");
+}
+
+#[test]
+fn a_pod_evicted_while_containerd_is_down_shows_its_container_ended() {
+    if !ready()
+        || !require(
+            containerd_available(),
+            "root, containerd, runc and busybox-static for the CRI tests",
+        )
+    {
+        return;
+    }
+    const IMAGE: &str = "localhost/reactor/chaos-found-memhog:1";
+    let mut ctd = Containerd::start("chaos-found").expect("start containerd");
+    let image = TestImage::busybox(IMAGE, 0)
+        .with_host_binary(&memhog_bin())
+        .expect("memhog and its libraries");
+    ctd.build_and_import(&image)
+        .expect("import the memhog image");
+    let agent = TestAgent::start(
+        "chaos-ctd-down",
+        &format!(
+            "node: {{memoryCapacity: 512Mi, cpuCapacity: '2'}}\n\
+             evictionHard: {{memory.available: 128Mi}}\n\
+             housekeepingInterval: 1s\n\
+             sense: {{ebpf: true, psi: false, memcgThreshold: true}}\n\
+             runtime: {{kind: cri, endpoint: '{}'}}\n",
+            ctd.endpoint()
+        ),
+    );
+    // A hog that waits for the go (a file in its root), then allocates past the threshold.
+    agent.apply_ok(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "hog", "namespace": "default"},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "app", "image": IMAGE, "command": ["sh", "-c",
+                     "while [ ! -e /go ]; do sleep 0.1; done; exec /bin/memhog 600 350"]}]}}));
+    agent.wait("the hog's container to run", || {
+        agent
+            .pod("default/hog")
+            .is_some_and(|p| p["containers"][0]["state"] == "running")
+    });
+    let cgroup = agent.pod("default/hog").expect("listed")["cgroup"]
+        .as_str()
+        .expect("cgroup")
+        .trim_start_matches('/')
+        .to_string();
+    let pod_dir = agent.cgroup_dir("memory", &cgroup);
+    let shell = reactor_tests::chaos::check::pids_below(&pod_dir)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("/go"))
+        })
+        .expect("the container's shell");
+
+    // containerd dies; then the pressure comes, and the eviction runs without it.
+    if let Some(pid) = rustix::process::Pid::from_raw(ctd.pid() as i32) {
+        rustix::process::kill_process(pid, Signal::KILL).expect("SIGKILL containerd");
+    }
+    ctd.stop_daemon();
+    std::fs::write(format!("/proc/{shell}/root/go"), b"").expect("the go file");
+    agent.wait("the hog to end Failed/Evicted", || {
+        agent
+            .pod("default/hog")
+            .is_some_and(|p| p["phase"] == "Failed")
+    });
+    agent.wait("its processes to be gone", || {
+        reactor_tests::chaos::check::pids_below(&pod_dir).is_empty()
+    });
+    for _ in 0..5 {
+        let pod = agent.pod("default/hog").expect("listed");
+        assert_eq!(pod["reason"], "Evicted", "{pod}");
+        let c = &pod["containers"][0];
+        assert_ne!(
+            c["state"], "running",
+            "an evicted pod's container shown running: {pod}"
+        );
+        assert_eq!(c["state"], "terminated", "{pod}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

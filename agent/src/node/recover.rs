@@ -33,7 +33,7 @@ use super::manager::{Actor, After, Entry, PREEMPTION_MESSAGE, PREEMPTION_REASON}
 use super::record::{Orphan, PodRecord, PodSource, StopIntent};
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, Resources, DEFAULT_REMOVE_WAIT};
-use crate::act::runtime::{ContainerState, PodPhase, PodStatus, Runtime, Terminated};
+use crate::act::runtime::{PodPhase, PodStatus, Runtime};
 use crate::decide::cgroups::pod_config;
 use crate::decide::pod::PodInfo;
 use crate::node::document::Checked;
@@ -262,22 +262,9 @@ impl<R: Runtime + 'static> Actor<R> {
             }
         }
         // A runtime that had finished its part of the stop no longer knows the pod and
-        // answers nothing: a container the record still has running ended while no agent
-        // watched, as the kubelet says of a container it cannot find.
+        // answers nothing.
         if let Some(e) = self.pods.get_mut(uid) {
-            let now = SystemTime::now();
-            for c in &mut e.record.containers {
-                if let ContainerState::Running { started_at, .. } = c.state {
-                    c.state = ContainerState::Terminated(Terminated {
-                        exit_code: 137,
-                        signal: Some(9),
-                        reason: "ContainerStatusUnknown".into(),
-                        message: "ended while the agent was not running".into(),
-                        started_at,
-                        finished_at: now,
-                    });
-                }
-            }
+            e.record.end_unknown_containers();
         }
         let what = match &intent {
             StopIntent::Evict { .. } => "eviction",
