@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 pub mod agent;
 pub mod cgroup_root;
+pub mod chaos;
 pub mod containerd;
 pub mod exposition;
 pub mod freezer;

@@ -5,6 +5,7 @@
 //! all there already.
 
 mod bench;
+mod chaos;
 mod cmd;
 mod deb;
 mod house;
@@ -26,7 +27,8 @@ commands:
                tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
                systemd-analyze/rsvg-convert for the offline checks; idempotent
   test         `house`, setup, then fmt check, clippy, every test (unit, integration, doc;
-               the systemd unit verified offline), the cgroup v2 guest suite (`vm-test`),
+               the systemd unit verified offline), a 2-minute `chaos` run (seed 41), the
+               cgroup v2 guest suite (`vm-test`),
                and `bench --quick` (fails only if the bench harness breaks; its SVG charts
                must exist and render), `deb --check`, and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
@@ -38,6 +40,15 @@ commands:
                10 minutes, 50 API clients and a hog every 30 s: RSS and reaction over time),
                which the default run leaves out; `--quick` runs 2 repetitions of concurrent
                and no soak
+  chaos [--minutes N] [--seed S] [--containerd] [--keep-going] [--no-build]
+               a seeded chaos run against the real agent (root, cgroup v1; default 2
+               minutes, seed from the clock): pods of every QoS and priority the host runs,
+               hogs, stubborn, frozen and multi-process pods, page-cache writers, fork
+               storms, disk fillers on a run-owned tmpfs, the agent (and with `--containerd`
+               a private containerd running the pods) SIGKILLed and restarted;
+               the invariants of docs/reliability.md checked throughout. The same seed
+               plays the same schedule; a failure prints the seed and the last actions
+               before it (and stops the run, unless `--keep-going`)
   vm-test [--systemd] [--only NAME,NAME] [--timeout SECS] [--mem MIB] [--no-build]
                the cgroup v2 suite in a QEMU guest (TCG) with a real v2 memory controller:
                fetches and caches a Debian kernel, builds an initramfs with the agent and
@@ -72,6 +83,7 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "run" => run(&rest),
         "bench" => bench::run(&rest),
+        "chaos" => chaos::run(&rest),
         "vm-test" => vm_test(&rest),
         "deb" => deb::run(&rest),
         "house" => house::run(&rest),
@@ -139,6 +151,15 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
+    // Two minutes of chaos on this host (the binaries were built above); a fixed seed, so
+    // a failure in CI is repeated by the same command.
+    chaos::run(&[
+        "--minutes".to_string(),
+        "2".to_string(),
+        "--seed".to_string(),
+        "41".to_string(),
+        "--no-build".to_string(),
+    ])?;
     // The cgroup v2 suite in its guest (the binaries were built above).
     vm_test(&["--no-build".to_string()])?;
     release.wait()?;

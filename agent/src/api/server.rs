@@ -219,6 +219,7 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             reaction_ns,
             killed_at_crossing,
             dry_run,
+            escalated,
         } => K::Eviction(pb::EvictionEvent {
             pod: Some(split(pod)),
             uid: uid.clone(),
@@ -228,6 +229,7 @@ fn event(e: &crate::node::NodeEvent) -> pb::Event {
             reaction_nanos: *reaction_ns,
             killed_at_crossing_pid: killed_at_crossing.unwrap_or(0),
             dry_run: *dry_run,
+            escalated: *escalated,
         }),
         NodeEventKind::OomKill {
             pod,

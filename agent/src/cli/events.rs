@@ -90,13 +90,21 @@ fn describe(e: &pb::Event) -> (&'static str, serde_json::Value, String) {
             "eviction",
             json!({"pod": name(&v.pod), "uid": v.uid, "signal": v.signal, "message": v.message,
                    "gracePeriodSeconds": v.grace_period_seconds, "reactionNanos": v.reaction_nanos,
-                   "killedAtCrossingPid": v.killed_at_crossing_pid, "dryRun": v.dry_run}),
+                   "killedAtCrossingPid": v.killed_at_crossing_pid, "dryRun": v.dry_run,
+                   "escalated": v.escalated}),
             if v.dry_run {
                 format!(
                     "(dry run) {} would be evicted ({}), nothing killed: {}",
                     name(&v.pod),
                     v.signal,
                     v.message
+                )
+            } else if v.escalated {
+                format!(
+                    "{} eviction escalated ({}, a hard threshold met in its grace period): \
+                     SIGKILL",
+                    name(&v.pod),
+                    v.signal
                 )
             } else if v.killed_at_crossing_pid != 0 {
                 format!(

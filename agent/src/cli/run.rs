@@ -385,6 +385,7 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
                 reaction_ns: -1,
                 killed_at_crossing: None,
                 dry_run: true,
+                escalated: false,
             });
         }
         if let Action::Evicted {
@@ -394,6 +395,7 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
             grace_seconds,
             message,
             error: None,
+            escalated,
             ..
         } = d.action
         {
@@ -408,6 +410,7 @@ async fn forward_decisions(mut rx: broadcast::Receiver<Decision>, events: EventH
                     .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
                 killed_at_crossing: d.killed_at_crossing,
                 dry_run: false,
+                escalated,
             });
         }
     }

@@ -86,6 +86,9 @@ pub enum NodeEventKind {
         killed_at_crossing: Option<u32>,
         /// A dry run: the eviction the loop would have made; nothing was killed or stopped.
         dry_run: bool,
+        /// The SIGKILL cutting short this pod's graceful eviction (announced before): the
+        /// same eviction, not a second one.
+        escalated: bool,
     },
     /// A container was OOM-killed by the kernel.
     OomKill {

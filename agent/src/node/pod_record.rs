@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::act::cgroups::CgroupPath;
-use crate::act::runtime::{ContainerStatus, PodPhase};
+use crate::act::runtime::{ContainerState, ContainerStatus, PodPhase, Terminated};
 
 /// The checkpoint's kind tag and version.
 pub const CHECKPOINT_KIND: &str = "reactor-pods";
@@ -106,6 +106,27 @@ pub struct Orphan {
 }
 
 impl PodRecord {
+    /// Ends every container the record still has running, once the pod's processes were
+    /// killed with no word from the runtime (it had forgotten the pod, or was down): as the
+    /// kubelet says of a container it cannot find, `ContainerStatusUnknown`, exit code 137.
+    /// Nothing refreshes an ended pod's containers afterwards, so without this `pod ls`
+    /// showed an evicted pod's container running for good.
+    pub fn end_unknown_containers(&mut self) {
+        let now = std::time::SystemTime::now();
+        for c in &mut self.containers {
+            if let ContainerState::Running { started_at, .. } = c.state {
+                c.state = ContainerState::Terminated(Terminated {
+                    exit_code: 137,
+                    signal: Some(9),
+                    reason: "ContainerStatusUnknown".into(),
+                    message: "ended while the runtime could not say".into(),
+                    started_at,
+                    finished_at: now,
+                });
+            }
+        }
+    }
+
     /// `namespace/name`.
     pub fn full_name(&self) -> String {
         format!("{}/{}", self.namespace, self.name)

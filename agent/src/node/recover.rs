@@ -243,7 +243,14 @@ impl<R: Runtime + 'static> Actor<R> {
             return;
         };
         let (name, cgroup) = (e.record.full_name(), e.record.cgroup.clone());
-        let _ = self.rt.stop_pod(uid, Duration::ZERO).await;
+        // The runtime's answer is the containers' end: without it the pod's record kept the
+        // states of the checkpoint, and `pod ls` showed an evicted pod's container running
+        // (nothing refreshes an ended pod's containers afterwards).
+        if let Ok(status) = self.rt.stop_pod(uid, Duration::ZERO).await {
+            if let Some(e) = self.pods.get_mut(uid) {
+                e.record.containers = status.containers;
+            }
+        }
         if let Some(cg) = &cgroup {
             stop_processes(&self.cgroups, cg, Duration::ZERO).await;
             if let Err(err) = self
@@ -253,6 +260,11 @@ impl<R: Runtime + 'static> Actor<R> {
             {
                 tracing::error!(pod = %name, "pod cgroup not removed: {err}");
             }
+        }
+        // A runtime that had finished its part of the stop no longer knows the pod and
+        // answers nothing.
+        if let Some(e) = self.pods.get_mut(uid) {
+            e.record.end_unknown_containers();
         }
         let what = match &intent {
             StopIntent::Evict { .. } => "eviction",

@@ -139,8 +139,12 @@ impl<R: Runtime + 'static> Actor<R> {
         if let Some(e) = self.pods.get_mut(&uid) {
             e.stopping = false;
             e.record.stopping = None;
-            if let Ok(Some(s)) = &status {
-                e.record.containers = s.containers.clone();
+            match &status {
+                Ok(Some(s)) => e.record.containers = s.containers.clone(),
+                // The processes were killed but the runtime did not answer (down): the pod
+                // ends, and so do its containers.
+                _ if !matches!(after, After::Remove { .. }) => e.record.end_unknown_containers(),
+                _ => {}
             }
         }
         match after {
