@@ -110,6 +110,15 @@ impl Checkpoint {
     /// Writes `value` as the new generation (see [`StateFile::write`]). The directory must
     /// exist.
     pub fn save<T: Serialize>(&self, value: &T) -> Result<(), CheckpointError> {
+        let bytes = self.encode(value)?;
+        self.file.write(&bytes)?;
+        Ok(())
+    }
+
+    /// The bytes [`save`](Self::save) writes for `value`: the envelope with its checksum.
+    /// Public, like [`decode`](Self::decode), so the fuzz targets (`fuzz/`) can run the
+    /// checkpoint format both ways without a file.
+    pub fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, CheckpointError> {
         let ser = |source| CheckpointError::Serialize {
             path: self.path().to_path_buf(),
             source,
@@ -121,9 +130,7 @@ impl Checkpoint {
             crc32: crc_of(&data),
             data,
         };
-        let bytes = serde_json::to_vec(&envelope).map_err(ser)?;
-        self.file.write(&bytes)?;
-        Ok(())
+        serde_json::to_vec(&envelope).map_err(ser)
     }
 
     /// Reads the state back from the newest usable generation; never fails (see the
@@ -132,7 +139,10 @@ impl Checkpoint {
         self.file.load(|bytes| self.decode(bytes))
     }
 
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
+    /// What [`load`](Self::load) makes of one generation's bytes: the envelope checked
+    /// (checksum, kind, version), then the data. Public so the fuzz targets (`fuzz/`) reach
+    /// the exact decoder a load uses, without a file.
+    pub fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
         let envelope: Envelope = serde_json::from_slice(bytes)
             .map_err(|e| Refusal::Damaged(format!("not a checkpoint: {e}").replace('\n', " ")))?;
         let found = crc_of(&envelope.data);
