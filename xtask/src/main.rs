@@ -6,6 +6,7 @@
 
 mod bench;
 mod deb;
+mod fuzz;
 mod setup;
 mod vm;
 mod vm_systemd;
@@ -17,13 +18,15 @@ use anyhow::{bail, Context, Result};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker), mount
-               tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
-               systemd-analyze/rsvg-convert for the offline checks; idempotent
+  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker) and
+               cargo-fuzz, mount tracefs/bpffs, install containerd/runc/busybox-static for
+               the CRI tests and systemd-analyze/rsvg-convert for the offline checks;
+               idempotent
   test         setup, then fmt check, clippy, every test (unit, integration, doc; the
-               systemd unit verified offline), the cgroup v2 guest suite (`vm-test`), and
-               `bench --quick` (fails only if the bench harness breaks; its SVG charts must
-               exist and render), `deb --check`, and `vm-test --systemd`
+               systemd unit verified offline), every fuzz target for a few seconds, the
+               cgroup v2 guest suite (`vm-test`), and `bench --quick` (fails only if the
+               bench harness breaks; its SVG charts must exist and render), `deb --check`,
+               and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
                detection lag by source, OOM avoidance, decision cost, ring buffer, footprint,
@@ -46,6 +49,12 @@ commands:
                binary, systemd unit, /etc/reactor/config.yaml as a conffile, docs);
                `--check` reads it back, runs lintian, and installs, upgrades, removes and
                purges it in a scratch root (never the host's)
+  fuzz [--seconds N] [--only TARGET,...] [--seeds]
+               the cargo-fuzz targets in fuzz/, one per parser the agent reads from disk
+               and sockets (config, pod documents, the four checkpoints, the kill journal,
+               plan inputs, API messages), built with nightly and run one after another for
+               N seconds each (default 60); a crash fails it, naming the input kept.
+               `--seeds` collects fuzz/seeds/ from the tests' inputs instead
   run [ARGS]   setup, build the agent in release mode and run `reactor ARGS`
                (default: `run`, the agent on this node)";
 
@@ -64,6 +73,10 @@ fn main() -> Result<()> {
         "bench" => bench::run(&rest),
         "vm-test" => vm::run(&rest),
         "deb" => deb::run(&rest),
+        "fuzz" => {
+            setup::run()?;
+            fuzz::run(&rest)
+        }
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -155,6 +168,9 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
+    // Every fuzz target briefly, from the committed seeds: a parser that panics on an input
+    // the fuzzer finds within seconds fails here (the long runs are `cargo xtask fuzz`).
+    fuzz::run(&["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     // The cgroup v2 suite in its guest (the binaries were built above).
     vm::run(&["--no-build".to_string()])?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
