@@ -144,11 +144,11 @@ impl Checkpoint {
     /// the exact decoder a load uses, without a file.
     pub fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
         let envelope: Envelope = serde_json::from_slice(bytes)
-            .map_err(|e| Refusal::Damaged(format!("not a checkpoint: {e}").replace('\n', " ")))?;
+            .map_err(|e| Refusal::Damaged(printable(&format!("not a checkpoint: {e}"))))?;
         let found = crc_of(&envelope.data);
         if found != envelope.crc32 {
             return Err(Refusal::Damaged(format!(
-                "checksum {found} does not match the recorded {}",
+                "checksum {found} does not match the recorded {:?}",
                 envelope.crc32
             )));
         }
@@ -165,7 +165,7 @@ impl Checkpoint {
             )));
         }
         serde_path_to_error::deserialize(envelope.data).map_err(|e| {
-            Refusal::Damaged(format!("data at {}: {}", e.path(), e.inner()).replace('\n', " "))
+            Refusal::Damaged(printable(&format!("data at {}: {}", e.path(), e.inner())))
         })
     }
 
@@ -173,6 +173,19 @@ impl Checkpoint {
     pub fn remove(&self) -> Result<(), CheckpointError> {
         Ok(self.file.remove()?)
     }
+}
+
+/// `text` on one line as written: line breaks become spaces and other control characters
+/// are escaped. A refusal quotes the file's own keys and strings, which may hold anything
+/// (the `checkpoint_images` fuzz target found a key with a carriage return).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => " ".to_string(),
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -265,6 +278,28 @@ mod tests {
             .unwrap();
         let loaded = cp.load::<Pods>();
         assert!(loaded.notices[0].message.contains("uids[0]"), "{loaded:?}");
+    }
+
+    #[test]
+    fn refusals_quoting_the_file_stay_on_one_line() {
+        // Found by the checkpoint_images fuzz target: a key holding a carriage return was
+        // quoted raw in the "data at" refusal.
+        let cp = Checkpoint::new("image-records.json", "image-records", 1);
+        let data = serde_json::json!({"images": {"sha256:a": {"x\ry": true}}});
+        let err = cp.decode::<Pods>(&cp.encode(&data).unwrap()).unwrap_err();
+        let Refusal::Damaged(text) = err else {
+            panic!("{err:?}")
+        };
+        assert!(text.starts_with("data at"), "{text}");
+        assert!(!text.contains(['\r', '\n']), "{text:?}");
+        // The recorded checksum is the file's text too.
+        let bad_crc = br#"{"kind":"pods","version":1,"crc32":"a\r\nb","data":{}}"#;
+        let err = cp.decode::<Pods>(bad_crc).unwrap_err();
+        let Refusal::Damaged(text) = err else {
+            panic!("{err:?}")
+        };
+        assert!(text.starts_with("checksum"), "{text}");
+        assert!(!text.contains(['\r', '\n']), "{text:?}");
     }
 
     #[test]
