@@ -37,7 +37,8 @@ pub(crate) const CI_SECONDS: u64 = 5;
 const INPUT_TIMEOUT_SECS: u64 = 10;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
 }
 
 fn target_dir() -> PathBuf {
@@ -197,11 +198,18 @@ fn fuzz_one(target: &str, seconds: u64, logs: &Path) -> Result<Outcome> {
             .lines()
             .find_map(|l| l.split_once("Test unit written to ").map(|(_, p)| p.trim()))
             .unwrap_or("no input kept; see the log");
-        let what = text
-            .lines()
-            .find(|l| l.contains("ERROR: libFuzzer:") || l.contains("panicked at"))
-            .unwrap_or("the run failed")
-            .trim();
+        // A panic's message is the line after "panicked at"; else libFuzzer's own verdict
+        // (a timeout, running out of memory, a deadly signal).
+        let lines: Vec<&str> = text.lines().collect();
+        let what = match lines.iter().position(|l| l.contains("panicked at")) {
+            Some(i) => lines.get(i + 1).copied().unwrap_or(lines[i]),
+            None => lines
+                .iter()
+                .copied()
+                .find(|l| l.contains("ERROR: libFuzzer:"))
+                .unwrap_or("the run failed"),
+        };
+        let what: String = what.trim().chars().take(300).collect();
         o.result = format!("{what} ({artifact}; log {})", log.display());
     }
     Ok(o)
