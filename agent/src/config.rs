@@ -434,8 +434,10 @@ pub enum ConfigError {
     /// The file is not YAML/JSON.
     #[error("config is not valid YAML: {0}")]
     Syntax(String),
-    /// A key is unknown or a value has the wrong form or range.
-    #[error("config key {key}: {reason}")]
+    /// A key is unknown or a value has the wrong form or range. Both parts are printed with
+    /// control characters escaped: a key is the file's own text, and a YAML key may hold a
+    /// line break, which would split the one-line error (found by the `config` fuzz target).
+    #[error("config key {}: {}", printable(key), printable(reason))]
     Invalid {
         /// The key path, dotted (`sense.psiWindow`).
         key: String,
@@ -690,6 +692,19 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// `text` with its control characters escaped (`\n`, `\r`, `\u{1b}`) and the rest as written.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -709,6 +724,19 @@ mod tests {
         assert!(err.contains("sense"), "{err}");
         assert!(err.contains("bogus"), "{err}");
         assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn a_key_with_line_breaks_is_named_on_one_line() {
+        // Found by the `config` fuzz target: a quoted YAML key holding carriage returns
+        // came back verbatim in the error, which then spanned two lines.
+        let err = Config::from_yaml("?\n#\n \"{{\r\r\"")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains(['\n', '\r']), "{err:?}");
+        assert!(err.starts_with("config key {{"), "{err}");
+        let err = Config::from_yaml("\"a\\nb\": 1\n").unwrap_err().to_string();
+        assert!(err.starts_with("config key a\\nb: unknown field"), "{err}");
     }
 
     #[test]

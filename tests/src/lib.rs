@@ -21,6 +21,25 @@ pub mod v2;
 pub use containerd::{containerd_available, Containerd, TestCgroupTree};
 pub use oci::{BuiltImage, TestImage};
 
+/// Where `cargo xtask fuzz --seeds` collects the fuzz targets' seed corpus: set, the tests
+/// that make parser inputs (the plan tests, `fuzz_seeds`) also keep them there.
+pub const FUZZ_SEEDS_ENV: &str = "REACTOR_FUZZ_SEEDS";
+
+/// Keeps `bytes` as a seed of fuzz target `target` (`$REACTOR_FUZZ_SEEDS/<target>/<name>`,
+/// the name a hash of the bytes so a seed made twice is kept once); nothing when the
+/// variable is unset. Returns where it went.
+pub fn keep_fuzz_seed(target: &str, bytes: &[u8]) -> Option<PathBuf> {
+    let dir = Path::new(&std::env::var_os(FUZZ_SEEDS_ENV)?).join(target);
+    std::fs::create_dir_all(&dir).ok()?;
+    // FNV-1a, 64 bits: stable across runs and toolchains, unlike the std hasher.
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let path = dir.join(format!("{hash:016x}"));
+    std::fs::write(&path, bytes).ok()?;
+    Some(path)
+}
+
 /// Whether the tests run in CI, where every kernel test must run.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")

@@ -8,6 +8,7 @@ mod bench;
 mod chaos;
 mod cmd;
 mod deb;
+mod fuzz;
 mod house;
 mod setup;
 mod vm;
@@ -23,12 +24,13 @@ pub(crate) use cmd::{cargo, require_in_ci, sh};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker), mount
-               tracefs/bpffs, install containerd/runc/busybox-static for the CRI tests and
-               systemd-analyze/rsvg-convert for the offline checks; idempotent
+  setup        install the eBPF toolchain (nightly + rust-src, LLVM 22, bpf-linker) and
+               cargo-fuzz, mount tracefs/bpffs, install containerd/runc/busybox-static for
+               the CRI tests and systemd-analyze/rsvg-convert for the offline checks;
+               idempotent
   test         `house`, setup, then fmt check, clippy, every test (unit, integration, doc;
-               the systemd unit verified offline), a 2-minute `chaos` run (seed 41), the
-               cgroup v2 guest suite (`vm-test`),
+               the systemd unit verified offline), every fuzz target for a few seconds, a
+               2-minute `chaos` run (seed 41), the cgroup v2 guest suite (`vm-test`),
                and `bench --quick` (fails only if the bench harness breaks; its SVG charts
                must exist and render), `deb --check`, and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
@@ -62,6 +64,12 @@ commands:
                binary, systemd unit, /etc/reactor/config.yaml as a conffile, docs);
                `--check` reads it back, runs lintian, and installs, upgrades, removes and
                purges it in a scratch root (never the host's)
+  fuzz [--seconds N] [--only TARGET,...] [--seeds]
+               the cargo-fuzz targets in fuzz/, one per parser the agent reads from disk
+               and sockets (config, pod documents, the four checkpoints, the kill journal,
+               plan inputs, API messages), built with nightly and run one after another for
+               N seconds each (default 60); a crash fails it, naming the input kept.
+               `--seeds` collects fuzz/seeds/ from the tests' inputs instead
   house [--root DIR]
                the house rules on the source tree of every crate, no build, no root: no
                file over 1,000 lines, no circle of imports between files (parent and child
@@ -87,6 +95,10 @@ fn main() -> Result<()> {
         "vm-test" => vm_test(&rest),
         "deb" => deb::run(&rest),
         "house" => house::run(&rest),
+        "fuzz" => {
+            setup::run()?;
+            fuzz::run(&rest)
+        }
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -151,6 +163,9 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
+    // Every fuzz target briefly, from the committed seeds: a parser that panics on an input
+    // the fuzzer finds within seconds fails here (the long runs are `cargo xtask fuzz`).
+    fuzz::run(&["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     // Two minutes of chaos on this host (the binaries were built above); a fixed seed, so
     // a failure in CI is repeated by the same command.
     chaos::run(&[

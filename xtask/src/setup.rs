@@ -16,6 +16,7 @@ const LLVM_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev"];
 /// Everything the project needs, in order.
 pub(crate) fn run() -> Result<()> {
     nightly_with_rust_src()?;
+    cargo_fuzz()?;
     bpf_linker()?;
     kernel_filesystems()?;
     container_runtime()?;
@@ -85,6 +86,16 @@ fn nightly_with_rust_src() -> Result<()> {
         ]))?;
     }
     Ok(())
+}
+
+/// cargo-fuzz builds and runs the fuzz targets (`cargo xtask fuzz`); installed from
+/// crates.io with the nightly above, which its builds need.
+fn cargo_fuzz() -> Result<()> {
+    if quiet(Command::new("cargo").args(["+nightly", "fuzz", "--version"])) {
+        return Ok(());
+    }
+    sh(Command::new("cargo").args(["+nightly", "install", "cargo-fuzz", "--locked"]))
+        .context("installing cargo-fuzz")
 }
 
 /// bpf-linker links the eBPF object; it is built from crates.io against Debian's LLVM 22.

@@ -345,15 +345,7 @@ impl Agent for AgentService {
         request: Request<pb::ApplyPodRequest>,
     ) -> Result<Response<pb::ApplyPodResponse>, Status> {
         let r = request.into_inner();
-        let format = match pb::DocumentFormat::try_from(r.format) {
-            Ok(pb::DocumentFormat::Json) => Format::Json,
-            Ok(pb::DocumentFormat::Yaml) => Format::Yaml,
-            _ => {
-                return Err(Status::invalid_argument(
-                    "format: must be DOCUMENT_FORMAT_JSON or DOCUMENT_FORMAT_YAML",
-                ))
-            }
-        };
+        let format = apply_format(r.format)?;
         let applied = self
             .pods
             .apply(&r.pod, format)
@@ -384,34 +376,7 @@ impl Agent for AgentService {
         &self,
         request: Request<pb::RemovePodRequest>,
     ) -> Result<Response<pb::RemovePodResponse>, Status> {
-        let r = request.into_inner();
-        let target = match r.target {
-            Some(pb::remove_pod_request::Target::Pod(p)) if !p.name.is_empty() => {
-                RemoveTarget::Name {
-                    namespace: if p.namespace.is_empty() {
-                        "default".into()
-                    } else {
-                        p.namespace
-                    },
-                    name: p.name,
-                }
-            }
-            Some(pb::remove_pod_request::Target::Uid(u)) if !u.is_empty() => RemoveTarget::Uid(u),
-            _ => {
-                return Err(Status::invalid_argument(
-                    "target: a pod name or uid is required",
-                ))
-            }
-        };
-        let grace = match r.grace_period_seconds {
-            None => None,
-            Some(g) if g >= 0 => Some(Duration::from_secs(g as u64)),
-            Some(g) => {
-                return Err(Status::invalid_argument(format!(
-                    "grace_period_seconds: {g} is negative"
-                )))
-            }
-        };
+        let (target, grace) = remove_request(request.into_inner())?;
         let removed = self
             .pods
             .remove(target, grace)
@@ -536,24 +501,72 @@ impl Agent for AgentService {
         request: Request<pb::PlanRequest>,
     ) -> Result<Response<pb::PlanResponse>, Status> {
         let r = request.into_inner();
-        let bytes = &r.input_json;
-        let bad = |e: crate::plan::input::InputError| Status::invalid_argument(e.to_string());
-        let value = match r.what.as_str() {
-            "evict" => crate::plan::evict::run(bytes).map_err(bad)?,
-            "preempt" => serde_json::to_value(crate::plan::preempt::run(bytes).map_err(bad)?)
-                .map_err(|e| Status::internal(e.to_string()))?,
-            "image-gc" => crate::plan::image_gc::run(bytes).map_err(bad)?,
-            "cgroups" => crate::plan::cgroups::run(bytes).map_err(bad)?,
-            "pressure" => crate::plan::pressure::run(bytes).map_err(bad)?,
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "what: {other:?} is not evict, preempt, image-gc, cgroups or pressure"
-                )))
-            }
-        };
-        let out = serde_json::to_vec_pretty(&value).map_err(|e| Status::internal(e.to_string()))?;
+        let out = plan_output(&r.what, &r.input_json)?;
         Ok(Response::new(pb::PlanResponse { output_json: out }))
     }
+}
+
+// The request checks below are functions of the message alone, apart from the handlers, so
+// the fuzz targets (`fuzz/`) run exactly what the API runs on a decoded request.
+
+/// `ApplyPodRequest.format` as a document format; anything else is the client's mistake.
+pub fn apply_format(format: i32) -> Result<Format, Status> {
+    match pb::DocumentFormat::try_from(format) {
+        Ok(pb::DocumentFormat::Json) => Ok(Format::Json),
+        Ok(pb::DocumentFormat::Yaml) => Ok(Format::Yaml),
+        _ => Err(Status::invalid_argument(
+            "format: must be DOCUMENT_FORMAT_JSON or DOCUMENT_FORMAT_YAML",
+        )),
+    }
+}
+
+/// Which pod a `RemovePodRequest` names, and the grace it asks for.
+pub fn remove_request(r: pb::RemovePodRequest) -> Result<(RemoveTarget, Option<Duration>), Status> {
+    let target = match r.target {
+        Some(pb::remove_pod_request::Target::Pod(p)) if !p.name.is_empty() => RemoveTarget::Name {
+            namespace: if p.namespace.is_empty() {
+                "default".into()
+            } else {
+                p.namespace
+            },
+            name: p.name,
+        },
+        Some(pb::remove_pod_request::Target::Uid(u)) if !u.is_empty() => RemoveTarget::Uid(u),
+        _ => {
+            return Err(Status::invalid_argument(
+                "target: a pod name or uid is required",
+            ))
+        }
+    };
+    let grace = match r.grace_period_seconds {
+        None => None,
+        Some(g) if g >= 0 => Some(Duration::from_secs(g as u64)),
+        Some(g) => {
+            return Err(Status::invalid_argument(format!(
+                "grace_period_seconds: {g} is negative"
+            )))
+        }
+    };
+    Ok((target, grace))
+}
+
+/// A `PlanRequest`'s answer: the plan named by `what` run on `input`, as indented JSON.
+pub fn plan_output(what: &str, input: &[u8]) -> Result<Vec<u8>, Status> {
+    let bad = |e: crate::plan::input::InputError| Status::invalid_argument(e.to_string());
+    let value = match what {
+        "evict" => crate::plan::evict::run(input).map_err(bad)?,
+        "preempt" => serde_json::to_value(crate::plan::preempt::run(input).map_err(bad)?)
+            .map_err(|e| Status::internal(e.to_string()))?,
+        "image-gc" => crate::plan::image_gc::run(input).map_err(bad)?,
+        "cgroups" => crate::plan::cgroups::run(input).map_err(bad)?,
+        "pressure" => crate::plan::pressure::run(input).map_err(bad)?,
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "what: {other:?} is not evict, preempt, image-gc, cgroups or pressure"
+            )))
+        }
+    };
+    serde_json::to_vec_pretty(&value).map_err(|e| Status::internal(e.to_string()))
 }
 
 /// An accepted connection holding one of the [`MAX_CONNECTIONS`] permits until it closes.

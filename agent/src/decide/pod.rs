@@ -93,14 +93,29 @@ pub struct PodInfo {
     pub ephemeral_volumes: Vec<String>,
 }
 
-/// Why a pod could not be read; `path` is relative to the pod object.
+/// Why a pod could not be read; `path` is relative to the pod object. Printed with control
+/// characters escaped: the path holds the document's own map keys, and a key with a line
+/// break would split the one-line error (found by the `pod` fuzz target).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
+#[error("{}: {}", printable(path), printable(message))]
 pub struct PodError {
     /// Where in the pod (`spec.containers[0].resources.requests.memory`).
     pub path: String,
     /// What is wrong there.
     pub message: String,
+}
+
+/// `text` with its control characters escaped (`\n`, `\r`, `\u{1b}`) and the rest as written.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 impl PodError {
@@ -532,6 +547,21 @@ mod tests {
         let p = pod(json!({"metadata": {"name": "a", "namespace": "kube-system"}}));
         assert_eq!(p.name, "kube-system/a");
         assert!(p.containers.is_empty());
+    }
+
+    #[test]
+    fn a_key_with_line_breaks_is_named_on_one_line() {
+        // Found by the `pod` fuzz target: a resource name holding line breaks was printed
+        // raw in the error's path.
+        let e = PodInfo::from_json(json!({"metadata": {"name": "a"}, "spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"(requests\n\n\n\n\nna": null}}}]}}))
+        .unwrap_err()
+        .to_string();
+        assert!(!e.contains(['\n', '\r']), "{e:?}");
+        assert!(
+            e.starts_with("spec.containers[0].resources.limits.(requests\\n"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -278,7 +278,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Data, CheckpointError> {
                     for (k, v) in m {
                         let numa: i64 = k.parse().map_err(|_| {
                             malformed(format!(
-                                "NUMA node {k:?} of pod {} is not an integer",
+                                "NUMA node {k:?} of pod {:?} is not an integer",
                                 e.pod_uid
                             ))
                         })?;
@@ -296,7 +296,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Data, CheckpointError> {
                             .decode(clean)
                             .map_err(|err| {
                                 malformed(format!(
-                                    "AllocResp of pod {} is not base64: {err}",
+                                    "AllocResp of pod {:?} is not base64: {err}",
                                     e.pod_uid
                                 ))
                             })?,
@@ -413,6 +413,22 @@ mod tests {
         assert!(!msg.contains('\n'));
         assert!(decode(Path::new("p"), b"").is_err());
         assert!(decode(Path::new("p"), b"{\"Data\":{},\"Checksum\":\"x\"}").is_err());
+    }
+
+    #[test]
+    fn a_pod_uid_with_a_line_break_is_quoted_in_the_refusal() {
+        // The uid is the file's text: a refusal naming it must stay on one line.
+        for entry in [
+            r#"{"PodUID":"a\nb","DeviceIDs":{"x":null}}"#,
+            r#"{"PodUID":"a\rb","AllocResp":"*"}"#,
+        ] {
+            let file = format!(r#"{{"Data":{{"PodDeviceEntries":[{entry}]}},"Checksum":0}}"#);
+            let msg = decode(Path::new("p"), file.as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("of pod \"a\\"), "{msg}");
+            assert!(!msg.contains(['\n', '\r']), "{msg:?}");
+        }
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub mod allocate;
 pub mod checkpoint;
 mod endpoint;
 pub use endpoint::dial_unix;
+/// The checkpoint's `AllocResp` codec, public for the fuzz targets (`fuzz/`): a restored
+/// checkpoint's answers are decoded with it.
+pub use endpoint::{decode_response, encode_response};
 mod error;
 mod manager;
 pub mod names;

@@ -35,9 +35,10 @@ pub use super::settings::{ImageGcError, ImageGcSettings};
 
 /// The checkpoint file under `stateDir`.
 pub const CHECKPOINT_FILE: &str = "image-records.json";
-/// The checkpoint's kind and format version.
-const CHECKPOINT_KIND: &str = "image-records";
-const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint's kind tag (public, with the version, for the fuzz targets in `fuzz/`).
+pub const CHECKPOINT_KIND: &str = "image-records";
+/// The checkpoint's format version.
+pub const CHECKPOINT_VERSION: u32 = 1;
 
 /// The outcome of a periodic GC round that ran to its end.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -274,6 +274,19 @@ mod tests {
     }
 
     #[test]
+    fn a_number_in_a_kept_document_reads_back_the_same() {
+        // Found by the `pod` fuzz target: the document is kept as JSON (the pod checkpoint),
+        // and 1.271428805885373e18 read back from it was 1.2714288058853727e18.
+        let doc = parse(
+            b"metadata: {name: a}\nspec: {overhead: {x: 1.271428805885373e+18}}\n",
+            Format::Yaml,
+        )
+        .unwrap();
+        let kept = serde_json::to_vec(&doc).unwrap();
+        assert_eq!(parse(&kept, Format::Json).unwrap(), doc);
+    }
+
+    #[test]
     fn oversize_is_refused_unread() {
         let big = vec![b' '; MAX_DOCUMENT_BYTES + 1];
         assert!(matches!(

@@ -75,10 +75,9 @@ impl KillJournal {
             reason: reason.to_string(),
             message: message.to_string(),
         };
-        let Ok(mut line) = serde_json::to_vec(&note) else {
+        let Some(line) = Self::line(&note) else {
             return;
         };
-        line.push(b'\n');
         if let Some(f) = self.file().as_mut() {
             if let Err(e) = f.write_all(&line) {
                 tracing::error!(path = %self.path.display(), uid = %note.uid, "kill not noted in the journal: {e}");
@@ -114,6 +113,13 @@ impl KillJournal {
                 return Vec::new();
             }
         };
+        Self::parse(&text, &path)
+    }
+
+    /// The notes in a journal's bytes, as [`read`](Self::read) finds them; `path` only names
+    /// the file in the log. Public so the fuzz targets (`fuzz/`) reach the journal's parser
+    /// without a file.
+    pub fn parse(text: &[u8], path: &Path) -> Vec<KillNote> {
         text.split(|&b| b == b'\n')
             .enumerate()
             .filter(|(_, line)| !line.is_empty())
@@ -125,6 +131,13 @@ impl KillJournal {
                     .ok()
             })
             .collect()
+    }
+
+    /// The line [`note`](Self::note) appends for `note`, newline included.
+    pub fn line(note: &KillNote) -> Option<Vec<u8>> {
+        let mut line = serde_json::to_vec(note).ok()?;
+        line.push(b'\n');
+        Some(line)
     }
 }
 

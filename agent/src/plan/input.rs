@@ -85,7 +85,20 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, InputError> {
 }
 
 fn describe(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
-    let outer = e.path().to_string();
+    // The path holds the document's own keys, which may hold line breaks (found by the
+    // `plan` fuzz target): escaped, so the error stays on one line.
+    let outer: String = e
+        .path()
+        .to_string()
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
     let inner = one_line(&e.inner().to_string());
     let (path, message) = match inner.strip_prefix(RELATIVE_PATH_MARK) {
         Some(rest) => match rest.split_once(": ") {
@@ -198,6 +211,17 @@ mod tests {
         let text = br#"{"pods": [{"metadata": {"name": "a"}, "spec": {"priority": "x"}}]}"#;
         let e = parse::<Doc>(text).unwrap_err().to_string();
         assert!(e.starts_with("pods[0].spec.priority: "), "{e}");
+    }
+
+    #[test]
+    fn a_key_with_a_line_break_is_named_on_one_line() {
+        // Found by the `plan` fuzz target (and the `api` one, through `Plan`): a syntax error
+        // under a key holding a carriage return quoted the key raw in its path.
+        let e = parse::<Doc>(b"{\"a\\rb\": [1, \"\x01\"]}")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains(['\n', '\r']), "{e:?}");
+        assert!(e.starts_with("a\\rb"), "{e}");
     }
 
     #[test]

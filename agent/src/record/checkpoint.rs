@@ -110,6 +110,15 @@ impl Checkpoint {
     /// Writes `value` as the new generation (see [`StateFile::write`]). The directory must
     /// exist.
     pub fn save<T: Serialize>(&self, value: &T) -> Result<(), CheckpointError> {
+        let bytes = self.encode(value)?;
+        self.file.write(&bytes)?;
+        Ok(())
+    }
+
+    /// The bytes [`save`](Self::save) writes for `value`: the envelope with its checksum.
+    /// Public, like [`decode`](Self::decode), so the fuzz targets (`fuzz/`) can run the
+    /// checkpoint format both ways without a file.
+    pub fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, CheckpointError> {
         let ser = |source| CheckpointError::Serialize {
             path: self.path().to_path_buf(),
             source,
@@ -121,9 +130,7 @@ impl Checkpoint {
             crc32: crc_of(&data),
             data,
         };
-        let bytes = serde_json::to_vec(&envelope).map_err(ser)?;
-        self.file.write(&bytes)?;
-        Ok(())
+        serde_json::to_vec(&envelope).map_err(ser)
     }
 
     /// Reads the state back from the newest usable generation; never fails (see the
@@ -132,13 +139,16 @@ impl Checkpoint {
         self.file.load(|bytes| self.decode(bytes))
     }
 
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
+    /// What [`load`](Self::load) makes of one generation's bytes: the envelope checked
+    /// (checksum, kind, version), then the data. Public so the fuzz targets (`fuzz/`) reach
+    /// the exact decoder a load uses, without a file.
+    pub fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, Refusal> {
         let envelope: Envelope = serde_json::from_slice(bytes)
-            .map_err(|e| Refusal::Damaged(format!("not a checkpoint: {e}").replace('\n', " ")))?;
+            .map_err(|e| Refusal::Damaged(printable(&format!("not a checkpoint: {e}"))))?;
         let found = crc_of(&envelope.data);
         if found != envelope.crc32 {
             return Err(Refusal::Damaged(format!(
-                "checksum {found} does not match the recorded {}",
+                "checksum {found} does not match the recorded {:?}",
                 envelope.crc32
             )));
         }
@@ -155,7 +165,7 @@ impl Checkpoint {
             )));
         }
         serde_path_to_error::deserialize(envelope.data).map_err(|e| {
-            Refusal::Damaged(format!("data at {}: {}", e.path(), e.inner()).replace('\n', " "))
+            Refusal::Damaged(printable(&format!("data at {}: {}", e.path(), e.inner())))
         })
     }
 
@@ -163,6 +173,19 @@ impl Checkpoint {
     pub fn remove(&self) -> Result<(), CheckpointError> {
         Ok(self.file.remove()?)
     }
+}
+
+/// `text` on one line as written: line breaks become spaces and other control characters
+/// are escaped. A refusal quotes the file's own keys and strings, which may hold anything
+/// (the `checkpoint_images` fuzz target found a key with a carriage return).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => " ".to_string(),
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -255,6 +278,28 @@ mod tests {
             .unwrap();
         let loaded = cp.load::<Pods>();
         assert!(loaded.notices[0].message.contains("uids[0]"), "{loaded:?}");
+    }
+
+    #[test]
+    fn refusals_quoting_the_file_stay_on_one_line() {
+        // Found by the checkpoint_images fuzz target: a key holding a carriage return was
+        // quoted raw in the "data at" refusal.
+        let cp = Checkpoint::new("image-records.json", "image-records", 1);
+        let data = serde_json::json!({"images": {"sha256:a": {"x\ry": true}}});
+        let err = cp.decode::<Pods>(&cp.encode(&data).unwrap()).unwrap_err();
+        let Refusal::Damaged(text) = err else {
+            panic!("{err:?}")
+        };
+        assert!(text.starts_with("data at"), "{text}");
+        assert!(!text.contains(['\r', '\n']), "{text:?}");
+        // The recorded checksum is the file's text too.
+        let bad_crc = br#"{"kind":"pods","version":1,"crc32":"a\r\nb","data":{}}"#;
+        let err = cp.decode::<Pods>(bad_crc).unwrap_err();
+        let Refusal::Damaged(text) = err else {
+            panic!("{err:?}")
+        };
+        assert!(text.starts_with("checksum"), "{text}");
+        assert!(!text.contains(['\r', '\n']), "{text:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use reactor_tests::reactor_bin;
+use reactor_tests::{keep_fuzz_seed, reactor_bin};
 use serde_json::Value;
 
 /// What one run of the binary gave back.
@@ -18,6 +18,7 @@ pub struct Outcome {
 
 /// Runs `reactor plan <what> --input FILE` with the document written to a temp file.
 pub fn plan_file(what: &str, input: &[u8]) -> Outcome {
+    keep_seed(what, input);
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("in.json");
     std::fs::write(&file, input).expect("write input");
@@ -30,6 +31,7 @@ pub fn plan_file(what: &str, input: &[u8]) -> Outcome {
 
 /// Runs `reactor plan <what> --input -` with the document on stdin.
 pub fn plan_stdin(what: &str, input: &[u8]) -> Outcome {
+    keep_seed(what, input);
     let mut child = Command::new(reactor_bin())
         .args(["plan", what, "--input", "-"])
         .stdin(Stdio::piped())
@@ -71,6 +73,14 @@ pub fn plan_refused(what: &str, input: &[u8]) -> String {
     );
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     out.stderr
+}
+
+/// Keeps the input as a seed of the `plan` fuzz target (`cargo xtask fuzz --seeds`): the
+/// plan's name, a newline, the document.
+fn keep_seed(what: &str, input: &[u8]) {
+    let mut seed = format!("{what}\n").into_bytes();
+    seed.extend_from_slice(input);
+    keep_fuzz_seed("plan", &seed);
 }
 
 fn outcome(out: std::process::Output) -> Outcome {

@@ -18,11 +18,23 @@ use super::{
 use crate::act::cgroups::CgroupPath;
 use crate::act::runtime::{ContainerState, ContainerStatus, RuntimeError, Terminated};
 use crate::record::checkpoint::Checkpoint;
-use crate::record::state_file::{Generation, Notices};
+use crate::record::state_file::{Generation, Notices, Refusal};
 
-/// The checkpoint's kind and format version.
-const CHECKPOINT_KIND: &str = "process-runtime";
-const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint's kind tag (public, with the version, for the fuzz targets in `fuzz/`).
+pub const CHECKPOINT_KIND: &str = "process-runtime";
+/// The checkpoint's format version.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Decodes `bytes` as [`ProcessRuntime::open`] decodes `process-runtime.json`, and encodes
+/// what they held again as the runtime's next save would. Public
+/// for the fuzz targets (`fuzz/`): the saved records are private to the runtime, and this
+/// reaches the runtime's own decoder without a file. The agent does not call it.
+pub fn recode_checkpoint(bytes: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let cp = Checkpoint::new("process-runtime.json", CHECKPOINT_KIND, CHECKPOINT_VERSION);
+    let saved: Vec<SavedPod> = cp.decode(bytes)?;
+    cp.encode(&saved)
+        .map_err(|e| Refusal::Damaged(e.to_string().replace('\n', " ")))
+}
 
 impl Inner {
     pub(super) fn save(&self, pods: &BTreeMap<String, PodEntry>) -> Result<(), RuntimeError> {
