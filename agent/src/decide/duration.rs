@@ -74,8 +74,15 @@ pub fn parse_go_duration_nanos(text: &str) -> Result<i64, DurationError> {
         // The fraction contributes frac * unit / 10^len, truncated as Go truncates.
         let mut scale: u128 = 1;
         let mut frac: u128 = 0;
-        for d in frac_part.bytes().take(30) {
-            frac = frac * 10 + u128::from(d - b'0');
+        for d in frac_part.bytes() {
+            // Go stops taking precision once the fraction would pass 2^63 (`leadingFraction`),
+            // which also keeps `frac * unit` within u128: thirty digits of a minute overflowed
+            // it (found by the `plan` fuzz target).
+            let next = frac * 10 + u128::from(d - b'0');
+            if frac > u128::from(i64::MAX.unsigned_abs()) / 10 || next > 1 << 63 {
+                break;
+            }
+            frac = next;
             scale *= 10;
         }
         value = value.checked_add(frac * unit / scale).ok_or_else(range)?;
@@ -151,6 +158,22 @@ fn trim_fraction(value: u128, unit: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_fraction_keeps_go_s_precision_and_does_not_overflow() {
+        // Found by the `plan` fuzz target (a soft grace period in `plan pressure`): the
+        // fraction's thirty digits times a minute overflowed, a panic in a debug build.
+        let long = "7777777777777.777777771111111111111111177777777777777777777777777777777m30s";
+        assert!(matches!(
+            parse_go_duration_nanos(long),
+            Err(DurationError::Range(_))
+        ));
+        // As Go: the first 19 digits count, the rest are dropped.
+        assert_eq!(
+            parse_go_duration_nanos("0.111111111111111111111111111111m"),
+            Ok(6_666_666_666)
+        );
+    }
 
     #[test]
     fn go_forms() {
