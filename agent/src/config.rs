@@ -437,7 +437,11 @@ pub enum ConfigError {
     /// A key is unknown or a value has the wrong form or range. Both parts are printed with
     /// control characters escaped: a key is the file's own text, and a YAML key may hold a
     /// line break, which would split the one-line error (found by the `config` fuzz target).
-    #[error("config key {}: {}", printable(key), printable(reason))]
+    #[error(
+        "config key {}: {}",
+        crate::decide::printable(key),
+        crate::decide::printable(reason)
+    )]
     Invalid {
         /// The key path, dotted (`sense.psiWindow`).
         key: String,
@@ -690,19 +694,6 @@ impl Config {
 
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// `text` with its control characters escaped (`\n`, `\r`, `\u{1b}`) and the rest as written.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

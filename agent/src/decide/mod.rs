@@ -27,3 +27,18 @@ pub mod signal;
 pub mod summary;
 pub mod thresholds;
 pub mod timestamp;
+
+/// `text` with its control characters escaped (`\n`, `\r`, `\u{1b}`) and the rest as
+/// written: how a refusal quotes a key or value from the input, which may hold anything, and
+/// still stays on one line. Used by the config, pod-document and plan-input errors.
+pub(crate) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}

@@ -97,25 +97,16 @@ pub struct PodInfo {
 /// characters escaped: the path holds the document's own map keys, and a key with a line
 /// break would split the one-line error (found by the `pod` fuzz target).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}: {}", printable(path), printable(message))]
+#[error(
+    "{}: {}",
+    crate::decide::printable(path),
+    crate::decide::printable(message)
+)]
 pub struct PodError {
     /// Where in the pod (`spec.containers[0].resources.requests.memory`).
     pub path: String,
     /// What is wrong there.
     pub message: String,
-}
-
-/// `text` with its control characters escaped (`\n`, `\r`, `\u{1b}`) and the rest as written.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 impl PodError {

@@ -87,18 +87,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, InputError> {
 fn describe(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
     // The path holds the document's own keys, which may hold line breaks (found by the
     // `plan` fuzz target): escaped, so the error stays on one line.
-    let outer: String = e
-        .path()
-        .to_string()
-        .chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect();
+    let outer = crate::decide::printable(&e.path().to_string());
     let inner = one_line(&e.inner().to_string());
     let (path, message) = match inner.strip_prefix(RELATIVE_PATH_MARK) {
         Some(rest) => match rest.split_once(": ") {
