@@ -156,10 +156,18 @@ struct PodFigures {
     victim: Summary,
 }
 
-/// The longest a pass the timer started waits for a kernel record already in the ring
-/// buffer ([`Reactor::kernel_record_with_timer`]): one turn of the runtime is enough (the
-/// drain task is ready), so this bound only matters if the drain task is stuck, and it is
-/// short beside the timer periods (1 ms close, 100 ms kernel-watched).
+/// How many turns of the runtime a pass the timer started gives the drain task to hand on a
+/// kernel record already in the ring buffer ([`Reactor::kernel_record_with_timer`]). A turn
+/// polls the I/O driver, which is what wakes the drain task, and counts no wall time: a
+/// thread starved of the CPU between turns (a loaded node, or one coming back from being
+/// stopped) still gives the drain its turn, where a wait in milliseconds could run out
+/// before the thread was scheduled at all. One turn is enough when nothing else is slow.
+const KERNEL_RECORD_TURNS: usize = 4;
+
+/// After [`KERNEL_RECORD_TURNS`], the longest the pass still waits for the record: only a
+/// record the drain hands to its resolver (a cgroup it has not named yet, looked up on a
+/// blocking thread) takes longer, and this bound is short beside the timer periods (1 ms
+/// close, 100 ms kernel-watched).
 const KERNEL_RECORD_WAIT: Duration = Duration::from_millis(2);
 
 /// What woke the loop.
@@ -341,11 +349,20 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// A kernel record that was due with the timer: when the thread comes back from being
     /// held off the CPU past the timer's period, the record may still be in the ring buffer,
-    /// its drain task not yet run ([`Sense::kernel_record_waiting`]). Waits for it at most
+    /// its drain task not yet run ([`Sense::kernel_record_waiting`]). Gives the drain
+    /// [`KERNEL_RECORD_TURNS`] turns of the runtime, then waits at most
     /// [`KERNEL_RECORD_WAIT`]: the pass is then the record's, with the kernel's timestamp.
     async fn kernel_record_with_timer(sense: &mut Sense) -> Option<Received> {
         if !sense.kernel_record_waiting() {
             return None;
+        }
+        for _ in 0..KERNEL_RECORD_TURNS {
+            // A yield wakes this task again only after the runtime has polled its driver
+            // and run every task that made ready, the drain among them.
+            tokio::task::yield_now().await;
+            if let Some(r) = poll_once(sense.next()).await {
+                return r;
+            }
         }
         tokio::time::timeout(KERNEL_RECORD_WAIT, sense.next())
             .await
