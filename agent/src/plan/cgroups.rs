@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::input::{parse, InputError, JsonQuantity};
+use super::input::{invalid, parse, InputError, JsonQuantity};
 use crate::decide::cgroups::{
     container_config, files, kubepods_with_pods, oom_score_adj, pod_cgroup, pod_config, qos_tiers,
     CgroupVersion, FileValue, NodeSettings, ResourceConfig, DEFAULT_QUOTA_PERIOD_US, MEMORY_HIGH,
@@ -80,10 +80,6 @@ pub struct AllocatableInput {
     pub cpu: Option<JsonQuantity>,
     /// memory (bytes).
     pub memory: Option<JsonQuantity>,
-}
-
-fn invalid(path: &str, message: impl std::fmt::Display) -> InputError {
-    InputError::Invalid(format!("{path}: {message}"))
 }
 
 fn non_negative(q: Option<JsonQuantity>, path: &str) -> Result<Option<Quantity>, InputError> {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::decide::duration::parse_go_duration_nanos;
 use crate::decide::image_gc::{plan as gc_plan, ImageFs, ImageGcPolicy, ImageRecord};
 use crate::decide::timestamp::parse_rfc3339;
-use crate::plan::input::{parse, InputError};
+use crate::plan::input::{invalid, parse, InputError};
 
 fn default_high() -> i64 {
     85
@@ -97,10 +97,6 @@ pub struct ImageGcOut {
     pub freed_bytes: i64,
     /// An invalid policy, or the kubelet's complaint when it cannot free enough.
     pub error: Option<String>,
-}
-
-fn invalid(path: impl std::fmt::Display, message: impl std::fmt::Display) -> InputError {
-    InputError::Invalid(format!("{path}: {message}"))
 }
 
 fn bytes(path: &str, value: u64) -> Result<i64, InputError> {

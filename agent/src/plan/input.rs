@@ -84,6 +84,13 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, InputError> {
     Ok(value)
 }
 
+/// A refusal naming the field at `path`: the one place plan inputs' errors are made outside
+/// serde, so every one stays on one line, whatever the input's keys and values hold (a
+/// signal key with a line break in it was found by the `plan` fuzz target).
+pub fn invalid(path: impl std::fmt::Display, message: impl std::fmt::Display) -> InputError {
+    InputError::Invalid(crate::decide::printable(&format!("{path}: {message}")))
+}
+
 fn describe(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
     // The path holds the document's own keys, which may hold line breaks (found by the
     // `plan` fuzz target): escaped, so the error stays on one line.

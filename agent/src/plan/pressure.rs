@@ -27,7 +27,7 @@ use crate::decide::thresholds::{
 };
 use crate::decide::timestamp::{parse_rfc3339, UnixNanos};
 use crate::plan::evict::LayoutName;
-use crate::plan::input::{parse, InputError};
+use crate::plan::input::{invalid, parse, InputError};
 
 /// The kubelet's default for `evictionPressureTransitionPeriod`; it also replaces a zero.
 const DEFAULT_TRANSITION_NANOS: i64 = 300_000_000_000;
@@ -300,10 +300,6 @@ fn to_strings(map: Option<BTreeMap<String, Text>>) -> BTreeMap<String, String> {
         .into_iter()
         .map(|(k, v)| (k, v.0))
         .collect()
-}
-
-fn invalid(path: impl std::fmt::Display, message: impl std::fmt::Display) -> InputError {
-    InputError::Invalid(format!("{path}: {message}"))
 }
 
 fn threshold_out(t: &Threshold) -> ThresholdOut {
@@ -642,6 +638,23 @@ mod tests {
         assert_eq!(
             out["steps"][1]["evict"],
             json!({"signal": "memory.available", "reclaimTo": "100Mi", "gracePeriodSeconds": 0})
+        );
+    }
+
+    /// Found by the `plan` fuzz target: an observation's key is the input's own text, and a
+    /// line break in it split the refusal over two lines.
+    #[test]
+    fn a_signal_key_with_a_line_break_is_named_on_one_line() {
+        let err = run_json(json!({
+            "capacity": {"memory": "1Gi"},
+            "observations": [{"at": "2026-01-01T00:00:00Z", "memory.\navailable": "5\r0Mi"}]
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains(['\n', '\r']), "{err:?}");
+        assert!(
+            err.starts_with("observations[0].memory.\\navailable: unsupported eviction signal"),
+            "{err}"
         );
     }
 
