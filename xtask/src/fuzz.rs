@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::cmd::Background;
 use crate::{cargo, sh};
 
 /// Every fuzz target, in the order they run; each is a `[[bin]]` of `fuzz/Cargo.toml`.
@@ -55,9 +56,30 @@ fn cargo_fuzz(sub: &str) -> Command {
     cmd.current_dir(root())
         .env("AYA_BUILD_SKIP", "1")
         .args(["+nightly", "fuzz", sub, "--fuzz-dir", "fuzz"])
-        .args(["-O", "-a", "--sanitizer", "none", "--target-dir"])
+        .args(BUILD_OPTIONS)
+        .arg("--target-dir")
         .arg(target_dir());
     cmd
+}
+
+/// The build options of [`cargo_fuzz`], shared with [`build_in_background`].
+const BUILD_OPTIONS: &[&str] = &["-O", "-a", "--sanitizer", "none"];
+
+/// [`cargo_fuzz`]`("build")` in the background at idle priority ([`Background`]), its output
+/// in `target/fuzz/build.log`. A fresh clone's nightly build of the targets takes minutes
+/// of CPU (the agent's whole dependency tree again, optimized); `cargo xtask test` starts it
+/// beside the release build, so it uses the CPU the tests leave idle while they wait on the
+/// kernel, and the brief fuzz run later finds the targets built.
+pub(crate) fn build_in_background() -> Result<Background> {
+    let target = target_dir();
+    std::fs::create_dir_all(&target)?;
+    let script = format!(
+        "cd '{}' && AYA_BUILD_SKIP=1 cargo +nightly fuzz build --fuzz-dir fuzz {} --target-dir '{}'",
+        root().display(),
+        BUILD_OPTIONS.join(" "),
+        target.display()
+    );
+    Background::start(&script, &target.join("build.log"))
 }
 
 struct Options {

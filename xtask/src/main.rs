@@ -29,9 +29,9 @@ commands:
                the CRI tests and systemd-analyze/rsvg-convert for the offline checks;
                idempotent
   test         `house`, setup, then fmt check, clippy, every test (unit, integration, doc;
-               the systemd unit verified offline), every fuzz target for a few seconds, a
-               2-minute `chaos` run (seed 41), the cgroup v2 guest suite (`vm-test`),
-               and `bench --quick` (fails only if the bench harness breaks; its SVG charts
+               the systemd unit verified offline), a 2-minute `chaos` run (seed 41), the
+               cgroup v2 guest suite (`vm-test`), every fuzz target for a few seconds (the
+               release and fuzz builds run at idle priority meanwhile), and `bench --quick` (fails only if the bench harness breaks; its SVG charts
                must exist and render), `deb --check`, and `vm-test --systemd`
   bench [--quick] [--only PART,...] [--concurrent-reps N] [--soak-minutes N] [...]
                the agent side by side with the kubelet's mechanisms (root; real kernel):
@@ -138,6 +138,7 @@ fn test(extra: &[String]) -> Result<()> {
     // a fresh clone, taken while the tests below wait on the kernel, at idle priority so it
     // never competes with them (cargo locks each profile's build apart).
     let release = release_build_in_background()?;
+    let fuzz_build = fuzz::build_in_background()?;
     sh(cargo().args([
         "clippy",
         "--workspace",
@@ -163,9 +164,6 @@ fn test(extra: &[String]) -> Result<()> {
             .args(extra))?;
     }
     sh(cargo().args(["test", "--workspace", "--doc"]))?;
-    // Every fuzz target briefly, from the committed seeds: a parser that panics on an input
-    // the fuzzer finds within seconds fails here (the long runs are `cargo xtask fuzz`).
-    fuzz::run(&["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     // Two minutes of chaos on this host (the binaries were built above); a fixed seed, so
     // a failure in CI is repeated by the same command.
     chaos::run(&[
@@ -177,6 +175,11 @@ fn test(extra: &[String]) -> Result<()> {
     ])?;
     // The cgroup v2 suite in its guest (the binaries were built above).
     vm_test(&["--no-build".to_string()])?;
+    // Every fuzz target briefly, from the committed seeds: a parser that panics on an input
+    // the fuzzer finds within seconds fails here (the long runs are `cargo xtask fuzz`).
+    // Last among the tests, so that its build has had the idle CPU of all of them.
+    fuzz_build.wait()?;
+    fuzz::run(&["--seconds".to_string(), fuzz::CI_SECONDS.to_string()])?;
     release.wait()?;
     // The benchmark harness, briefly: it fails only when the harness breaks, never on slow
     // figures.
