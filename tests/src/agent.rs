@@ -345,9 +345,19 @@ impl TestAgent {
         self.root.dirs[0].join(cgroup.trim_start_matches('/'))
     }
 
+    /// The directory of a cgroup below the agent's root where its memory is accounted: in
+    /// the v1 memory hierarchy, or on a v2 node in the unified one.
+    pub fn memory_dir(&self, cgroup: &str) -> PathBuf {
+        if self.root.is_v2() {
+            self.v2_dir(cgroup)
+        } else {
+            self.cgroup_dir("memory", cgroup)
+        }
+    }
+
     /// Pids in a container cgroup.
     pub fn procs(&self, cgroup: &str) -> Vec<u32> {
-        std::fs::read_to_string(self.cgroup_dir("memory", cgroup).join("cgroup.procs"))
+        std::fs::read_to_string(self.memory_dir(cgroup).join("cgroup.procs"))
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.trim().parse().ok())

@@ -76,6 +76,11 @@ impl TestCgroupRoot {
         })
     }
 
+    /// Whether the root is in a unified (v2) hierarchy: one directory, with the v2 files.
+    pub fn is_v2(&self) -> bool {
+        self.dirs.len() == 1 && self.dirs[0].join("cgroup.controllers").exists()
+    }
+
     /// Every cgroup directory left below the root in any hierarchy (the root excluded).
     pub fn leftovers(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();

@@ -4,7 +4,8 @@
 //! too: the `chaos` binary of `reactor-tests` (`tests/src/chaos/`, invariants in
 //! docs/reliability.md). The same seed plays the same schedule; a failure prints the seed
 //! and the last actions before it, and fails the task (at once, or with `--keep-going` at
-//! the end, every violation told as it is found).
+//! the end, every violation told as it is found). `cargo xtask chaos --v2 [--no-build]`
+//! boots the cgroup v2 guest for its short run instead ([`V2_CHECK`]).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -12,6 +13,28 @@ use std::process::Command;
 use anyhow::{bail, Result};
 
 use crate::{cargo, sh};
+
+/// The v2 guest's chaos check (`tests/src/v2/chaos.rs`), which `--v2` boots the guest for.
+pub(crate) const V2_CHECK: &str = "chaos_short_run_keeps_every_invariant";
+
+/// With `--v2`, the `vm-test` arguments that run the short chaos run in the cgroup v2 guest
+/// (its seed and length are the check's own); `None` without it.
+pub(crate) fn v2_vm_args(args: &[String]) -> Result<Option<Vec<String>>> {
+    if !args.iter().any(|a| a == "--v2") {
+        return Ok(None);
+    }
+    let mut out = vec!["--only".to_string(), V2_CHECK.to_string()];
+    for a in args.iter().filter(|a| *a != "--v2") {
+        match a.as_str() {
+            "--no-build" => out.push(a.clone()),
+            other => bail!(
+                "chaos --v2: {other:?} does not apply (the guest's run has its seed and \
+                 length in tests/src/v2/chaos.rs; only --no-build goes with --v2)"
+            ),
+        }
+    }
+    Ok(Some(out))
+}
 
 /// What the task was asked for.
 #[derive(Debug, PartialEq)]
@@ -114,5 +137,19 @@ mod tests {
         assert!(parse(&s(&["--seed", "1.5"])).is_err());
         assert!(parse(&s(&["--minutes"])).is_err());
         assert!(parse(&s(&["--containerd-please"])).is_err());
+    }
+
+    #[test]
+    fn v2_boots_the_guest_for_its_check_alone() {
+        assert_eq!(v2_vm_args(&s(&["--seed", "3"])).unwrap(), None);
+        assert_eq!(
+            v2_vm_args(&s(&["--v2", "--no-build"])).unwrap(),
+            Some(s(&["--only", V2_CHECK, "--no-build"]))
+        );
+        let err = v2_vm_args(&s(&["--v2", "--seed", "3"])).unwrap_err();
+        assert!(
+            err.to_string().contains("\"--seed\" does not apply"),
+            "{err}"
+        );
     }
 }

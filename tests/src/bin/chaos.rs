@@ -3,7 +3,7 @@
 //! counts of every action and invariant check, and on a failure the seed and the last
 //! actions before it; exits 1 then.
 
-use reactor_tests::chaos::{self, Options, Outcome};
+use reactor_tests::chaos::{self, Options};
 
 fn main() {
     let mut opts = Options {
@@ -11,6 +11,7 @@ fn main() {
         minutes: 2.0,
         containerd: false,
         keep_going: false,
+        v2: None,
     };
     let mut seed = None;
     let mut args = std::env::args().skip(1);
@@ -62,11 +63,11 @@ fn main() {
     let result = std::panic::catch_unwind(|| chaos::run(&opts));
     match result {
         Ok(Ok(out)) => {
-            report(seed, &out);
+            print!("{}", out.report(seed));
             println!("chaos: seed {seed}: every invariant held");
         }
         Ok(Err(out)) => {
-            report(seed, &out);
+            print!("{}", out.report(seed));
             println!("chaos: FAILED, seed {seed}; the last actions before it:");
             for l in &out.last {
                 println!("  {l}");
@@ -85,36 +86,6 @@ fn main() {
             std::process::exit(1);
         }
     }
-}
-
-fn report(seed: u64, out: &Outcome) {
-    println!("chaos: seed {seed}");
-    if let Some(g) = &out.guaranteed {
-        println!("chaos: {g}");
-    }
-    println!("chaos: actions (kind: scheduled / done):");
-    for (k, (s, d)) in &out.actions {
-        println!("  {k:<26} {s:>5} / {d}");
-    }
-    println!("chaos: invariant checks:");
-    for (k, n) in &out.tally.checks {
-        println!("  {k:<30} {n:>7}");
-    }
-    println!("chaos: kernel OOM kills excused, by cause:");
-    if out.tally.exceptions.is_empty() {
-        println!("  none");
-    }
-    for (k, n) in &out.tally.exceptions {
-        println!("  {n:>4}  {k}");
-    }
-    println!("chaos: what the agent did:");
-    for (k, n) in &out.agent {
-        println!("  {k:<30} {n:>5}");
-    }
-    println!(
-        "chaos: agent peak RSS {:.1} MiB",
-        out.peak_rss_kib as f64 / 1024.0
-    );
 }
 
 fn usage(arg: &str) -> ! {

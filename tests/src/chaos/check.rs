@@ -134,11 +134,14 @@ pub fn container_memcgs(kubepods: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// v1 `memory.oom_control`'s `oom_kill` count (kills of processes in that very memcg).
+/// The kernel's OOM kills of processes in that very memcg: v1 `memory.oom_control`'s
+/// `oom_kill`, or v2 `memory.events.local`'s (`memory.events` counts the cgroups below too,
+/// and a kill would be counted at the pod and at its container).
 pub fn oom_kills(dir: &Path) -> Option<u64> {
-    std::fs::read_to_string(dir.join("memory.oom_control"))
-        .ok()?
-        .lines()
+    let text = std::fs::read_to_string(dir.join("memory.oom_control"))
+        .or_else(|_| std::fs::read_to_string(dir.join("memory.events.local")))
+        .ok()?;
+    text.lines()
         .find_map(|l| l.strip_prefix("oom_kill "))
         .and_then(|n| n.trim().parse().ok())
 }

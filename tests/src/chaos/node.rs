@@ -9,10 +9,58 @@ use std::time::{Duration, Instant};
 
 use super::check;
 
-/// The node the run models: 768 MiB, hard memory threshold 150 MiB, soft 300 MiB for 2 s,
-/// nodefs (the run's 64 MiB tmpfs) at 20 %, pids at 700 tasks above what the machine ran at
-/// the start (and imagefs at 20 % under containerd); every kernel source on.
-pub(super) fn config(nodefs: &Path, pid_threshold: u64, cri: Option<&str>) -> String {
+/// The node a run models: its memory, its memory thresholds, and what the hard threshold's
+/// headroom is counted on to catch.
+#[derive(Clone, Copy, Debug)]
+pub struct Model {
+    /// `node.memoryCapacity` in MiB; the agent gives `kubepods` that limit.
+    pub memory_mib: u64,
+    /// `evictionHard` `memory.available`, MiB.
+    pub hard_mib: u64,
+    /// `evictionSoft` `memory.available` (2 s grace), MiB.
+    pub soft_mib: u64,
+    /// The fastest allocation the hard threshold's headroom is counted on to catch (MiB/s):
+    /// a kernel OOM kill while a faster ramp runs is an exception, counted with its cause.
+    pub ramp_limit_mib_s: u64,
+    /// The schedule's memory sizes in percent of the host run's.
+    pub size_pct: u64,
+    /// How long past a pod's grace its processes may take to go (the agent's kill, the
+    /// kernel's exit of a big address space).
+    pub slack: Duration,
+}
+
+/// The host run: 768 MiB, hard 150 MiB (headroom caught within half a second on this
+/// loaded machine at 300 MiB/s), soft 300 MiB.
+pub const HOST: Model = Model {
+    memory_mib: 768,
+    hard_mib: 150,
+    soft_mib: 300,
+    ramp_limit_mib_s: 300,
+    size_pct: 100,
+    slack: Duration::from_secs(6),
+};
+
+/// The short run in the cgroup v2 guest: 1 GiB of RAM in all, emulated (TCG, code about
+/// 17 times slower than on the host), so half the node and half the sizes, and a ramp limit
+/// and an exit slack sized for an agent and a kernel that slow.
+pub const GUEST: Model = Model {
+    memory_mib: 384,
+    hard_mib: 96,
+    soft_mib: 160,
+    ramp_limit_mib_s: 40,
+    size_pct: 50,
+    slack: Duration::from_secs(20),
+};
+
+/// The agent's config for `model`: its memory thresholds (soft for 2 s), nodefs (the run's
+/// 64 MiB tmpfs) at 20 %, pids at 700 tasks above what the machine ran at the start (and
+/// imagefs at 20 % under containerd); every kernel source on.
+pub(super) fn config(
+    model: &Model,
+    nodefs: &Path,
+    pid_threshold: u64,
+    cri: Option<&str>,
+) -> String {
     // Under containerd its root is a small tmpfs: the image filesystem, where the disk
     // fillers' writable layers are, with a threshold of its own.
     let (imagefs, runtime) = match cri {
@@ -23,16 +71,19 @@ pub(super) fn config(nodefs: &Path, pid_threshold: u64, cri: Option<&str>) -> St
         None => (String::new(), String::new()),
     };
     format!(
-        "node: {{memoryCapacity: 768Mi, cpuCapacity: '2', nodefsPath: {nodefs}}}\n\
-         evictionHard: {{memory.available: 150Mi, nodefs.available: 20%, \
+        "node: {{memoryCapacity: {mem}Mi, cpuCapacity: '2', nodefsPath: {nodefs}}}\n\
+         evictionHard: {{memory.available: {hard}Mi, nodefs.available: 20%, \
          pid.available: '{pid_threshold}'{imagefs}}}\n{runtime}\
-         evictionSoft: {{memory.available: 300Mi}}\n\
+         evictionSoft: {{memory.available: {soft}Mi}}\n\
          evictionSoftGracePeriod: {{memory.available: 2s}}\n\
          evictionMaxPodGracePeriod: 5\n\
          evictionPressureTransitionPeriod: 5s\n\
          housekeepingInterval: 1s\n\
          orphanGracePeriod: 1h\n\
          sense: {{ebpf: true, psi: false, memcgThreshold: true}}\n",
+        mem = model.memory_mib,
+        hard = model.hard_mib,
+        soft = model.soft_mib,
         nodefs = nodefs.display()
     )
 }
@@ -139,6 +190,33 @@ impl Drop for OomWatch {
     }
 }
 
+/// Thaws `dir`: a v1 freezer cgroup (`freezer.state`), or a v2 cgroup (`cgroup.freeze`,
+/// which freezes everything below it).
+pub(super) fn thaw(dir: &Path) {
+    let _ = if dir.join("freezer.state").exists() {
+        std::fs::write(dir.join("freezer.state"), "THAWED")
+    } else {
+        std::fs::write(dir.join("cgroup.freeze"), "0")
+    };
+}
+
+/// Freezes the v2 cgroup `dir` and waits, up to `timeout`, until `cgroup.events` says every
+/// process below it is frozen.
+pub(super) fn freeze_v2(dir: &Path, timeout: Duration) -> std::io::Result<bool> {
+    std::fs::write(dir.join("cgroup.freeze"), "1")?;
+    let t = Instant::now();
+    loop {
+        let events = std::fs::read_to_string(dir.join("cgroup.events"))?;
+        if events.lines().any(|l| l.trim() == "frozen 1") {
+            return Ok(true);
+        }
+        if t.elapsed() > timeout {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Thaws each frozen cgroup when its time comes, on a thread of its own: the run's main
 /// loop may wait on the agent (a CLI call behind a runtime stop of that very frozen pod),
 /// and a freeze must not last as long as that wait.
@@ -162,7 +240,7 @@ impl Thawer {
                         if *at > now {
                             return true;
                         }
-                        let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+                        thaw(dir);
                         false
                     });
                 std::thread::sleep(Duration::from_millis(20));
@@ -175,7 +253,7 @@ impl Thawer {
         }
     }
 
-    /// Thaws the freezer cgroup `dir` at `at`.
+    /// Thaws the frozen cgroup `dir` at `at` ([`thaw`]).
     pub(super) fn thaw_at(&self, dir: PathBuf, at: Instant) {
         self.due
             .lock()

@@ -13,6 +13,10 @@ pub struct Places<'a> {
     pub memhog: &'a Path,
     /// A directory on the real disk for page-cache writers (removed with the run).
     pub cache_dir: &'a Path,
+    /// A file whose pages are clean, reclaimable cache, for a node with no disk to write
+    /// on (the v2 guest, whose own filesystems are in memory): a page-cache pod reads it
+    /// instead of writing, and what it leaves charged to it is the same clean cache.
+    pub cache_source: Option<&'a Path>,
     /// The run's nodefs filesystem (a small tmpfs).
     pub nodefs: &'a Path,
     /// Under containerd, the image every container runs (busybox and memhog at
@@ -78,11 +82,18 @@ pub fn document(plan: &PodPlan, at: &Places<'_>) -> Value {
             let one = format!("{hog} {mib} {rate} 3600 & ");
             sh(format!("{}{}wait", term(plan), one.repeat(*procs as usize)))
         }
-        Work::CacheWriter { mib } => sh(format!(
-            "{}dd if=/dev/zero of={}/{name} bs=1M count={mib} 2>/dev/null; exec sleep 3600",
-            term(plan),
-            at.cache_dir.display()
-        )),
+        Work::CacheWriter { mib } => match at.cache_source {
+            Some(source) => sh(format!(
+                "{}dd if={} of=/dev/null bs=1M count={mib} 2>/dev/null; exec sleep 3600",
+                term(plan),
+                source.display()
+            )),
+            None => sh(format!(
+                "{}dd if=/dev/zero of={}/{name} bs=1M count={mib} 2>/dev/null; exec sleep 3600",
+                term(plan),
+                at.cache_dir.display()
+            )),
+        },
         Work::ForkStorm { procs } => sh(format!(
             "{}i=0; while [ $i -lt {procs} ]; do sleep 3600 & i=$((i+1)); done; wait",
             term(plan)

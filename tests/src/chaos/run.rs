@@ -10,7 +10,7 @@ use rustix::process::Signal;
 use serde_json::Value;
 
 use super::check::{self, Excuses, Tally, Tracked};
-use super::node::{config, pid_threshold, OomWatch, Thawer, Tmpfs};
+use super::node::{self, config, pid_threshold, Model, OomWatch, Thawer, Tmpfs};
 use super::pods::{self, Places};
 use super::schedule::{self, Action, Mix, Qos, Work};
 use crate::agent::TestAgent;
@@ -33,6 +33,11 @@ pub struct Options {
     /// Goes on after a violation (each is printed as it is found, with the last actions),
     /// failing at the end: a long run tells all it finds.
     pub keep_going: bool,
+    /// A cgroup v2 node: the unified hierarchy's mount (the v2 guest's `/sys/fs/cgroup`),
+    /// with a file of clean page cache for the page-cache pods to read (its own disks are
+    /// in memory). The node is then the guest's smaller [`node::GUEST`]; `None`: this
+    /// host's v1 hierarchies and [`node::HOST`].
+    pub v2: Option<(PathBuf, PathBuf)>,
 }
 
 /// What a run did and found.
@@ -57,12 +62,6 @@ pub struct Outcome {
 /// The RSS the agent must stay under (a debug build with every source attached, 50 pods'
 /// worth of state and the API serving the run: about 40 MiB here).
 const RSS_BOUND_KIB: u64 = 256 * 1024;
-/// Allocation rate that the hard threshold's headroom covers: 150 MiB between the threshold
-/// and the node's limit, caught within half a second on this loaded machine.
-const RAMP_LIMIT_MIB_S: u64 = 300;
-/// How long past a pod's grace its processes may take to go (the agent's kill, the kernel's
-/// exit of a big address space on 2 busy cores).
-const SLACK: Duration = Duration::from_secs(6);
 
 struct Run {
     agent: TestAgent,
@@ -82,22 +81,33 @@ struct Run {
     /// When the last `pod ls` had answered.
     snapshot_at: Option<std::time::SystemTime>,
     freezers: Vec<Freezer>,
+    /// v2 cgroups the run froze (`cgroup.freeze`), thawed at the end whatever their time.
+    frozen_v2: Vec<PathBuf>,
     thawer: Thawer,
     oom: OomWatch,
     out: Outcome,
     recent: VecDeque<String>,
     cache_dir: PathBuf,
+    /// See [`Places::cache_source`].
+    cache_source: Option<PathBuf>,
     nodefs: PathBuf,
     memhog: PathBuf,
+    model: Model,
 }
 
 /// Plays the schedule for `opts.seed` on this host; `Err` carries the outcome of a run that
 /// broke an invariant (it stopped at the first).
 pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
+    // On the real disk, for the page-cache writers; the v2 guest has none (its pods read a
+    // file instead), and its `/tmp` holds the run's directory.
+    let base = match opts.v2 {
+        Some(_) => std::env::temp_dir(),
+        None => PathBuf::from("/var/tmp"),
+    };
     let run_dir = tempfile::Builder::new()
         .prefix("reactor-chaos-")
-        .tempdir_in("/var/tmp")
-        .expect("run directory on the real disk");
+        .tempdir_in(base)
+        .expect("the run's directory");
     let cache_dir = run_dir.path().join("cache");
     std::fs::create_dir(&cache_dir).expect("cache dir");
     let nodefs = Tmpfs::mount(run_dir.path().join("nodefs"), 64).expect("mount the nodefs tmpfs");
@@ -111,21 +121,29 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
             .expect("build and import the chaos image");
         ctd
     });
-    let agent = TestAgent::start_sensing(
-        &format!("chaos-{}", opts.seed),
-        "",
-        &config(
-            &nodefs.0,
-            pid_threshold(),
-            ctd.as_ref().map(Containerd::endpoint).as_deref(),
-        ),
+    let model = if opts.v2.is_some() {
+        node::GUEST
+    } else {
+        node::HOST
+    };
+    let name = format!("chaos-{}", opts.seed);
+    let config = config(
+        &model,
+        &nodefs.0,
+        pid_threshold(),
+        ctd.as_ref().map(Containerd::endpoint).as_deref(),
     );
-    // A second fence: the run's whole memory cgroup is limited too.
-    let _ = std::fs::write(
-        agent.cgroup_dir("memory", "").join("memory.limit_in_bytes"),
-        (1024u64 << 20).to_string(),
-    );
-    let kubepods = agent.cgroup_dir("memory", "kubepods");
+    let agent = match &opts.v2 {
+        Some((mount, _)) => TestAgent::start_v2(mount, &name, &config),
+        None => TestAgent::start_sensing(&name, "", &config),
+    };
+    // A second fence: the run's whole memory cgroup is limited too, 256 MiB above the node.
+    let fence = ((model.memory_mib + 256) << 20).to_string();
+    let _ = match opts.v2 {
+        Some(_) => std::fs::write(agent.memory_dir("").join("memory.max"), fence),
+        None => std::fs::write(agent.memory_dir("").join("memory.limit_in_bytes"), fence),
+    };
+    let kubepods = agent.memory_dir("kubepods");
     let mut r = Run {
         agent,
         ctd,
@@ -140,19 +158,23 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         snapshot: Vec::new(),
         snapshot_at: None,
         freezers: Vec::new(),
+        frozen_v2: Vec::new(),
         thawer: Thawer::start(),
         oom: OomWatch::start(kubepods),
         out: Outcome::default(),
         recent: VecDeque::new(),
         cache_dir,
+        cache_source: opts.v2.as_ref().map(|(_, cache)| cache.clone()),
         nodefs: nodefs.0.clone(),
         memhog: crate::memhog_bin(),
+        model,
     };
     r.follow();
     let guaranteed = r.probe_guaranteed();
     let mix = Mix {
         guaranteed: guaranteed.is_ok(),
         containerd: opts.containerd,
+        size_pct: model.size_pct,
     };
     r.out.guaranteed = Some(match &guaranteed {
         Ok(()) => "Guaranteed pods run here: in the mix".into(),
@@ -217,6 +239,9 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
     let failed = !r.tally.violations.is_empty();
     for f in &r.freezers {
         let _ = f.set("THAWED");
+    }
+    for d in &r.frozen_v2 {
+        node::thaw(d);
     }
     r.out.last = r.recent.iter().cloned().collect();
     if failed {
@@ -302,6 +327,7 @@ impl Run {
                 let at = Places {
                     memhog: &self.memhog,
                     cache_dir: &self.cache_dir,
+                    cache_source: self.cache_source.as_deref(),
                     nodefs: &self.nodefs,
                     image: self.ctd.as_ref().map(|_| IMAGE),
                 };
@@ -438,15 +464,24 @@ impl Run {
             .filter(|&i| self.pods[i].ended.is_none() && self.pods[i].uid.is_some())
     }
 
-    /// Moves pod `i`'s processes into a freezer cgroup below the run's root and freezes
-    /// them; the [`Thawer`] thaws them after `dur`.
+    /// Freezes pod `i`'s processes: on v1 moved into a freezer cgroup below the run's root,
+    /// on v2 in their own pod cgroup (`cgroup.freeze`); the [`Thawer`] thaws them after
+    /// `dur`.
     fn freeze(&mut self, i: usize, dur: Duration) -> String {
         let Some(cg) = self.pods[i].cgroup.clone() else {
             return "no cgroup".into();
         };
-        let pids = check::pids_below(&self.agent.cgroup_dir("memory", &cg));
+        let dir = self.agent.memory_dir(&cg);
+        let pids = check::pids_below(&dir);
         if pids.is_empty() {
             return "no processes".into();
+        }
+        if self.agent.root.is_v2() {
+            let frozen = node::freeze_v2(&dir, Duration::from_secs(10)).unwrap_or(false);
+            self.pods[i].frozen_until = Some(Instant::now() + dur);
+            self.thawer.thaw_at(dir.clone(), Instant::now() + dur);
+            self.frozen_v2.push(dir);
+            return format!("{} processes, frozen: {frozen}", pids.len());
         }
         let name = format!("{}/frozen-{}", self.agent.root.name, self.pods[i].plan.n);
         if !Path::new(FREEZER).join(&self.agent.root.name).exists() {
@@ -466,7 +501,9 @@ impl Run {
 
     fn drain_ooms(&mut self) {
         for (at, dir, n) in self.oom.take() {
-            let cause = self.excuses.cause(at, &self.pods, RAMP_LIMIT_MIB_S);
+            let cause = self
+                .excuses
+                .cause(at, &self.pods, self.model.ramp_limit_mib_s);
             let what = format!("{n} kernel OOM kill(s) in {}", dir.display());
             match cause {
                 Some(c) => {
@@ -496,7 +533,7 @@ impl Run {
                 Work::CacheWriter { .. } => self.cache_dir.join(p.plan.name()),
                 _ => continue,
             };
-            if path.exists() && check::pids_below(&self.agent.cgroup_dir("memory", cg)).is_empty() {
+            if path.exists() && check::pids_below(&self.agent.memory_dir(cg)).is_empty() {
                 let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
             }
         }
@@ -694,14 +731,15 @@ impl Run {
             let (Some(ended), Some(cg)) = (p.ended, p.cgroup.as_ref()) else {
                 continue;
             };
-            let mut due = ended + Duration::from_secs(p.plan.grace) + SLACK;
+            let slack = self.model.slack;
+            let mut due = ended + Duration::from_secs(p.plan.grace) + slack;
             if let Some(u) = p.frozen_until {
-                due = due.max(u + SLACK);
+                due = due.max(u + slack);
             }
             if now < due {
                 continue;
             }
-            let pids = check::pids_below(&self.agent.cgroup_dir("memory", cg));
+            let pids = check::pids_below(&self.agent.memory_dir(cg));
             let full = p.full();
             self.tally
                 .check("ended-pod-cgroup-empty", pids.is_empty(), || {
@@ -718,7 +756,7 @@ impl Run {
     /// Every busy pod cgroup belongs to a pod `pod ls` shows, or to one the run removed
     /// (whose processes are on their way out).
     fn unseen(&mut self, name: &'static str) {
-        let busy = check::busy_pods(&self.agent.cgroup_dir("memory", "kubepods"));
+        let busy = check::busy_pods(&self.agent.memory_dir("kubepods"));
         let listed: BTreeSet<&str> = self
             .snapshot
             .iter()

@@ -211,13 +211,16 @@ impl fmt::Display for Action {
 }
 
 /// What the schedule may use: whether Guaranteed pods can run here, whether containerd is
-/// there to kill.
+/// there to kill, and how big the node is.
 #[derive(Clone, Copy, Debug)]
 pub struct Mix {
     /// Guaranteed pods in the mix (the host can run them).
     pub guaranteed: bool,
     /// containerd restarts in the mix.
     pub containerd: bool,
+    /// Memory sizes (hogs, page cache) in percent of the host run's 768 MiB node: the same
+    /// seed draws the same schedule, its sizes scaled.
+    pub size_pct: u64,
 }
 
 /// The schedule of a run of `millis`: `(at ms from the start, action)`, in time order. The
@@ -287,16 +290,18 @@ pub fn schedule(seed: u64, millis: u64, mix: Mix) -> Vec<(u64, Action)> {
 }
 
 fn pod(rng: &mut Rng, n: usize, mix: Mix) -> PodPlan {
+    // Drawn as for the host, then scaled: the same draws whatever the node's size.
+    let size = |mib: u64| (mib * mix.size_pct / 100).max(1);
     let work = match rng.range(0, 99) {
         0..=19 => Work::Sleeper,
         20..=49 => Work::Hog {
-            mib: rng.range(40, 420),
+            mib: size(rng.range(40, 420)),
             rate: *rng.pick(&[0, 20, 50, 100, 200]),
             shared: rng.chance(20),
         },
         50..=61 => Work::MultiHog {
             procs: rng.range(2, 4),
-            mib: rng.range(20, 120),
+            mib: size(rng.range(20, 120)),
             rate: *rng.pick(&[20, 50, 100]),
         },
         // Under containerd the run's writable layers are on a tmpfs (its imagefs), where
@@ -306,7 +311,7 @@ fn pod(rng: &mut Rng, n: usize, mix: Mix) -> PodPlan {
             Work::Sleeper
         }
         62..=75 => Work::CacheWriter {
-            mib: rng.range(50, 400),
+            mib: size(rng.range(50, 400)),
         },
         76..=87 => Work::ForkStorm {
             procs: rng.range(300, 900),
@@ -347,6 +352,7 @@ mod tests {
     const MIX: Mix = Mix {
         guaranteed: false,
         containerd: false,
+        size_pct: 100,
     };
 
     #[test]
@@ -392,12 +398,40 @@ mod tests {
         let mix = Mix {
             guaranteed: false,
             containerd: true,
+            size_pct: 100,
         };
         let s = schedule(3, 30 * 60_000, mix);
         let kinds: std::collections::BTreeSet<&str> = s.iter().map(|(_, a)| a.kind()).collect();
         assert!(kinds.contains("kill-containerd"), "{kinds:?}");
         assert!(kinds.contains("kill-agent"), "{kinds:?}");
         assert!(!kinds.contains("start-page-cache-writer"), "{kinds:?}");
+    }
+
+    #[test]
+    fn a_smaller_node_scales_the_sizes_and_keeps_the_schedule() {
+        let half = Mix {
+            size_pct: 50,
+            ..MIX
+        };
+        let (a, b) = (schedule(9, 600_000, MIX), schedule(9, 600_000, half));
+        assert_eq!(a.len(), b.len());
+        let mib = |w: &Work| match *w {
+            Work::Hog { mib, .. } | Work::CacheWriter { mib } => Some(mib),
+            Work::MultiHog { mib, .. } => Some(mib),
+            _ => None,
+        };
+        let mut scaled = 0;
+        for ((at_a, x), (at_b, y)) in a.iter().zip(&b) {
+            assert_eq!(at_a, at_b);
+            assert_eq!(x.kind(), y.kind());
+            if let (Action::Start(p), Action::Start(q)) = (x, y) {
+                if let (Some(m), Some(n)) = (mib(&p.work), mib(&q.work)) {
+                    assert_eq!(n, (m / 2).max(1), "{x} / {y}");
+                    scaled += 1;
+                }
+            }
+        }
+        assert!(scaled > 5, "{scaled} sized pods");
     }
 
     #[test]

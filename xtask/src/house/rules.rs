@@ -119,6 +119,7 @@ pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     (
         &[
             "tests/src/v2/agent.rs",
+            "tests/src/v2/chaos.rs",
             "tests/src/v2/kernel.rs",
             "tests/src/v2/memory_qos.rs",
             "tests/src/v2/mod.rs",
