@@ -17,6 +17,9 @@
 //!   events` as a second eviction of the pod, like the first in every field but the grace
 //!   (the metrics counted one, the decision record said `escalated`): a client could not
 //!   tell an escalation from an eviction made twice.
+//! - `--containerd` seed 5, with freezes left on by a harness fault: a memory threshold met
+//!   with nothing left to evict made a `nothingToEvict` record on every pass, about 200 a
+//!   second, each crossing and close re-read waking one.
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -334,4 +337,49 @@ fn a_pod_evicted_while_containerd_is_down_shows_its_container_ended() {
         assert_eq!(c["state"], "terminated", "{pod}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A threshold met with nothing evictable (the only pod, which holds the memory, is
+/// critical) is recorded once, not on every pass: the close watch re-reads every 100 ms and
+/// each kernel crossing wakes a pass, and each made a record before.
+#[test]
+fn a_threshold_met_with_nothing_to_evict_is_recorded_once_not_on_every_pass() {
+    if !ready() {
+        return;
+    }
+    let agent = TestAgent::start(
+        "chaos-nothing",
+        "log: {level: info, format: json}\n\
+         node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\
+         evictionHard: {allocatableMemory.available: 128Mi}\n\
+         housekeepingInterval: 10s\n\
+         sense: {ebpf: true, psi: false, memcgThreshold: true}\n",
+    );
+    let hog = memhog_bin().display().to_string();
+    agent.apply_ok(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "critical-hog", "namespace": "kube-system"},
+        "spec": {"priority": 2_000_000_000, "restartPolicy": "Never",
+                 "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "app", "command": [hog, "420", "50", "3600"]}]}}));
+    let nothing = |l: &&str| l.contains("eviction decision") && l.contains("nothingToEvict");
+    agent.wait("the first nothingToEvict record", || {
+        agent.log().lines().any(|l| nothing(&l))
+    });
+    // The hog goes on charging for a few seconds after the level (420 MiB at 50 MiB/s),
+    // with the loop on close watch: passes many times a second, all with nothing to evict.
+    std::thread::sleep(Duration::from_secs(6));
+    let log = agent.log();
+    let records = log.lines().filter(|l| nothing(l)).count();
+    let passes = log.lines().filter(|l| l.contains("pressure event")).count();
+    assert!(
+        agent
+            .pod("kube-system/critical-hog")
+            .is_some_and(|p| p["phase"] == "Running"),
+        "the critical pod is never evicted: {log}"
+    );
+    assert_eq!(
+        records, 1,
+        "one record in 6 s of a met threshold, within one housekeeping interval \
+         ({passes} pressure events woke passes meanwhile)"
+    );
 }

@@ -725,6 +725,19 @@ impl<P: PodControl + 'static> Reactor<P> {
                 None,
             );
         }
+        if matches!(decision.action, Action::NothingToEvict) {
+            let ranked = decision.ranking.iter().map(|p| p.uid.clone()).collect();
+            let said = self.out.nothing_to_evict_said(
+                reclaim.signal.name(),
+                ranked,
+                signals.monotonic_ns,
+                self.settings.housekeeping,
+            );
+            // A change of the node conditions is always recorded.
+            if said && !conditions_changed {
+                return (None, None);
+            }
+        }
         (Some(decision), evicted.then_some(reclaim))
     }
 
