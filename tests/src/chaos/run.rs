@@ -78,8 +78,10 @@ struct Run {
     evicting: BTreeSet<String>,
     /// The last `pod ls`.
     snapshot: Vec<Value>,
-    /// When the last `pod ls` had answered.
-    snapshot_at: Option<std::time::SystemTime>,
+    /// The last few listings with the time each had answered, newest last: an eviction is
+    /// judged from the newest taken before it (in the v2 guest a `pod ls` takes seconds,
+    /// and the eviction often came while the newest was being taken).
+    listings: VecDeque<(std::time::SystemTime, Vec<Value>)>,
     freezers: Vec<Freezer>,
     /// v2 cgroups the run froze (`cgroup.freeze`), thawed at the end whatever their time.
     frozen_v2: Vec<PathBuf>,
@@ -156,7 +158,7 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         seen_events: BTreeSet::new(),
         evicting: BTreeSet::new(),
         snapshot: Vec::new(),
-        snapshot_at: None,
+        listings: VecDeque::new(),
         freezers: Vec::new(),
         frozen_v2: Vec::new(),
         thawer: Thawer::start(),
@@ -605,10 +607,16 @@ impl Run {
             "evicted {full} ({signal}, grace {})",
             ev["gracePeriodSeconds"]
         ));
-        let row = self
-            .snapshot
+        // The order is judged from a listing taken before the decision only.
+        let listing: Option<Vec<Value>> = self
+            .listings
             .iter()
-            .find(|p| p["uid"] == uid.as_str())
+            .rev()
+            .find(|(t, _)| *t < ev_at)
+            .map(|(_, rows)| rows.clone());
+        let row = listing
+            .as_ref()
+            .and_then(|rows| rows.iter().find(|p| p["uid"] == uid.as_str()))
             .cloned();
         let grace = ev["gracePeriodSeconds"].as_i64().unwrap_or(0);
         let p = &mut self.pods[i];
@@ -647,10 +655,8 @@ impl Run {
         self.tally.check("critical-never-evicted", !critical, || {
             format!("{full} is critical and was evicted: {ev}")
         });
-        // The order is judged from a listing taken before the decision only.
-        let at = ev_at;
-        match row.filter(|_| self.snapshot_at.is_some_and(|t| t < at)) {
-            Some(row) => {
+        match row.zip(listing) {
+            Some((row, listing)) => {
                 // A pod the run removed is being stopped: it ranks before nobody either.
                 let mut stopping = self.evicting.clone();
                 stopping.extend(
@@ -659,7 +665,7 @@ impl Run {
                         .filter(|p| p.removed)
                         .filter_map(|p| p.uid.clone()),
                 );
-                let before = check::ranks_before(&row, &signal, &self.snapshot, &stopping);
+                let before = check::ranks_before(&row, &signal, &listing, &stopping);
                 let names: Vec<String> = before
                     .iter()
                     .map(|q| format!("{} ({} priority {})", q["name"], q["qos"], q["priority"]))
@@ -858,8 +864,12 @@ impl Run {
     }
 
     fn set_snapshot(&mut self, rows: Vec<Value>) {
+        let now = std::time::SystemTime::now();
+        self.listings.push_back((now, rows.clone()));
+        if self.listings.len() > 4 {
+            self.listings.pop_front();
+        }
         self.snapshot = rows;
-        self.snapshot_at = Some(std::time::SystemTime::now());
     }
 
     /// Whether an eviction of `uid` was announced or `pod ls` shows it evicted.
