@@ -89,6 +89,25 @@ fn an_eviction_finished_by_the_restarted_agent_leaves_no_container_running_in_po
     })
     .unwrap_or_else(|| panic!("no soft eviction: {}", agent.log()));
     assert_eq!(soft["event"]["gracePeriodSeconds"], 60, "{soft}");
+    // Announced, so already durable: in the kill journal, noted before the event went out,
+    // or (once the pod manager wrote its stop ahead and cleared the journal) in pods.json.
+    // Without the note an agent killed in between forgot the eviction and made it again
+    // after its restart, with a new grace (CI, 2026-11-28).
+    let uid = soft["event"]["uid"].as_str().expect("uid").to_string();
+    let state = agent.dir.path().join("state");
+    let noted = KillJournal::read(&state).iter().any(|n| n.uid == uid);
+    let written = std::fs::read_to_string(state.join("pods.json")).is_ok_and(|t| {
+        serde_json::from_str::<Value>(&t).is_ok_and(|v| {
+            v["data"].as_array().is_some_and(|pods| {
+                pods.iter()
+                    .any(|p| p["uid"] == uid.as_str() && !p["stopping"].is_null())
+            })
+        })
+    });
+    assert!(
+        noted || written,
+        "an announced eviction is in neither the journal nor pods.json"
+    );
     let pod = agent.pod("default/stubborn").expect("listed");
     let cgroup = pod["cgroup"].as_str().expect("its cgroup").to_string();
     assert!(

@@ -35,8 +35,8 @@ impl PodControl for PodManager {
         PodManager::escalate(self, uid, cgroup)
     }
 
-    fn note_kill(&self, uid: &str, status: &EvictionStatus) {
-        PodManager::note_kill(self, uid, &status.reason, &status.message);
+    fn note_eviction(&self, uid: &str, status: &EvictionStatus) {
+        PodManager::note_eviction(self, uid, &status.reason, &status.message);
     }
 
     async fn evict(

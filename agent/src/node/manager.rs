@@ -295,7 +295,7 @@ impl PodManager {
         let killed = if grace.is_zero() {
             let killed = self.kill_now(uid);
             if killed.is_some() {
-                self.note_kill(uid, reason, message);
+                self.note_eviction(uid, reason, message);
             }
             killed
         } else {
@@ -334,7 +334,7 @@ impl PodManager {
     /// microseconds whatever the owner task or the runtime is doing.
     ///
     /// The caller notes the kill in the kill journal right after it
-    /// ([`PodManager::note_kill`]), once the eviction's message is composed.
+    /// ([`PodManager::note_eviction`]), once the eviction's message is composed.
     pub fn kill_now(&self, uid: &str) -> Option<Evicted> {
         let cgroup = self
             .active
@@ -358,12 +358,16 @@ impl PodManager {
         kill_cgroup_now(&self.cgroups, cgroup, Vec::new())
     }
 
-    /// Notes the kill [`PodManager::kill_now`] made in the kill journal ([`KillJournal`]),
-    /// with the eviction's `reason` and `message`, so an agent killed before the owner task's
-    /// write-ahead record still ends the pod evicted after its restart instead of starting
-    /// it again. The loop calls it right after the kill, once the message is composed (the
-    /// victim's figures are read before the SIGKILL; composing the text is not).
-    pub fn note_kill(&self, uid: &str, reason: &str, message: &str) {
+    /// Notes an eviction begun, the kill [`PodManager::kill_now`] made or a graceful one, in
+    /// the kill journal ([`KillJournal`]) with its `reason` and `message`, so an agent
+    /// killed before the owner task's write-ahead record still ends the pod evicted after
+    /// its restart, instead of starting it again or evicting it a second time. The pod
+    /// counts as being killed until the owner task takes the eviction, so no other command
+    /// clears the journal first. The loop calls it right after the kill (or, for a grace,
+    /// before the stop is queued), once the message is composed (the victim's figures are
+    /// read before the SIGKILL; composing the text is not).
+    pub fn note_eviction(&self, uid: &str, reason: &str, message: &str) {
+        self.killing.insert(uid);
         self.journal.note(uid, reason, message);
     }
 

@@ -262,8 +262,10 @@ impl<P: PodControl + 'static> Reactor<P> {
             text.as_ref().map(|(q, a)| (q.as_str(), a.as_str())),
         );
         let status = EvictionStatus::evicted(message.message.clone(), message.annotations.clone());
-        if killed.is_some() {
-            self.pods.note_kill(&uid, &status);
+        // A graceful eviction is noted too: its event goes out with this pass's decision,
+        // before the pod manager writes its stop ahead.
+        if killed.is_some() || grace > 0 {
+            self.pods.note_eviction(&uid, &status);
         }
         let started_ns = monotonic_ns();
         self.evictions.launch(

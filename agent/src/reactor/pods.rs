@@ -112,17 +112,20 @@ pub trait PodControl: Send + Sync {
     /// its record are made on the loop's own task and the rest of the stop runs off it. It
     /// needs no status: the eviction's message is composed after the kill, off the
     /// reaction's path (from the victim's figures read just before it), and told with
-    /// [`PodControl::note_kill`].
+    /// [`PodControl::note_eviction`].
     /// Default: `None` (the stop kills).
     fn kill_now(&self, uid: &str) -> Option<Evicted> {
         let _ = uid;
         None
     }
 
-    /// The status of the eviction [`PodControl::kill_now`] just made, told as soon as it is
-    /// composed (before [`PodControl::evict`]), for what must outlive the agent itself: the
-    /// node's kill journal. Default: nothing.
-    fn note_kill(&self, uid: &str, status: &EvictionStatus) {
+    /// The status of the eviction the loop has just begun, told as soon as it is composed
+    /// (before [`PodControl::evict`], and before the decision goes out), for what must
+    /// outlive the agent itself: the node's kill journal. A graceful eviction is told too:
+    /// an agent killed before the pod manager wrote the stop ahead would otherwise forget an
+    /// eviction its event stream had announced, and evict the pod again after its restart,
+    /// with a new grace. Default: nothing.
+    fn note_eviction(&self, uid: &str, status: &EvictionStatus) {
         let _ = (uid, status);
     }
 
