@@ -24,7 +24,8 @@ use k8s_openapi::api::core::v1 as k8s;
 
 use super::cgroups::{CgroupPath, Resources};
 use super::runtime::{ContainerSpec, PodSpec, RestartPolicy};
-use crate::decide::cgroups::{container_config, oom_score_adj, NodeSettings};
+use crate::decide::cgroups::{container_config, NodeSettings};
+use crate::decide::oom_score::oom_score_adj;
 use crate::decide::pod::PodInfo;
 
 /// Why a pod cannot be turned into something to run; names the field.

@@ -14,6 +14,7 @@ pub mod image_gc;
 pub mod inflight;
 pub mod memory_qos;
 pub mod memory_reclaim;
+pub mod oom_score;
 pub mod pod;
 pub mod preempt;
 pub mod pressure;

@@ -7,12 +7,13 @@ use serde_json::{Map, Value};
 
 use super::input::{invalid, parse, InputError, JsonQuantity};
 use crate::decide::cgroups::{
-    container_config, files, kubepods_with_pods, oom_score_adj, pod_cgroup, pod_config, qos_tiers,
-    CgroupVersion, FileValue, NodeSettings, ResourceConfig, DEFAULT_QUOTA_PERIOD_US, MEMORY_HIGH,
-    MEMORY_LOW, MEMORY_MIN, MEMORY_SWAP_MAX,
+    container_config, files, kubepods_with_pods, pod_cgroup, pod_config, qos_tiers, CgroupVersion,
+    FileValue, NodeSettings, ResourceConfig, DEFAULT_QUOTA_PERIOD_US, MEMORY_HIGH, MEMORY_LOW,
+    MEMORY_MIN, MEMORY_SWAP_MAX,
 };
 use crate::decide::duration::parse_go_duration_nanos;
 use crate::decide::memory_qos::{SwapBehavior, ThrottlingFactor, DEFAULT_THROTTLING_FACTOR};
+use crate::decide::oom_score::oom_score_adj;
 use crate::decide::pod::{clamp_i64, PodInfo};
 use crate::decide::quantity::Quantity;
 
