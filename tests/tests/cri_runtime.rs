@@ -23,9 +23,10 @@ use reactor::act::runtime::{
 };
 use reactor::decide::backoff::BackOffPolicy;
 use reactor::decide::cgroups::{
-    container_config, files, oom_score_adj, pod_config, CgroupVersion, FileValue, NodeSettings,
+    container_config, files, pod_config, CgroupVersion, FileValue, NodeSettings,
     DEFAULT_QUOTA_PERIOD_US,
 };
+use reactor::decide::oom_score::oom_score_adj;
 use reactor::decide::pod::PodInfo;
 use reactor::decide::quantity::Quantity;
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};

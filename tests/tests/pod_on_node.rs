@@ -17,9 +17,10 @@ use reactor::act::process::{ProcessRuntime, ProcessRuntimeConfig};
 use reactor::act::runtime::{ContainerState, Runtime};
 use reactor::decide::backoff::BackOffPolicy;
 use reactor::decide::cgroups::{
-    container_config, files, kubepods, oom_score_adj, pod_config, qos_tiers, CgroupVersion,
-    FileValue, NodeSettings, DEFAULT_QUOTA_PERIOD_US,
+    container_config, files, kubepods, pod_config, qos_tiers, CgroupVersion, FileValue,
+    NodeSettings, DEFAULT_QUOTA_PERIOD_US,
 };
+use reactor::decide::oom_score::oom_score_adj;
 use reactor::decide::pod::PodInfo;
 use reactor::decide::quantity::Quantity;
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
