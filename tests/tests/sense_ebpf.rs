@@ -121,8 +121,8 @@ fn stall_then_oom_kill_arrive_attributed_to_the_cgroup() {
     let task = rt.spawn(source.run(tx));
     // The machine-wide count of the agent's programs' runs (bench part 7b's measure) moves
     // when these ones run.
-    let stats = reactor::sense::ebpf::enable_stats().expect("eBPF statistics on");
-    let runs_before = reactor::sense::ebpf::loaded_program_totals();
+    let stats = reactor::sense::ebpf::stats::enable_stats().expect("eBPF statistics on");
+    let runs_before = reactor::sense::ebpf::stats::loaded_program_totals();
     let started = monotonic_ns();
     let pid = memcg
         .spawn(Command::new(memhog_bin()).args(["256", "0", "60"]))
@@ -152,7 +152,7 @@ fn stall_then_oom_kill_arrive_attributed_to_the_cgroup() {
         );
     };
     assert!(first_stall < oom, "the stall came after the OOM kill");
-    let runs_after = reactor::sense::ebpf::loaded_program_totals();
+    let runs_after = reactor::sense::ebpf::stats::loaded_program_totals();
     drop(stats);
     assert!(
         runs_after.runs > runs_before.runs && runs_after.run_ns > runs_before.run_ns,

@@ -50,8 +50,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use reactor::sense::ebpf::floor::DispatchFloor;
+use reactor::sense::ebpf::stats::{ProgramStats, StatsReader};
 use reactor::sense::ebpf::threshold::UsageWatch;
-use reactor::sense::ebpf::{EbpfOptions, EbpfSource, ProgramStats, StatsReader};
+use reactor::sense::ebpf::{EbpfOptions, EbpfSource};
 use reactor::sense::memcg::Level;
 use reactor_tests::stats::{median, range, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
@@ -535,7 +536,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     // The statistics run, apart (counting costs two clock reads per program run).
     let mut programs: Vec<(Setup, u64, Vec<ProgramStats>)> = Vec::new();
     {
-        let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
+        let _stats_on = reactor::sense::ebpf::stats::enable_stats().map_err(anyhow::Error::msg)?;
         for setup in Setup::ALL.into_iter().skip(1) {
             let (_, _, used, faults) = one_run(&rt, setup, &parents, millis)?;
             programs.push((setup, faults, used));

@@ -213,7 +213,7 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str, agent_pid: u32) -> Result<R
         .with_context(|| format!("limiting the cgroup for {}", p.name))?;
     let cpu0 = children_cpu();
     let agent0 = agent_cpu_ns(agent_pid);
-    let ebpf0 = reactor::sense::ebpf::loaded_program_totals();
+    let ebpf0 = reactor::sense::ebpf::stats::loaded_program_totals();
     let (status, took) = cg
         .run(
             Command::new(&p.exe)
@@ -225,7 +225,7 @@ fn run_one(root: &TestMemcg, p: &Program, tag: &str, agent_pid: u32) -> Result<R
         .with_context(|| format!("running {}", p.tool))?;
     let cpu = children_cpu() - cpu0;
     let agent_ns = agent_cpu_ns(agent_pid).saturating_sub(agent0);
-    let ebpf1 = reactor::sense::ebpf::loaded_program_totals();
+    let ebpf1 = reactor::sense::ebpf::stats::loaded_program_totals();
     let ebpf = (
         ebpf1.runs.saturating_sub(ebpf0.runs),
         ebpf1.run_ns.saturating_sub(ebpf0.run_ns),
@@ -466,7 +466,7 @@ pub fn run(opts: &Opts) -> Result<Part> {
     let mut runs: [Vec<[Vec<Run>; 2]>; 2] =
         [0, 1].map(|_| programs.iter().map(|_| Default::default()).collect());
     // Counted on both sides alike; counting costs only where a program runs.
-    let _stats_on = reactor::sense::ebpf::enable_stats().map_err(anyhow::Error::msg)?;
+    let _stats_on = reactor::sense::ebpf::stats::enable_stats().map_err(anyhow::Error::msg)?;
     for round in 0..rounds {
         // The calm node's pair first in even rounds, the page-cache node's in odd ones.
         for n in 0..NODES.len() {

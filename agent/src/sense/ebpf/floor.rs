@@ -13,7 +13,7 @@ use aya::programs::RawTracePoint;
 use aya::{Ebpf, EbpfLoader};
 
 use super::load::OBJECT;
-use super::{program_stats, ProgramStats};
+use super::stats::{program_stats, ProgramStats};
 
 /// The program and its tracepoint (`agent-ebpf`'s `lruvec_floor`).
 const PROGRAM: &str = "lruvec_floor";
