@@ -147,7 +147,7 @@ pub struct PodManagerConfig<R> {
     /// Where events go.
     pub events: EventHub,
     /// How long a pod found running without a spec stays before it is removed
-    /// (`orphanGracePeriod`; see `node::recover`).
+    /// (`orphanGracePeriod`; see `node::orphans`).
     pub orphan_grace_period: Duration,
     /// `dryRun`: a critical pod that needs others preempted is refused, and the preemption
     /// is recorded (marked a dry run), not made; an orphan past its grace period is kept

@@ -25,6 +25,7 @@ pub mod events;
 pub mod journal;
 mod listing;
 pub mod manager;
+mod orphans;
 pub mod pod_record;
 pub mod recover;
 mod runtime_view;

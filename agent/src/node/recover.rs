@@ -1,4 +1,4 @@
-//! Rebuilding the pod manager's view from the node after a restart, and orphans.
+//! Rebuilding the pod manager's view from the node after a restart.
 //!
 //! Why: the pod checkpoint says what the agent admitted, but the node says what runs. A
 //! checkpoint can be lost (set aside as damaged, an older generation used) while pods keep
@@ -14,41 +14,28 @@
 //!    process runtime's checkpoint, the CRI sandbox annotation).
 //! 3. **The rest are orphans**, as the kubelet finds orphaned pod cgroups: every
 //!    `kubepods[/burstable|/besteffort]/pod<uid>` cgroup with processes that no known pod
-//!    owns, and every pod the runtime runs without a spec. An orphan is listed (`Running`,
-//!    reason `Orphaned`, the message says where it was found and when it goes), ranked for
-//!    eviction as a pod with no requests (BestEffort), evictable, and removed — processes
-//!    killed, runtime told, cgroup removed — when `orphanGracePeriod` ends, unless a pod with
-//!    its uid or `namespace/name` is applied: then the orphan's processes are stopped and
-//!    the applied pod takes its place. An empty orphan cgroup is removed at once.
+//!    owns, and every pod the runtime runs without a spec. They are listed, ranked and
+//!    evictable, and removed when `orphanGracePeriod` ends ([`super::orphans`]). An empty
+//!    orphan cgroup is removed at once.
 //!
 //! Names come from what can be recovered: the runtime's view, else the process runtime's log
 //! directory (`<stateDir>/logs/<namespace>_<name>_<uid>`), else `unknown/pod<uid>`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::events::NodeEventKind;
-use super::manager::{Actor, After, Entry, PREEMPTION_MESSAGE, PREEMPTION_REASON};
-use super::pod_record::{Orphan, PodRecord, PodSource, StopIntent};
+use super::manager::{Actor, Entry, PREEMPTION_MESSAGE, PREEMPTION_REASON};
+use super::orphans::unix_now;
+use super::pod_record::{PodRecord, PodSource, StopIntent};
+use super::stop::stop_processes;
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, Resources, DEFAULT_REMOVE_WAIT};
-use crate::act::kill::kill_cgroup;
 use crate::act::runtime::{PodPhase, PodStatus, Runtime};
 use crate::decide::cgroups::pod_config;
 use crate::decide::pod::PodInfo;
 use crate::node::document::Checked;
-
-/// `status.reason` of an orphan.
-pub const ORPHANED: &str = "Orphaned";
-/// How long a stop waits for an orphan's processes after SIGKILL.
-const KILL_WAIT: Duration = Duration::from_secs(5);
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 /// The pod cgroups under `kubepods`, `kubepods/burstable` and `kubepods/besteffort`, by uid.
 pub(super) fn pod_cgroups(cgroups: &CgroupManager) -> BTreeMap<String, CgroupPath> {
@@ -86,66 +73,9 @@ fn name_from_logs(state_dir: &Path, uid: &str) -> Option<(String, String)> {
         })
 }
 
-/// SIGTERM to every process in `cgroup`, SIGKILL after `grace` (at once when zero), until
-/// it is empty or [`KILL_WAIT`] after the SIGKILL. How an orphan, which no runtime
-/// supervises, is stopped. Returns how many processes got SIGKILL.
-pub(super) async fn stop_processes(
-    cgroups: &CgroupManager,
-    cgroup: &CgroupPath,
-    grace: Duration,
-) -> usize {
-    if !grace.is_zero() {
-        for pid in cgroups.procs_recursive(cgroup).unwrap_or_default() {
-            if let Some(p) = i32::try_from(pid)
-                .ok()
-                .and_then(rustix::process::Pid::from_raw)
-            {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
-            }
-        }
-        let until = Instant::now() + grace;
-        while Instant::now() < until && !cgroups.is_empty(cgroup).unwrap_or(true) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let mut killed = 0;
-    let until = Instant::now() + KILL_WAIT;
-    loop {
-        let n = kill_cgroup(cgroups, cgroup).killed;
-        killed += n;
-        if n == 0 || Instant::now() > until {
-            return killed;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// A minimal `v1.Pod` for an orphan: its identity and one container per container cgroup,
-/// no requests — so it ranks as BestEffort.
-fn orphan_document(
-    uid: &str,
-    namespace: &str,
-    name: &str,
-    containers: &[String],
-) -> serde_json::Value {
-    let containers: Vec<serde_json::Value> = if containers.is_empty() {
-        vec![serde_json::json!({"name": "unknown", "image": "unknown"})]
-    } else {
-        containers
-            .iter()
-            .map(|c| serde_json::json!({"name": c, "image": "unknown"}))
-            .collect()
-    };
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"containers": containers, "terminationGracePeriodSeconds": 0},
-    })
-}
-
 impl<R: Runtime + 'static> Actor<R> {
-    fn recovery(&self, action: &str, pod: &str, uid: &str, message: String) {
+    /// Logs a recovery step and publishes it as a `recovery` event.
+    pub(super) fn recovery(&self, action: &str, pod: &str, uid: &str, message: String) {
         tracing::warn!(%pod, %uid, action, "{message}");
         self.events.publish(NodeEventKind::Recovery {
             action: action.to_string(),
@@ -428,59 +358,6 @@ impl<R: Runtime + 'static> Actor<R> {
         }
     }
 
-    fn add_orphan(
-        &mut self,
-        uid: &str,
-        (namespace, name): (String, String),
-        cgroup: CgroupPath,
-        containers: &[String],
-        found_in: String,
-        remove_at_unix: u64,
-    ) {
-        let document = orphan_document(uid, &namespace, &name, containers);
-        let info = match PodInfo::from_json(document.clone()) {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::error!(%uid, %cgroup, "orphan could not be modelled: {e}");
-                return;
-            }
-        };
-        let message = format!(
-            "found running in {found_in} with no pod spec to re-admit it from; removed in {}s (at Unix time {remove_at_unix}) unless a pod with uid {uid} or name {namespace}/{name} is applied",
-            remove_at_unix.saturating_sub(unix_now())
-        );
-        let record = PodRecord {
-            uid: uid.to_string(),
-            namespace,
-            name,
-            document,
-            source: PodSource::Api,
-            cgroup: Some(cgroup),
-            grace_period_seconds: 0,
-            phase: PodPhase::Running,
-            reason: ORPHANED.to_string(),
-            message: message.clone(),
-            ended_by_agent: false,
-            containers: Vec::new(),
-            oom_score_adj: BTreeMap::new(),
-            stopping: None,
-            orphan: Some(Orphan {
-                found_in,
-                remove_at_unix,
-            }),
-        };
-        let full = record.full_name();
-        self.pods.insert(
-            uid.to_string(),
-            Entry {
-                record,
-                info,
-                stopping: false,
-            },
-        );
-        self.recovery("orphaned", &full, uid, message);
-    }
-
     /// A pod the checkpoint knows as live but the runtime lost: started again by its
     /// restart policy; `Never` (or a start that fails) ends it Failed, with whatever was left
     /// in its cgroup killed, so no process runs for a pod listed as ended.
@@ -540,113 +417,11 @@ impl<R: Runtime + 'static> Actor<R> {
         }
         self.mark_ended(uid, "ContainerStatusUnknown".into(), message);
     }
-
-    /// Removes the orphans whose grace period has ended (the owner task's tick).
-    pub(super) fn expire_orphans(&mut self) {
-        let now = unix_now();
-        let due: Vec<String> = self
-            .pods
-            .values()
-            .filter(|e| !e.stopping)
-            .filter(|e| {
-                e.record
-                    .orphan
-                    .as_ref()
-                    .is_some_and(|o| o.remove_at_unix <= now)
-            })
-            .map(|e| e.record.uid.clone())
-            .collect();
-        // A dry run stops nothing: each orphan past its grace period is said once (and
-        // kept, listed and ranked as before).
-        if self.dry_run {
-            for uid in due {
-                if !self.orphans_kept.insert(uid.clone()) {
-                    continue;
-                }
-                let pod = self
-                    .pods
-                    .get(&uid)
-                    .map(|e| e.record.full_name())
-                    .unwrap_or_default();
-                self.recovery(
-                    "orphan-kept",
-                    &pod,
-                    &uid,
-                    "dry run: past its orphanGracePeriod, it would be removed now; it keeps running"
-                        .to_string(),
-                );
-            }
-            return;
-        }
-        for uid in due {
-            self.begin_stop(
-                &uid,
-                Some(Duration::ZERO),
-                After::Remove {
-                    reply: None,
-                    cause: "orphan-grace-period".into(),
-                },
-            );
-        }
-    }
-
-    /// An applied pod with an orphan's uid or `namespace/name` takes the orphan's place: the
-    /// orphan's processes are stopped, the runtime told, its cgroup removed. `Err` when the
-    /// orphan is being stopped already.
-    pub(super) async fn replace_orphan(&mut self, checked: &Checked) -> Result<(), NodeError> {
-        let Some(uid) = self
-            .pods
-            .values()
-            .find(|e| {
-                e.record.orphan.is_some()
-                    && (e.record.uid == checked.uid
-                        || (e.record.namespace == checked.namespace
-                            && e.record.name == checked.name))
-            })
-            .map(|e| e.record.uid.clone())
-        else {
-            return Ok(());
-        };
-        if self.pods.get(&uid).is_some_and(|e| e.stopping) {
-            return Err(NodeError::Stopping(format!("with uid {uid} (an orphan)")));
-        }
-        let Some(entry) = self.pods.remove(&uid) else {
-            return Ok(());
-        };
-        let _ = self.rt.stop_pod(&uid, Duration::ZERO).await;
-        if let Some(cg) = &entry.record.cgroup {
-            stop_processes(&self.cgroups, cg, Duration::ZERO).await;
-            let _ = self
-                .cgroups
-                .remove_off_runtime(cg, DEFAULT_REMOVE_WAIT)
-                .await;
-        }
-        self.recovery(
-            "orphan-replaced",
-            &entry.record.full_name(),
-            &uid,
-            format!(
-                "the orphan's processes were stopped for the applied pod {}/{} (uid {})",
-                checked.namespace, checked.name, checked.uid
-            ),
-        );
-        self.save();
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_orphan_is_best_effort_with_its_containers() {
-        let doc = orphan_document("u1", "ns", "web", &["app".into(), "side".into()]);
-        let info = PodInfo::from_json(doc).unwrap();
-        assert_eq!(info.qos, crate::decide::qos::QosClass::BestEffort);
-        assert_eq!(info.containers.len(), 2);
-        assert_eq!(info.uid, "u1");
-    }
 
     #[test]
     fn names_come_from_the_log_directory() {

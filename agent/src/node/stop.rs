@@ -4,15 +4,15 @@
 //! the owner, so a slow stop never holds up a decision or a `pod ls`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::events::NodeEventKind;
 use super::manager::{reply, Actor, After, Command, PREEMPTION_MESSAGE, PREEMPTION_REASON};
 use super::pod_record::StopIntent;
 use super::view::{EvictedPod, Removed};
 use super::NodeError;
-use crate::act::cgroups::DEFAULT_REMOVE_WAIT;
-use crate::act::kill::{begin_kill, finish_kill, Evicted};
+use crate::act::cgroups::{CgroupManager, CgroupPath, DEFAULT_REMOVE_WAIT};
+use crate::act::kill::{begin_kill, finish_kill, kill_cgroup, Evicted};
 use crate::act::runtime::{PodPhase, Runtime, RuntimeError};
 
 impl<R: Runtime + 'static> Actor<R> {
@@ -93,7 +93,7 @@ impl<R: Runtime + 'static> Actor<R> {
                 // No runtime supervises an orphan's processes: signal them here, then tell
                 // the runtime in case it knows the pod without its spec.
                 if let (Some(cg), None) = (&cgroup, prekilled) {
-                    killed.killed = super::recover::stop_processes(&cgroups, cg, grace).await;
+                    killed.killed = stop_processes(&cgroups, cg, grace).await;
                     killed.killed_at_ns = Some(crate::sense::monotonic_ns());
                 }
                 match rt.stop_pod(&uid, Duration::ZERO).await {
@@ -288,5 +288,42 @@ impl<R: Runtime + 'static> Actor<R> {
             tracing::error!("QoS tiers after ending {uid}: {e}");
         }
         self.save();
+    }
+}
+
+/// How long [`stop_processes`] waits for the processes after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// SIGTERM to every process in `cgroup`, SIGKILL after `grace` (at once when zero), until
+/// it is empty or [`KILL_WAIT`] after the SIGKILL: how the processes of a pod no runtime
+/// supervises (an orphan, what a lost pod left) are stopped. Returns how many processes got SIGKILL.
+pub(super) async fn stop_processes(
+    cgroups: &CgroupManager,
+    cgroup: &CgroupPath,
+    grace: Duration,
+) -> usize {
+    if !grace.is_zero() {
+        for pid in cgroups.procs_recursive(cgroup).unwrap_or_default() {
+            if let Some(p) = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+            }
+        }
+        let until = Instant::now() + grace;
+        while Instant::now() < until && !cgroups.is_empty(cgroup).unwrap_or(true) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut killed = 0;
+    let until = Instant::now() + KILL_WAIT;
+    loop {
+        let n = kill_cgroup(cgroups, cgroup).killed;
+        killed += n;
+        if n == 0 || Instant::now() > until {
+            return killed;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
