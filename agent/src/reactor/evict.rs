@@ -9,6 +9,11 @@
 //! ranking compares ([`PodReads::ranking`]) for every pod first. The victim's message
 //! details (each container's usage) are read for it alone, before the kill, so the message
 //! gives the figures it was evicted for.
+//!
+//! The same pick serves the kill at the crossing: the pod an eviction would take now is the
+//! one staged for the kernel to kill when a hard threshold is crossed, and a kill the kernel
+//! made there completes here as an eviction (the last `impl` block; the staging's rules are
+//! [`super::crossing`]'s).
 
 use std::time::Duration;
 
