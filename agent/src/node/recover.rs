@@ -15,7 +15,7 @@
 //! 3. **The rest are orphans**, as the kubelet finds orphaned pod cgroups: every
 //!    `kubepods[/burstable|/besteffort]/pod<uid>` cgroup with processes that no known pod
 //!    owns, and every pod the runtime runs without a spec. They are listed, ranked and
-//!    evictable, and removed when `orphanGracePeriod` ends ([`super::orphans`]). An empty
+//!    evictable, and removed when `orphanGracePeriod` ends (`node::orphans`). An empty
 //!    orphan cgroup is removed at once.
 //!
 //! Names come from what can be recovered: the runtime's view, else the process runtime's log
