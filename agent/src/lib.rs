@@ -12,6 +12,14 @@
 //! [`observe`] and [`record`]; [`act`] and [`plan`]; [`devices`] and [`images`];
 //! [`reactor`] (the loop that joins sense → observe → decide → act → record); [`node`]
 //! (the pod manager the loop drives); [`api`].
+//!
+//! What this library makes public is what the binary, the tests and the fuzz targets use;
+//! everything else is `pub(crate)` or narrower, so the compiler reports what nothing calls.
+//! The docs are written for the agent's developers and link to crate-private items freely:
+//! read them with `cargo doc --document-private-items`.
+
+// The docs link to crate-private items on purpose (see above).
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod act;
 pub mod api;

@@ -41,7 +41,7 @@ pub struct PodSpecError {
 }
 
 /// Expands `$(NAME)` references in `input` as the kubelet does (`expansion.Expand`).
-pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+pub(crate) fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(at) = rest.find('$') {

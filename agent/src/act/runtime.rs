@@ -186,7 +186,7 @@ impl PodSpec {
     }
 
     /// How many init containers lead [`Self::containers`].
-    pub fn init_count(&self) -> usize {
+    pub(crate) fn init_count(&self) -> usize {
         self.containers.iter().take_while(|c| c.init).count()
     }
 
@@ -302,7 +302,7 @@ pub struct PodStatus {
 }
 
 /// The pod phase the kubelet derives from container states and the restart policy.
-pub fn pod_phase(containers: &[ContainerStatus]) -> PodPhase {
+pub(crate) fn pod_phase(containers: &[ContainerStatus]) -> PodPhase {
     let mut all_terminated = true;
     let mut any_failed = false;
     let mut any_started = false;

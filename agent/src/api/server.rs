@@ -31,18 +31,19 @@ pub const MAX_MESSAGE_BYTES: usize = crate::node::document::MAX_DOCUMENT_BYTES +
 /// With the per-connection limits below this bounds what clients can make the agent hold
 /// (each request's body is buffered up to [`MAX_MESSAGE_BYTES`] while it is decoded), so a
 /// flood of clients slows the API down instead of growing the agent without end.
-pub const MAX_CONNECTIONS: usize = 128;
+pub(crate) const MAX_CONNECTIONS: usize = 128;
 /// HTTP/2 streams (calls) one connection may have open; more are refused by the HTTP/2
 /// layer (`REFUSED_STREAM`), which clients see as `Unavailable` and may retry.
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 /// Calls of one connection being handled at once; the rest wait their turn.
-pub const MAX_CALLS_PER_CONNECTION: usize = 16;
+pub(crate) const MAX_CALLS_PER_CONNECTION: usize = 16;
 /// Request headers larger than this are refused (the API's own headers are a few hundred
 /// bytes).
-pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+pub(crate) const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// HTTP/2 pings on idle connections, and how long an answer may take before the connection
 /// is dropped: a peer that vanished without closing its socket does not keep its streams.
-pub const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(10));
+pub(crate) const KEEPALIVE: (Duration, Duration) =
+    (Duration::from_secs(30), Duration::from_secs(10));
 
 /// The one place domain errors become gRPC statuses.
 pub fn status(e: &NodeError) -> Status {

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::ConfigError;
 
 /// The `apiVersion` of the kubelet's config file.
-pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub(crate) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// Its `kind`.
 pub const KIND: &str = "KubeletConfiguration";
 

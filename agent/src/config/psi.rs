@@ -7,7 +7,7 @@ use crate::decide::psi_conditions::{PsiSettings, THRESHOLD_KEYS};
 
 impl Config {
     /// Whether the `PSINodeCondition` feature gate is on (off by default).
-    pub fn psi_node_condition(&self) -> bool {
+    pub(crate) fn psi_node_condition(&self) -> bool {
         self.feature_gates
             .get("PSINodeCondition")
             .copied()
@@ -15,7 +15,7 @@ impl Config {
     }
 
     /// The gate and the thresholds, as `decide` takes them.
-    pub fn psi_settings(&self) -> PsiSettings {
+    pub(crate) fn psi_settings(&self) -> PsiSettings {
         PsiSettings {
             enabled: self.psi_node_condition(),
             thresholds: self.psi_thresholds(),

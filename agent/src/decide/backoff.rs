@@ -32,7 +32,7 @@ impl Default for BackOffPolicy {
 
 /// What the back-off remembers about one container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BackOffEntry {
+pub(crate) struct BackOffEntry {
     /// The wait the next death will cost.
     pub backoff: Duration,
     /// When the container was last restarted.
@@ -42,7 +42,7 @@ pub struct BackOffEntry {
 impl BackOffPolicy {
     /// A container died at `finished`: returns how long after `finished` to restart it, and
     /// updates `entry` for a restart at that moment.
-    pub fn on_exit(&self, entry: &mut Option<BackOffEntry>, finished: Duration) -> Duration {
+    pub(crate) fn on_exit(&self, entry: &mut Option<BackOffEntry>, finished: Duration) -> Duration {
         match entry {
             Some(e) if finished.saturating_sub(e.last_update) <= self.max * 2 => {
                 let delay = e.backoff;

@@ -18,24 +18,24 @@ use super::quantity::Quantity;
 use super::resources::{ResourceList, CPU, MEMORY};
 
 /// The fewest cpu shares the kernel accepts; what a pod without cpu requests gets.
-pub const MIN_SHARES: u64 = 2;
+pub(crate) const MIN_SHARES: u64 = 2;
 /// The most cpu shares the kernel accepts.
-pub const MAX_SHARES: u64 = 262_144;
+pub(crate) const MAX_SHARES: u64 = 262_144;
 /// Shares per whole cpu.
-pub const SHARES_PER_CPU: i128 = 1024;
+pub(crate) const SHARES_PER_CPU: i128 = 1024;
 /// The default CFS period, in microseconds (100 ms).
 pub const DEFAULT_QUOTA_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota, in microseconds (1 ms).
-pub const MIN_QUOTA_PERIOD_US: i64 = 1_000;
+pub(crate) const MIN_QUOTA_PERIOD_US: i64 = 1_000;
 
 /// v2 `memory.min`.
-pub const MEMORY_MIN: &str = "memory.min";
+pub(crate) const MEMORY_MIN: &str = "memory.min";
 /// v2 `memory.low`.
-pub const MEMORY_LOW: &str = "memory.low";
+pub(crate) const MEMORY_LOW: &str = "memory.low";
 /// v2 `memory.high`.
-pub const MEMORY_HIGH: &str = "memory.high";
+pub(crate) const MEMORY_HIGH: &str = "memory.high";
 /// v2 `memory.swap.max`.
-pub const MEMORY_SWAP_MAX: &str = "memory.swap.max";
+pub(crate) const MEMORY_SWAP_MAX: &str = "memory.swap.max";
 
 /// Which cgroup interface the node runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub struct NodeSettings {
 
 impl NodeSettings {
     /// What [`super::memory_qos`] needs of the node.
-    pub fn memory_node(&self) -> MemoryNode {
+    pub(crate) fn memory_node(&self) -> MemoryNode {
         MemoryNode {
             v2: self.version == CgroupVersion::V2,
             memory_qos: self.memory_qos,
@@ -140,7 +140,7 @@ pub enum FileValue {
 }
 
 /// `MilliCPUToShares`: 1024 shares per cpu, at least 2, at most 262144.
-pub fn milli_cpu_to_shares(milli_cpu: i64) -> u64 {
+pub(crate) fn milli_cpu_to_shares(milli_cpu: i64) -> u64 {
     if milli_cpu == 0 {
         return MIN_SHARES;
     }
@@ -156,7 +156,7 @@ pub fn milli_cpu_to_shares(milli_cpu: i64) -> u64 {
 
 /// `MilliCPUToQuota`: the CFS quota for a cpu limit over `period_us`, at least 1 ms; zero
 /// (no quota) when there is no limit.
-pub fn milli_cpu_to_quota(milli_cpu: i64, period_us: u64) -> i64 {
+pub(crate) fn milli_cpu_to_quota(milli_cpu: i64, period_us: u64) -> i64 {
     if milli_cpu == 0 {
         return 0;
     }
@@ -167,7 +167,7 @@ pub fn milli_cpu_to_quota(milli_cpu: i64, period_us: u64) -> i64 {
 
 /// The kubelet's shares → `cpu.weight` conversion for cgroup v2 (linear, 2..262144 onto
 /// 1..10000); 0 means "not set".
-pub fn cpu_shares_to_weight(shares: u64) -> u64 {
+pub(crate) fn cpu_shares_to_weight(shares: u64) -> u64 {
     if shares == 0 {
         return 0;
     }
@@ -247,7 +247,7 @@ pub fn qos_tiers(node: &NodeSettings, pods: &[PodInfo]) -> (ResourceConfig, Reso
 /// `kubepods` with the pods on the node: [`kubepods`] plus, with Memory QoS, its
 /// `memory.min` (the kubelet's Guaranteed tier is `kubepods` itself, so it carries the
 /// requests of Guaranteed and Burstable pods).
-pub fn kubepods_with_pods(node: &NodeSettings, pods: &[PodInfo]) -> ResourceConfig {
+pub(crate) fn kubepods_with_pods(node: &NodeSettings, pods: &[PodInfo]) -> ResourceConfig {
     ResourceConfig {
         memory_min: super::memory_qos::qos_memory_min(&node.memory_node(), pods).0,
         ..kubepods(node)

@@ -29,7 +29,7 @@ use super::thresholds::Threshold;
 /// crossing page was charged and the usage level it was checked against (the working-set
 /// level plus the page cache it left out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AtCrossing {
+pub(crate) struct AtCrossing {
     /// Usage at the crossing.
     pub usage_bytes: u64,
     /// The usage level crossed.
@@ -41,7 +41,7 @@ pub struct AtCrossing {
 /// level less how far past it usage was (the working-set level is `capacity - level`, so the
 /// working set at the crossing was that plus the overshoot). `None` when no hard threshold
 /// is on `signal` or the signal was not observed (its capacity is unknown).
-pub fn crossing_reclaim(
+pub(crate) fn crossing_reclaim(
     thresholds: &[Threshold],
     signal: Signal,
     observations: &Observations,
@@ -73,7 +73,7 @@ pub fn crossing_reclaim(
 /// How far and how long the loop leaves a crossing it read to the kernel's check (see the
 /// module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Defer {
+pub(crate) struct Defer {
     /// The most the loop's reading may be past the level (the reclaim batch it may count).
     pub allowance_bytes: u64,
     /// The longest the loop waits from the first pass that left it.
@@ -83,7 +83,7 @@ pub struct Defer {
 /// Whether a pass that read `reclaim` met leaves it to the kernel, which watches it with a
 /// victim staged (`kernel_ready`), given when the first pass of this run left it
 /// (`since_ns`, `None`: none did) and the time now.
-pub fn leave_to_kernel(
+pub(crate) fn leave_to_kernel(
     reclaim: &Reclaim,
     kernel_ready: bool,
     since_ns: Option<u64>,

@@ -33,14 +33,14 @@ pub struct WouldEvict {
 
 /// The would-be evictions of the current pressure episodes, one per pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DryRunLedger {
+pub(crate) struct DryRunLedger {
     recorded: Vec<WouldEvict>,
 }
 
 impl DryRunLedger {
     /// Ends the episodes that are over: the pods whose threshold is not in `met` (this
     /// pass's), and the pods `running` says are gone. Returns them, oldest first.
-    pub fn end_episodes(
+    pub(crate) fn end_episodes(
         &mut self,
         met: &[usize],
         running: impl Fn(&str) -> bool,

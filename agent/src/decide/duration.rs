@@ -23,7 +23,7 @@ pub enum DurationError {
 
 /// Parses a Go duration into signed nanoseconds, exactly as `time.ParseDuration`
 /// (units ns, us, µs, ms, s, m, h; fractions allowed; `"0"` alone needs no unit).
-pub fn parse_go_duration_nanos(text: &str) -> Result<i64, DurationError> {
+pub(crate) fn parse_go_duration_nanos(text: &str) -> Result<i64, DurationError> {
     let syntax = || DurationError::Syntax(text.to_string());
     let range = || DurationError::Range(text.to_string());
     let (negative, mut rest) = match text.as_bytes().first() {

@@ -14,7 +14,7 @@ use crate::decide::summary::PodStats;
 
 /// The kubelet's eviction message and event annotations for an evicted pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EvictionMessage {
+pub(crate) struct EvictionMessage {
     /// The pod status message (`"The node was low on resource: memory. ..."`).
     pub message: String,
     /// Event annotations (`offending_containers`, `offending_containers_usage`,
@@ -27,7 +27,7 @@ pub struct EvictionMessage {
 /// `threshold` is the threshold quantity and the available amount, already printed, when a
 /// threshold for the resource was observed. The pod's name is its bare name (the kubelet uses
 /// `pod.Name`); container usage is compared with each container's own request.
-pub fn eviction_message(
+pub(crate) fn eviction_message(
     resource: Resource,
     pod: &PodInfo,
     stats: Option<&PodStats>,

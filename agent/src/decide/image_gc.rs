@@ -125,7 +125,7 @@ pub struct ImageGcPlan {
 
 /// Indices of the images GC may consider (not in use, not pinned), least recently used
 /// first, ties broken by first detection; remaining ties keep the input order.
-pub fn images_in_eviction_order(images: &[ImageRecord]) -> Vec<usize> {
+pub(crate) fn images_in_eviction_order(images: &[ImageRecord]) -> Vec<usize> {
     // `None` is the beginning of time: below any real timestamp.
     let at = |t: Option<UnixNanos>| t.unwrap_or(UnixNanos::MIN);
     let mut keyed: Vec<(UnixNanos, UnixNanos, usize)> = images
@@ -235,7 +235,11 @@ pub fn bytes_to_free(capacity: i64, available: i64, low_threshold_percent: i64) 
 /// space-driven GC may delete, whatever the thresholds — a high threshold of 100 turns off the
 /// periodic GC, not this — still keeping images in use, pinned, used at `now` or first seen
 /// less than the minimum age ago. Least recently used first, as [`plan`] orders them.
-pub fn plan_reclaim(policy: &ImageGcPolicy, images: &[ImageRecord], now: UnixNanos) -> ImageGcPlan {
+pub(crate) fn plan_reclaim(
+    policy: &ImageGcPolicy,
+    images: &[ImageRecord],
+    now: UnixNanos,
+) -> ImageGcPlan {
     let mut out = ImageGcPlan::default();
     if let Err(e) = policy.validate() {
         out.error = Some(e.to_string());

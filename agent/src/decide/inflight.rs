@@ -29,7 +29,7 @@ use crate::decide::thresholds::Threshold;
 
 /// One eviction in flight as the rules see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Victim {
+pub(crate) struct Victim {
     /// The resource it was evicted for.
     pub resource: Resource,
     /// Whether its processes got SIGKILL (grace 0, escalated, or its grace ran out).
@@ -55,7 +55,7 @@ impl Victim {
 /// available (against the threshold plus its minimum reclaim, the level an eviction
 /// reclaims to); for another signal, met unless a counting victim for its resource is in
 /// flight.
-pub fn uncovered(
+pub(crate) fn uncovered(
     thresholds: &[Threshold],
     met: &[usize],
     observations: &Observations,
@@ -85,7 +85,7 @@ pub fn uncovered(
 /// What a hard threshold does when the ranking (`order`, first to evict first, over the
 /// candidates) includes pods whose graceful eviction is in flight (`in_flight[i]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HardChoice {
+pub(crate) enum HardChoice {
     /// The first non-critical pod is already being evicted gracefully: its stop becomes a
     /// SIGKILL now.
     Escalate(usize),
@@ -95,7 +95,7 @@ pub enum HardChoice {
 
 /// The first non-critical pod in `order`: escalated if its graceful eviction is in flight,
 /// evicted otherwise; `None` when every pod is critical.
-pub fn hard_choice(
+pub(crate) fn hard_choice(
     order: &[usize],
     critical: impl Fn(usize) -> bool,
     in_flight: impl Fn(usize) -> bool,

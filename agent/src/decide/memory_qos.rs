@@ -32,12 +32,12 @@ use super::quantity::Quantity;
 use super::resources::MEMORY;
 
 /// The kubelet's default `memoryThrottlingFactor` (v1.34 `DefaultMemoryThrottlingFactor`).
-pub const DEFAULT_THROTTLING_FACTOR: f64 = 0.9;
+pub(crate) const DEFAULT_THROTTLING_FACTOR: f64 = 0.9;
 
 /// The page size `memory.high` is rounded down to. The kubelet uses its host's
 /// `os.Getpagesize()`; 4 KiB is that on x86-64 and on the arm64 kernels nodes run, and
 /// keeping it a constant keeps this module free of the machine.
-pub const PAGE_SIZE: i64 = 4096;
+pub(crate) const PAGE_SIZE: i64 = 4096;
 
 /// `memoryThrottlingFactor`: where `memory.high` sits between request and limit, in (0, 1].
 /// A float, as in the kubelet, so the rounding is the kubelet's; equality is by bits, which
@@ -91,7 +91,7 @@ impl SwapBehavior {
 /// The node settings these values depend on (`cgroups::NodeSettings::memory_node` gives
 /// them; a separate view so this module does not reach back into `cgroups`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryNode {
+pub(crate) struct MemoryNode {
     /// The node runs cgroup v2.
     pub v2: bool,
     /// The `MemoryQoS` feature gate.
@@ -112,7 +112,7 @@ pub struct MemoryNode {
 }
 
 /// Whether Memory QoS files are written: the `MemoryQoS` gate on, on cgroup v2.
-pub fn enforced(node: &MemoryNode) -> bool {
+pub(crate) fn enforced(node: &MemoryNode) -> bool {
     node.memory_qos && node.v2
 }
 
@@ -123,7 +123,7 @@ fn memory_bytes(q: Option<Quantity>) -> i64 {
 /// `memory.min` of `kubepods` and of `kubepods/burstable` (`setMemoryQoS`): Guaranteed plus
 /// Burstable requests, and Burstable requests alone; `None` where the sum is zero or Memory
 /// QoS is off.
-pub fn qos_memory_min(node: &MemoryNode, pods: &[PodInfo]) -> (Option<i64>, Option<i64>) {
+pub(crate) fn qos_memory_min(node: &MemoryNode, pods: &[PodInfo]) -> (Option<i64>, Option<i64>) {
     if !enforced(node) {
         return (None, None);
     }
@@ -145,7 +145,7 @@ pub fn qos_memory_min(node: &MemoryNode, pods: &[PodInfo]) -> (Option<i64>, Opti
 }
 
 /// A pod cgroup's `memory.min`: the pod's memory request, when above zero.
-pub fn pod_memory_min(node: &MemoryNode, pod: &PodInfo) -> Option<i64> {
+pub(crate) fn pod_memory_min(node: &MemoryNode, pod: &PodInfo) -> Option<i64> {
     if !enforced(node) {
         return None;
     }
@@ -160,7 +160,7 @@ pub fn pod_memory_min(node: &MemoryNode, pod: &PodInfo) -> Option<i64> {
 /// its limit; it is left unset where request equals limit (a Guaranteed container, which
 /// the kubelet leaves to `memory.max` alone), and where it would not be above the request.
 /// The arithmetic is in `f64` as the kubelet's, so the bytes are the kubelet's.
-pub fn container_memory(node: &MemoryNode, c: &ContainerInfo) -> (Option<i64>, Option<i64>) {
+pub(crate) fn container_memory(node: &MemoryNode, c: &ContainerInfo) -> (Option<i64>, Option<i64>) {
     if !enforced(node) {
         return (None, None);
     }
@@ -183,7 +183,7 @@ pub fn container_memory(node: &MemoryNode, c: &ContainerInfo) -> (Option<i64>, O
 }
 
 /// `request + factor × (ceiling − request)`, floored, then rounded down to [`PAGE_SIZE`].
-pub fn memory_high(request: i64, ceiling: i64, factor: f64) -> i64 {
+pub(crate) fn memory_high(request: i64, ceiling: i64, factor: f64) -> i64 {
     let raw = (request as f64 + (ceiling as f64 - request as f64) * factor).floor();
     let pages = (raw / PAGE_SIZE as f64) as i64;
     pages.saturating_mul(PAGE_SIZE)
@@ -197,7 +197,11 @@ pub fn memory_high(request: i64, ceiling: i64, factor: f64) -> i64 {
 /// (static, mirror, or priority 2000000000 and above), when it names a memory request or
 /// limit and the two differ; every other container gets 0, so a node with swap on never
 /// lets a Guaranteed, BestEffort or critical container's memory out to swap.
-pub fn container_swap_max(node: &MemoryNode, pod: &PodInfo, c: &ContainerInfo) -> Option<i64> {
+pub(crate) fn container_swap_max(
+    node: &MemoryNode,
+    pod: &PodInfo,
+    c: &ContainerInfo,
+) -> Option<i64> {
     if !node.v2 || !node.swap_controller {
         return None;
     }

@@ -23,22 +23,22 @@ use crate::decide::thresholds::Threshold;
 
 /// The largest single `memory.reclaim` write: one step stays short (clean page cache drops
 /// at gigabytes per second), so the loop checks its time bound between steps.
-pub const MAX_STEP_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_STEP_BYTES: u64 = 256 << 20;
 
 /// The least one step asks for (when the file pages hold that much): asking for exactly a
 /// small shortfall leaves the node on the threshold, and a pod re-reading its cache refills
 /// a few hundred KiB before the next pass, so the loop would reclaim again and again; a
 /// floor buys headroom, from cache only, at no cost beyond re-reading it.
-pub const MIN_STEP_BYTES: u64 = 16 << 20;
+pub(crate) const MIN_STEP_BYTES: u64 = 16 << 20;
 
 /// The most steps one reclaim takes, whatever the time bound: each step asks for the whole
 /// shortfall, so more than this means the kernel is not giving the file pages back faster
 /// than they are read in again.
-pub const MAX_STEPS: u32 = 16;
+pub(crate) const MAX_STEPS: u32 = 16;
 
 /// What the loop knows before a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReclaimView {
+pub(crate) struct ReclaimView {
     /// How far available is below threshold plus minimum reclaim, bytes ([`shortfall`]).
     pub shortfall_bytes: u64,
     /// Active file pages of the cgroup reclaim is asked of (kubepods): what the working set
@@ -98,7 +98,7 @@ pub fn shortfall(threshold: &Threshold, observation: &Observation) -> u64 {
 /// The largest shortfall among the memory thresholds on `observations`: what must be freed
 /// for every one of them to clear with its minimum reclaim (the loop's test for reclaim
 /// standing in for an eviction). Zero when all are clear.
-pub fn memory_shortfall(thresholds: &[Threshold], observations: &Observations) -> u64 {
+pub(crate) fn memory_shortfall(thresholds: &[Threshold], observations: &Observations) -> u64 {
     thresholds
         .iter()
         .filter(|t| t.signal.is_memory())
@@ -112,7 +112,7 @@ pub fn memory_shortfall(thresholds: &[Threshold], observations: &Observations) -
 /// time and step bounds; each step asks for the shortfall, at least [`MIN_STEP_BYTES`] when
 /// the active file pages hold that much, at most [`MAX_STEP_BYTES`].
 /// A zero shortfall asks for nothing: the caller has already found the threshold clear.
-pub fn next_step(view: &ReclaimView) -> Step {
+pub(crate) fn next_step(view: &ReclaimView) -> Step {
     if view.active_file_bytes < view.shortfall_bytes || view.shortfall_bytes == 0 {
         return Step::Stop(StopReason::FilePagesShort);
     }

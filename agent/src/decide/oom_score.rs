@@ -12,9 +12,9 @@ use super::quantity::Quantity;
 use super::resources::{ResourceList, CPU, MEMORY};
 
 /// `oom_score_adj` of Guaranteed and node-critical containers.
-pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
+pub(crate) const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 /// `oom_score_adj` of BestEffort containers.
-pub const BESTEFFORT_OOM_SCORE_ADJ: i64 = 1000;
+pub(crate) const BESTEFFORT_OOM_SCORE_ADJ: i64 = 1000;
 
 /// `GetContainerOOMScoreAdjust`: -997 for node-critical pods and Guaranteed ones, 1000 for
 /// BestEffort ones; a Burstable container gets `1000 - 1000 * request / capacity` kept within

@@ -18,18 +18,18 @@ use super::quantity::Quantity;
 use super::resources::{ResourceList, CPU, HUGEPAGES_PREFIX, MEMORY};
 
 /// Priority at and above which a pod is critical (`scheduling.SystemCriticalPriority`).
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+pub(crate) const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 /// The priority class whose critical pods get the kubelet's lowest `oom_score_adj`.
-pub const SYSTEM_NODE_CRITICAL: &str = "system-node-critical";
+pub(crate) const SYSTEM_NODE_CRITICAL: &str = "system-node-critical";
 /// Annotation naming where the kubelet got the pod from (`"api"`, `"file"`, `"http"`).
-pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+pub(crate) const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 /// Annotation present on the API server's copy (mirror) of a static pod.
-pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub(crate) const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Marks a deserialization error whose text starts with a path relative to the value being
 /// deserialized (`"<mark>spec.containers[0].name: ..."`), so the input reader can join it to
 /// the outer path and name the field exactly (`pods[2].spec.containers[0].name: ...`).
-pub const RELATIVE_PATH_MARK: char = '\u{1e}';
+pub(crate) const RELATIVE_PATH_MARK: char = '\u{1e}';
 
 /// One container's name, kind and resources.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl PodError {
 impl PodInfo {
     /// Whether the pod is critical (`kubetypes.IsCriticalPod`): static, mirror, or a priority
     /// of at least [`SYSTEM_CRITICAL_PRIORITY`].
-    pub fn is_critical(&self) -> bool {
+    pub(crate) fn is_critical(&self) -> bool {
         self.is_static
             || self.is_mirror
             || self.priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
@@ -129,24 +129,24 @@ impl PodInfo {
 
     /// Whether the pod is critical and in the `system-node-critical` class
     /// (`kubetypes.IsNodeCriticalPod`), which earns the lowest `oom_score_adj`.
-    pub fn is_node_critical(&self) -> bool {
+    pub(crate) fn is_node_critical(&self) -> bool {
         self.is_critical() && self.priority_class_name.as_deref() == Some(SYSTEM_NODE_CRITICAL)
     }
 
     /// The priority as eviction ranking reads it (`GetPodPriority`): 0 when unset.
-    pub fn priority_or_zero(&self) -> i32 {
+    pub(crate) fn priority_or_zero(&self) -> i32 {
         self.priority.unwrap_or(0)
     }
 
     /// The request for `resource` as eviction ranking compares it
     /// (`GetResourceRequestQuantity`), zero when the pod requests none.
-    pub fn ranking_request(&self, resource: &str) -> Quantity {
+    pub(crate) fn ranking_request(&self, resource: &str) -> Quantity {
         self.ranking_requests.get_or_zero(resource)
     }
 
     /// The request as an integer the way preemption counts it (`GetResourceRequest`):
     /// millicores for cpu, 1 for `pods`, whole units (rounded up) for anything else.
-    pub fn request_units(&self, resource: &str) -> i64 {
+    pub(crate) fn request_units(&self, resource: &str) -> i64 {
         if resource == super::resources::PODS {
             return 1;
         }
@@ -199,7 +199,7 @@ pub(crate) fn clamp_i64(v: i128) -> i64 {
 /// `Preemptable(preemptor, preemptee)`: a critical pod may preempt any pod that is not
 /// critical; otherwise only a strictly higher priority may preempt, and only when both pods
 /// have a priority (a missing one never compares).
-pub fn preemptable(preemptor: &PodInfo, preemptee: &PodInfo) -> bool {
+pub(crate) fn preemptable(preemptor: &PodInfo, preemptee: &PodInfo) -> bool {
     if preemptor.is_critical() && !preemptee.is_critical() {
         return true;
     }
@@ -718,7 +718,10 @@ mod tests {
         assert_eq!(p.requests.memory(), Some(q("2Gi")));
         // Unsupported-at-pod-level resources still come from the containers.
         assert_eq!(p.requests.cpu(), Some(q("1")));
-        assert_eq!(p.requests.ephemeral_storage(), Some(q("1Gi")));
+        assert_eq!(
+            p.requests.get(crate::decide::resources::EPHEMERAL_STORAGE),
+            Some(q("1Gi"))
+        );
         // Ranking reads pod-level requests alone.
         assert_eq!(p.ranking_request("memory"), q("2Gi"));
         assert_eq!(p.ranking_request("cpu"), Quantity::ZERO);

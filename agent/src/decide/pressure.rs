@@ -15,7 +15,7 @@ use crate::decide::signal::{NodeCondition, Resource, Signal};
 use crate::decide::thresholds::{format_quantity, Threshold, ThresholdValue};
 
 /// Nanoseconds on whatever clock the caller uses (Unix time for plans, monotonic live).
-pub type Nanos = i128;
+pub(crate) type Nanos = i128;
 
 /// A signal measured at one moment.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,7 +102,7 @@ pub struct PassResult {
 /// Indices of the thresholds whose signal is below their level; with `enforce_min_reclaim`
 /// the level includes the minimum reclaim (a threshold already acted on stays met until
 /// available climbs past threshold + minimum reclaim).
-pub fn thresholds_met(
+pub(crate) fn thresholds_met(
     thresholds: &[Threshold],
     candidates: impl IntoIterator<Item = usize>,
     observations: &Observations,
@@ -150,7 +150,7 @@ pub fn pass(
 /// setter (`nodestatus.PSICondition`, PR #137357), outside the eviction manager whose
 /// `evictionPressureTransitionPeriod` this is; that setter's code was not available to
 /// read, so holding them for the period is the agent's choice (docs/cgroup-v2.md).
-pub fn pass_with_psi(
+pub(crate) fn pass_with_psi(
     thresholds: &[Threshold],
     psi: &PsiSettings,
     state: &EvictionState,
@@ -239,7 +239,7 @@ pub fn pass_with_psi(
 
 /// What reclaiming for threshold `i` means with `observations`; `None` when its signal was
 /// not observed.
-pub fn reclaim_of(
+pub(crate) fn reclaim_of(
     thresholds: &[Threshold],
     i: usize,
     observations: &Observations,
@@ -262,7 +262,7 @@ pub fn reclaim_of(
 /// `byEvictionPriority`); among equals, the first in the threshold list (hard thresholds
 /// are listed before soft ones). The kubelet leaves the order among equals to map
 /// iteration, so any choice among them is one it could make.
-pub fn pick_reclaim(thresholds: &[Threshold], candidates: &[usize]) -> Option<usize> {
+pub(crate) fn pick_reclaim(thresholds: &[Threshold], candidates: &[usize]) -> Option<usize> {
     candidates
         .iter()
         .copied()
@@ -275,7 +275,7 @@ pub fn pick_reclaim(thresholds: &[Threshold], candidates: &[usize]) -> Option<us
 /// starves `resource` and has an observation. A percentage threshold prints in the binary
 /// form (the kubelet builds it as bytes whatever the resource); the available figure prints
 /// as bytes for memory and disk, as a count for inodes and pids.
-pub fn threshold_met_text(
+pub(crate) fn threshold_met_text(
     thresholds: &[Threshold],
     met: &[usize],
     observations: &Observations,

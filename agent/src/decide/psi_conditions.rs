@@ -34,10 +34,10 @@ use crate::decide::signal::NodeCondition;
 /// The kubelet's default for each threshold: 0.9 (percent). The PR's
 /// `pkg/kubelet/apis/config/v1beta1/defaults.go` set all four to `0.9` when its authors ran
 /// their threshold experiments (March 2026); the merged file was not available to check.
-pub const DEFAULT_THRESHOLD: f64 = 0.9;
+pub(crate) const DEFAULT_THRESHOLD: f64 = 0.9;
 
 /// The four PSI conditions, in the order the node status lists them here.
-pub const PSI_CONDITIONS: [NodeCondition; 4] = [
+pub(crate) const PSI_CONDITIONS: [NodeCondition; 4] = [
     NodeCondition::SystemMemoryContentionPressure,
     NodeCondition::SystemDiskContentionPressure,
     NodeCondition::KubepodsMemoryContentionPressure,
@@ -45,7 +45,7 @@ pub const PSI_CONDITIONS: [NodeCondition; 4] = [
 ];
 
 /// The KubeletConfiguration key of each condition's threshold, in [`PSI_CONDITIONS`] order.
-pub const THRESHOLD_KEYS: [&str; 4] = [
+pub(crate) const THRESHOLD_KEYS: [&str; 4] = [
     "systemMemoryContentionThreshold",
     "systemDiskContentionThreshold",
     "kubepodsMemoryContentionThreshold",
@@ -54,7 +54,7 @@ pub const THRESHOLD_KEYS: [&str; 4] = [
 
 /// Where each condition's figure is read, in [`PSI_CONDITIONS`] order (for messages and
 /// `reactor plan pressure`'s input keys).
-pub const SOURCES: [&str; 4] = [
+pub(crate) const SOURCES: [&str; 4] = [
     "system.memory",
     "system.io",
     "kubepods.memory",
@@ -116,7 +116,7 @@ impl PsiSettings {
 
     /// Checks a threshold as the config and the plan input take it: a finite percentage,
     /// 0 to 100.
-    pub fn check_threshold(value: f64) -> Result<(), NotAPercentage> {
+    pub(crate) fn check_threshold(value: f64) -> Result<(), NotAPercentage> {
         if value.is_finite() && (0.0..=100.0).contains(&value) {
             Ok(())
         } else {
@@ -128,7 +128,7 @@ impl PsiSettings {
 /// A PSI condition threshold outside 0 to 100.
 #[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
 #[error("{0} is not a percentage of stalled time from 0 to 100 (0 turns the condition off)")]
-pub struct NotAPercentage(pub f64);
+pub(crate) struct NotAPercentage(pub f64);
 
 /// Which PSI conditions the rule holds for now, without the transition period.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -139,7 +139,7 @@ pub struct PsiState {
 
 impl PsiState {
     /// The conditions the rule holds for.
-    pub fn contended(&self) -> impl Iterator<Item = NodeCondition> + '_ {
+    pub(crate) fn contended(&self) -> impl Iterator<Item = NodeCondition> + '_ {
         PSI_CONDITIONS
             .iter()
             .zip(self.contended)
@@ -215,7 +215,7 @@ pub fn message(condition: NodeCondition, on: bool) -> Option<&'static str> {
 }
 
 /// Whether `condition` is one of the four PSI conditions.
-pub fn is_psi(condition: NodeCondition) -> bool {
+pub(crate) fn is_psi(condition: NodeCondition) -> bool {
     PSI_CONDITIONS.contains(&condition)
 }
 
@@ -225,7 +225,7 @@ fn slot(condition: NodeCondition) -> Option<usize> {
 
 /// The KEP's rule for one condition: `was` its state before, `reading` the figure now.
 /// No reading keeps the state (a missed read is not relief); a zero threshold is off.
-pub fn contended(threshold: f64, was: bool, reading: Option<FullAverages>) -> bool {
+pub(crate) fn contended(threshold: f64, was: bool, reading: Option<FullAverages>) -> bool {
     if threshold <= 0.0 {
         return false;
     }

@@ -53,7 +53,7 @@ impl fmt::Display for QosClass {
 ///
 /// Only cpu and memory count. An absent entry reads as zero, so a request without a limit (or
 /// the reverse) makes the set Burstable; cpu set while memory is not is Burstable as well.
-pub fn resources_qos(requests: &ResourceList, limits: &ResourceList) -> QosClass {
+pub(crate) fn resources_qos(requests: &ResourceList, limits: &ResourceList) -> QosClass {
     if requests.is_empty() && limits.is_empty() {
         return QosClass::BestEffort;
     }
@@ -81,7 +81,7 @@ pub fn resources_qos(requests: &ResourceList, limits: &ResourceList) -> QosClass
 
 /// Combines the classes of a pod's containers: any Burstable, or a mix of Guaranteed and
 /// BestEffort, makes the pod Burstable; no container at all is BestEffort.
-pub fn combine<I: IntoIterator<Item = QosClass>>(classes: I) -> QosClass {
+pub(crate) fn combine<I: IntoIterator<Item = QosClass>>(classes: I) -> QosClass {
     let mut pod: Option<QosClass> = None;
     for class in classes {
         match (pod, class) {

@@ -57,7 +57,7 @@ impl Quantity {
     }
 
     /// The value in milli-units, rounded up as `Quantity.MilliValue()` does.
-    pub fn milli_value(&self) -> i128 {
+    pub(crate) fn milli_value(&self) -> i128 {
         div_ceil(self.nanos, 1_000_000)
     }
 

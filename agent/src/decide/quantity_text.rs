@@ -10,7 +10,7 @@
 ///
 /// Values strictly between -1024 and 1024 print in the decimal form instead (1000 bytes is
 /// `1k`), exactly as the kubelet's quantities do.
-pub fn binary_si(value: i128) -> String {
+pub(crate) fn binary_si(value: i128) -> String {
     if value > -1024 && value < 1024 {
         return decimal_si(value);
     }
@@ -27,7 +27,7 @@ pub fn binary_si(value: i128) -> String {
 }
 
 /// A count (inodes, processes), printed in the decimal-SI canonical form (`5k`, `1500`, `2M`).
-pub fn decimal_si(value: i128) -> String {
+pub(crate) fn decimal_si(value: i128) -> String {
     const SUFFIXES: [&str; 7] = ["", "k", "M", "G", "T", "P", "E"];
     if value == 0 {
         return "0".to_string();

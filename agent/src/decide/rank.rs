@@ -72,7 +72,12 @@ fn used(fs: Option<&FsStats>, inodes: bool) -> i128 {
 }
 
 /// A pod's disk (or inode) usage as the kubelet's `podDiskUsage` adds it up, in whole units.
-pub fn pod_disk_usage(pod: &PodInfo, stats: &PodStats, charged: Charged, inodes: bool) -> i128 {
+pub(crate) fn pod_disk_usage(
+    pod: &PodInfo,
+    stats: &PodStats,
+    charged: Charged,
+    inodes: bool,
+) -> i128 {
     let mut total: i128 = 0;
     for c in &stats.containers {
         if charged.rootfs {
@@ -192,7 +197,7 @@ pub fn rank(
 }
 
 /// A pod's memory ranking key ([`rank`] for a memory signal): smaller goes first.
-pub fn memory_key(pod: &PodInfo, working_set: Option<u64>) -> u128 {
+pub(crate) fn memory_key(pod: &PodInfo, working_set: Option<u64>) -> u128 {
     let request = pod.ranking_request(MEMORY);
     usage_key(
         pod.priority_or_zero(),
@@ -212,7 +217,7 @@ pub fn memory_key(pod: &PodInfo, working_set: Option<u64>) -> u128 {
 /// On a node of fifty pods with one pod growing, that is fifty cheap usage reads and one or
 /// two `memory.stat` reads, where [`rank`] over a full summary needs fifty of each — the
 /// reaction time no longer grows with the number of pods.
-pub fn first_for_memory<T>(
+pub(crate) fn first_for_memory<T>(
     pods: &[T],
     info: impl Fn(&T) -> &PodInfo,
     usage: &[Option<u64>],

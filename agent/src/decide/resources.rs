@@ -10,13 +10,13 @@ use super::quantity::Quantity;
 /// The `cpu` resource (cores; compared in millicores).
 pub const CPU: &str = "cpu";
 /// The `memory` resource (bytes).
-pub const MEMORY: &str = "memory";
+pub(crate) const MEMORY: &str = "memory";
 /// The `ephemeral-storage` resource (bytes of local disk).
-pub const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+pub(crate) const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 /// The `pods` resource: every pod requests exactly one.
 pub const PODS: &str = "pods";
 /// Prefix of the huge page resources (`hugepages-2Mi`, ...).
-pub const HUGEPAGES_PREFIX: &str = "hugepages-";
+pub(crate) const HUGEPAGES_PREFIX: &str = "hugepages-";
 
 /// A set of named quantities, sorted by name; absent and zero are different things.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,7 +42,7 @@ impl ResourceList {
     }
 
     /// The quantity named, or zero when absent (how Go reads a missing map key).
-    pub fn get_or_zero(&self, name: &str) -> Quantity {
+    pub(crate) fn get_or_zero(&self, name: &str) -> Quantity {
         self.get(name).unwrap_or(Quantity::ZERO)
     }
 
@@ -59,11 +59,6 @@ impl ResourceList {
     /// The memory quantity, if present.
     pub fn memory(&self) -> Option<Quantity> {
         self.get(MEMORY)
-    }
-
-    /// The ephemeral-storage quantity, if present.
-    pub fn ephemeral_storage(&self) -> Option<Quantity> {
-        self.get(EPHEMERAL_STORAGE)
     }
 
     /// Sets `name` to `quantity`, replacing any earlier value.
@@ -83,7 +78,7 @@ impl ResourceList {
     }
 
     /// Adds every entry of `other` (the kubelet's `addResourceList`).
-    pub fn add_all(&mut self, other: &ResourceList) {
+    pub(crate) fn add_all(&mut self, other: &ResourceList) {
         for (name, q) in &other.entries {
             self.add(name, *q);
         }
@@ -91,7 +86,7 @@ impl ResourceList {
 
     /// Raises each entry to the one in `other` where that is larger, creating absent ones
     /// (the kubelet's `maxResourceList`).
-    pub fn max_all(&mut self, other: &ResourceList) {
+    pub(crate) fn max_all(&mut self, other: &ResourceList) {
         for (name, q) in &other.entries {
             match self.position(name) {
                 Ok(i) => {

@@ -55,7 +55,7 @@ impl Resource {
     }
 
     /// Whether amounts of this resource are bytes (printed `Mi`, `Gi`) rather than counts.
-    pub fn is_bytes(self) -> bool {
+    pub(crate) fn is_bytes(self) -> bool {
         matches!(self, Resource::Memory | Resource::EphemeralStorage)
     }
 }
@@ -152,7 +152,7 @@ impl Signal {
     }
 
     /// Whether the manager reclaims this signal before any other (memory is always first).
-    pub fn is_memory(self) -> bool {
+    pub(crate) fn is_memory(self) -> bool {
         self.resource() == Resource::Memory
     }
 }

@@ -169,7 +169,7 @@ impl Hasher for UidHasher {
 }
 
 /// Pod statistics by uid (see [`Summary::index`]).
-pub type StatsIndex<'a> = HashMap<&'a str, &'a PodStats, BuildHasherDefault<UidHasher>>;
+pub(crate) type StatsIndex<'a> = HashMap<&'a str, &'a PodStats, BuildHasherDefault<UidHasher>>;
 
 /// Why a Summary document was refused: the JSON path and the reason, in one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -19,7 +19,7 @@ use crate::decide::signal::{FsLayout, Signal};
 
 /// The kubelet's default hard thresholds (Linux), used when `evictionHard` is empty and merged
 /// under the operator's when `mergeDefaultEvictionSettings` is true.
-pub const DEFAULT_EVICTION_HARD: [(&str, &str); 5] = [
+pub(crate) const DEFAULT_EVICTION_HARD: [(&str, &str); 5] = [
     ("memory.available", "100Mi"),
     ("nodefs.available", "10%"),
     ("nodefs.inodesFree", "5%"),
@@ -56,7 +56,7 @@ impl ThresholdValue {
     }
 
     /// Whether the value needs the signal's capacity to mean anything.
-    pub fn is_percentage(&self) -> bool {
+    pub(crate) fn is_percentage(&self) -> bool {
         matches!(self, ThresholdValue::Percentage { .. })
     }
 
@@ -71,7 +71,7 @@ impl ThresholdValue {
 
 /// Prints a quantity as the kubelet would: binary suffixes for bytes, decimal for counts, and
 /// the exact form when it is not a whole number.
-pub fn format_quantity(q: Quantity, bytes: bool) -> String {
+pub(crate) fn format_quantity(q: Quantity, bytes: bool) -> String {
     if q.nanos() % 1_000_000_000 != 0 {
         return q.to_string();
     }
@@ -99,7 +99,7 @@ pub struct Threshold {
 
 impl Threshold {
     /// Whether the threshold acts at once and evicts with no grace period.
-    pub fn is_hard(&self) -> bool {
+    pub(crate) fn is_hard(&self) -> bool {
         self.grace_period_nanos == 0
     }
 
@@ -116,7 +116,7 @@ impl Threshold {
     }
 
     /// Whether the threshold needs the signal's capacity (a percentage value or reclaim).
-    pub fn needs_capacity(&self) -> bool {
+    pub(crate) fn needs_capacity(&self) -> bool {
         self.value.is_percentage() || self.min_reclaim.is_some_and(|m| m.is_percentage())
     }
 }
@@ -255,7 +255,7 @@ fn parse_min_reclaim(name: &str, text: &str) -> Result<(Signal, ThresholdValue),
 
 /// The `evictionHard` map the kubelet actually uses: the defaults when none is given, the
 /// operator's alone when some are given, or both (operator's winning) when merging.
-pub fn effective_hard(settings: &EvictionSettings) -> BTreeMap<String, String> {
+pub(crate) fn effective_hard(settings: &EvictionSettings) -> BTreeMap<String, String> {
     let defaults = || {
         DEFAULT_EVICTION_HARD
             .iter()
@@ -288,7 +288,9 @@ fn signal_order(map: &BTreeMap<String, String>) -> impl Iterator<Item = (&String
 /// Parses the eviction settings into thresholds as the kubelet's `ParseThresholdConfig` does:
 /// hard thresholds, then soft ones (each needs a grace period), minimum reclaims attached by
 /// signal, and allocatable copies of hard `memory.available` when pods' allocatable is enforced.
-pub fn parse_thresholds(settings: &EvictionSettings) -> Result<Vec<Threshold>, ThresholdError> {
+pub(crate) fn parse_thresholds(
+    settings: &EvictionSettings,
+) -> Result<Vec<Threshold>, ThresholdError> {
     let hard_map = effective_hard(settings);
     let mut results = Vec::new();
     for (name, text) in signal_order(&hard_map) {
@@ -361,7 +363,7 @@ pub fn parse_thresholds(settings: &EvictionSettings) -> Result<Vec<Threshold>, T
 /// copies of the `nodefs` thresholds when the writable layers live with nodefs (one shared
 /// filesystem, or a split image filesystem), copies of `imagefs` ones when they live on the
 /// image filesystem. Returns the warnings the kubelet logs for thresholds it overrode.
-pub fn with_containerfs_thresholds(
+pub(crate) fn with_containerfs_thresholds(
     thresholds: &[Threshold],
     layout: FsLayout,
 ) -> (Vec<Threshold>, Vec<String>) {
@@ -426,7 +428,7 @@ impl fmt::Display for Threshold {
 /// `evictionMaxPodGracePeriod` at 0, that is 0 too). This is the override the manager asks
 /// for; the kubelet's pod worker honours it but never kills with less than 1 second, which is
 /// the process runtime's business, not this rule's.
-pub fn pod_grace_period_seconds(
+pub(crate) fn pod_grace_period_seconds(
     threshold: &Threshold,
     max_pod_grace_period: i64,
     pod_termination_grace_period: Option<i64>,
@@ -443,7 +445,7 @@ pub fn pod_grace_period_seconds(
 /// One `evictionHard` entry parsed by the kubelet's rules, its signal checked: the value, or
 /// `None` when the kubelet ignores it (`0%`, `100%`). For callers that need one threshold's
 /// level without the whole set ([`parse_thresholds`]).
-pub fn parse_hard(name: &str, text: &str) -> Result<Option<ThresholdValue>, ThresholdError> {
+pub(crate) fn parse_hard(name: &str, text: &str) -> Result<Option<ThresholdValue>, ThresholdError> {
     Ok(parse_statement("evictionHard", name, text)?.map(|(_, value)| value))
 }
 
@@ -452,7 +454,7 @@ pub fn parse_hard(name: &str, text: &str) -> Result<Option<ThresholdValue>, Thre
 /// floored at zero. The working set is usage minus inactive file pages, so usage reaches
 /// this figure at or before the working set meets the threshold: a usage notification armed
 /// here wakes the loop no later than the signal crosses.
-pub fn usage_at(capacity_bytes: u64, value: &ThresholdValue) -> u64 {
+pub(crate) fn usage_at(capacity_bytes: u64, value: &ThresholdValue) -> u64 {
     let capacity = Quantity::from_units(i64::try_from(capacity_bytes).unwrap_or(i64::MAX));
     let level = u64::try_from(value.quantity(capacity).value()).unwrap_or(0);
     capacity_bytes.saturating_sub(level)

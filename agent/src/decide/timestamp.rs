@@ -5,12 +5,12 @@
 //! needs; parsing it here keeps the rules free of any calendar library.
 
 /// Unix time in nanoseconds (negative before 1970).
-pub type UnixNanos = i128;
+pub(crate) type UnixNanos = i128;
 
 /// Why a timestamp was refused; the message quotes the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid time {0:?}: expected RFC 3339, such as \"2026-01-02T15:04:05Z\"")]
-pub struct TimestampError(pub String);
+pub(crate) struct TimestampError(pub String);
 
 fn digits(text: &[u8], at: usize, len: usize) -> Option<i64> {
     let part = text.get(at..at + len)?;
@@ -45,7 +45,7 @@ fn days_in_month(year: i64, month: i64) -> i64 {
 
 /// Parses an RFC 3339 date-time (`T` or `t` or a space between date and time; `Z`, `z` or a
 /// `±hh:mm` offset; any number of fractional-second digits, truncated to nanoseconds).
-pub fn parse_rfc3339(text: &str) -> Result<UnixNanos, TimestampError> {
+pub(crate) fn parse_rfc3339(text: &str) -> Result<UnixNanos, TimestampError> {
     parse(text.as_bytes()).ok_or_else(|| TimestampError(text.to_string()))
 }
 

@@ -24,11 +24,11 @@ use super::types::{
 };
 
 /// NUMA node key for devices the plugin reported without topology (the kubelet's `-1`).
-pub const NO_TOPOLOGY: i64 = -1;
+pub(crate) const NO_TOPOLOGY: i64 = -1;
 
 /// One container's devices of one resource and the plugin's answer for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Assignment {
+pub(crate) struct Assignment {
     /// NUMA node → device IDs, as the checkpoint stores them.
     pub by_numa: BTreeMap<i64, Vec<String>>,
     /// What the plugin answered to `Allocate`.
@@ -43,11 +43,11 @@ impl Assignment {
 }
 
 /// pod UID → container → resource → assignment.
-pub type PodDevices = BTreeMap<String, BTreeMap<String, BTreeMap<String, Assignment>>>;
+pub(crate) type PodDevices = BTreeMap<String, BTreeMap<String, BTreeMap<String, Assignment>>>;
 
 /// Everything the device manager knows, minus the plugin connections.
 #[derive(Debug, Clone, Default)]
-pub struct Book {
+pub(crate) struct Book {
     /// Resource → healthy device IDs (the last `ListAndWatch` answer).
     pub healthy: BTreeMap<String, DeviceSet>,
     /// Resource → unhealthy device IDs.
@@ -62,7 +62,7 @@ pub struct Book {
 
 /// What a container still needs of one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Need {
+pub(crate) enum Need {
     /// It already holds the right devices (a restart): nothing to do.
     Held,
     /// It needs devices: `reused` from earlier init containers, plus `more` new ones chosen
@@ -159,7 +159,7 @@ impl Book {
     }
 
     /// Marks every device of a resource unhealthy (its plugin went away).
-    pub fn mark_unhealthy(&mut self, resource: &str) {
+    pub(crate) fn mark_unhealthy(&mut self, resource: &str) {
         let healthy = std::mem::take(self.healthy.entry(resource.to_string()).or_default());
         self.unhealthy
             .entry(resource.to_string())
@@ -169,14 +169,14 @@ impl Book {
 
     /// Forgets a resource whose plugin stayed away past the grace period. Assignments of
     /// running pods stay, so they keep their devices if the plugin comes back.
-    pub fn drop_resource(&mut self, resource: &str) {
+    pub(crate) fn drop_resource(&mut self, resource: &str) {
         self.healthy.remove(resource);
         self.unhealthy.remove(resource);
         self.topology.remove(resource);
     }
 
     /// Frees the devices of pods not in `active`; returns whether anything was freed.
-    pub fn remove_inactive(&mut self, active: &BTreeSet<String>) -> bool {
+    pub(crate) fn remove_inactive(&mut self, active: &BTreeSet<String>) -> bool {
         let before = self.pods.len();
         self.pods.retain(|uid, _| active.contains(uid));
         before != self.pods.len()
@@ -248,7 +248,7 @@ impl Book {
     }
 
     /// Takes devices out of the free pool while an `Allocate` call is in flight.
-    pub fn reserve(&mut self, resource: &str, devices: &DeviceSet) {
+    pub(crate) fn reserve(&mut self, resource: &str, devices: &DeviceSet) {
         self.reserved
             .entry(resource.to_string())
             .or_default()
@@ -256,7 +256,7 @@ impl Book {
     }
 
     /// Returns reserved devices (the call ended, one way or the other).
-    pub fn unreserve(&mut self, resource: &str, devices: &DeviceSet) {
+    pub(crate) fn unreserve(&mut self, resource: &str, devices: &DeviceSet) {
         if let Some(r) = self.reserved.get_mut(resource) {
             for d in devices {
                 r.remove(d);
@@ -312,7 +312,7 @@ impl Book {
     }
 
     /// Adds a container's devices to the reusable pool (after an init container).
-    pub fn add_reusable(
+    pub(crate) fn add_reusable(
         &self,
         pod: &str,
         container: &str,
@@ -330,7 +330,7 @@ impl Book {
 
     /// Takes a container's devices out of the reusable pool (after an app container or a
     /// sidecar, which keep theirs).
-    pub fn remove_reusable(
+    pub(crate) fn remove_reusable(
         &self,
         pod: &str,
         container: &str,
@@ -360,7 +360,7 @@ impl Book {
     /// Whether the pod's device requests fit, with the devices of pods outside `active` counted
     /// as free: the same walk as the allocation, in counts (init containers hand their devices
     /// on; what a container already holds is kept).
-    pub fn check_admit(
+    pub(crate) fn check_admit(
         &self,
         pod: &PodRequest,
         active: &BTreeSet<String>,

@@ -82,7 +82,7 @@ pub enum CheckpointError {
 }
 
 /// FNV-32a, the hash the kubelet's checksum uses.
-pub fn fnv32a(bytes: &[u8]) -> u32 {
+pub(crate) fn fnv32a(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in bytes {
         h ^= u32::from(*b);
@@ -108,7 +108,7 @@ fn dump_strings(out: &mut String, v: &Option<Vec<String>>) {
 }
 
 /// go-spew's `%#v` text of the kubelet's `checkpointData` holding `data`.
-pub fn spew_dump(data: &Data) -> String {
+pub(crate) fn spew_dump(data: &Data) -> String {
     let mut out =
         String::from("(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)");
     match &data.entries {

@@ -12,14 +12,14 @@ use tonic::transport::{Channel, Endpoint};
 use super::types::{DeviceMount, DeviceNode, DeviceSet, PluginResponse};
 
 /// The gRPC client of one plugin.
-pub type PluginClient = api::device_plugin_client::DevicePluginClient<Channel>;
+pub(crate) type PluginClient = api::device_plugin_client::DevicePluginClient<Channel>;
 
 /// How long dialing a plugin may take, as the kubelet's dial timeout.
-pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The options a plugin announced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PluginOptions {
+pub(crate) struct PluginOptions {
     /// Call `PreStartContainer` before each container start.
     pub pre_start_required: bool,
     /// `GetPreferredAllocation` is implemented.
@@ -58,11 +58,11 @@ pub async fn dial(path: &Path) -> Result<PluginClient, tonic::transport::Error> 
 }
 
 /// One device of a `ListAndWatch` answer: ID, healthy, NUMA nodes.
-pub type ListedDevice = (String, bool, Vec<i64>);
+pub(crate) type ListedDevice = (String, bool, Vec<i64>);
 
 /// Converts a `ListAndWatch` answer. Anything but the exact string `Healthy` counts as
 /// unhealthy, as in the kubelet.
-pub fn listed_devices(resp: &api::ListAndWatchResponse) -> Vec<ListedDevice> {
+pub(crate) fn listed_devices(resp: &api::ListAndWatchResponse) -> Vec<ListedDevice> {
     resp.devices
         .iter()
         .map(|d| {
@@ -77,7 +77,7 @@ pub fn listed_devices(resp: &api::ListAndWatchResponse) -> Vec<ListedDevice> {
 }
 
 /// The `Allocate` request for one container.
-pub fn allocate_request(devices: &DeviceSet) -> api::AllocateRequest {
+pub(crate) fn allocate_request(devices: &DeviceSet) -> api::AllocateRequest {
     api::AllocateRequest {
         container_requests: vec![api::ContainerAllocateRequest {
             devices_ids: devices.iter().cloned().collect(),
@@ -86,7 +86,7 @@ pub fn allocate_request(devices: &DeviceSet) -> api::AllocateRequest {
 }
 
 /// The `GetPreferredAllocation` request for one container.
-pub fn preferred_request(
+pub(crate) fn preferred_request(
     available: &DeviceSet,
     must_include: &DeviceSet,
     size: u64,

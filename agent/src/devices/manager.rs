@@ -129,7 +129,7 @@ impl DeviceManager {
     /// [`Self::capacity`] at a given instant (the grace period is measured against `now`).
     /// Resources the background reaper already dropped are reported in `deleted` here too,
     /// once.
-    pub async fn capacity_at(&self, now: Instant) -> Capacity {
+    pub(crate) async fn capacity_at(&self, now: Instant) -> Capacity {
         if self.inner.expire(now) {
             self.inner.write_checkpoint_logged().await;
         }

@@ -72,7 +72,7 @@ mod types;
 
 pub use error::DeviceError;
 pub use manager::DeviceManager;
-pub use settings::{DeviceManagerConfig, DEFAULT_STOP_GRACE_PERIOD, KUBELET_SOCKET};
+pub use settings::DeviceManagerConfig;
 pub use types::{
     Capacity, ContainerAllocation, ContainerRequest, DeviceMount, DeviceNode, DeviceSet,
     Insufficient, PluginResponse, PodAllocation, PodRequest, ResourceCapacity,

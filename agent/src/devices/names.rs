@@ -4,13 +4,13 @@
 //! logs and its operators' runbooks stay valid.
 
 /// The device-plugin API versions this agent speaks, as the kubelet's `SupportedVersions`.
-pub const SUPPORTED_VERSIONS: &[&str] = &["v1beta1"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["v1beta1"];
 
 /// Whether `name` names an extended resource, by the kubelet's `IsExtendedResourceName`: it
 /// has a domain prefix (`vendor.example/dev`), is not in the `kubernetes.io/` namespace, does
 /// not start with `requests.`, and `requests.<name>` is a valid qualified name (so it can be
 /// used in a resource quota).
-pub fn is_extended_resource_name(name: &str) -> bool {
+pub(crate) fn is_extended_resource_name(name: &str) -> bool {
     if is_native_resource(name) || name.starts_with("requests.") {
         return false;
     }
@@ -24,7 +24,7 @@ fn is_native_resource(name: &str) -> bool {
 
 /// The apimachinery qualified-name rule: an optional DNS-1123 subdomain prefix and `/`, then a
 /// name of at most 63 characters, alphanumeric at both ends with `-`, `_`, `.` inside.
-pub fn is_qualified_name(value: &str) -> bool {
+pub(crate) fn is_qualified_name(value: &str) -> bool {
     let parts: Vec<&str> = value.split('/').collect();
     let name = match parts.as_slice() {
         [name] => *name,
@@ -47,7 +47,7 @@ pub fn is_qualified_name(value: &str) -> bool {
 
 /// A DNS-1123 subdomain: at most 253 characters, dot-separated labels of lower-case
 /// alphanumerics and `-`, alphanumeric at both ends.
-pub fn is_dns1123_subdomain(value: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(value: &str) -> bool {
     value.len() <= 253 && !value.is_empty() && value.split('.').all(is_dns1123_label_body)
 }
 
@@ -63,7 +63,7 @@ fn is_dns1123_label_body(label: &str) -> bool {
 }
 
 /// Quotes a string as Go's `%q` does, so refusal messages match the kubelet's byte for byte.
-pub fn go_quote(s: &str) -> String {
+pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -95,7 +95,7 @@ pub fn go_quote(s: &str) -> String {
 }
 
 /// The kubelet's refusal for a plugin built against an API version it does not speak.
-pub fn unsupported_version_message(version: &str) -> String {
+pub(crate) fn unsupported_version_message(version: &str) -> String {
     let supported: Vec<String> = SUPPORTED_VERSIONS.iter().map(|v| go_quote(v)).collect();
     format!(
         "requested API version {} is not supported by kubelet. Supported version is [{}]",
@@ -105,7 +105,7 @@ pub fn unsupported_version_message(version: &str) -> String {
 }
 
 /// The kubelet's refusal for a resource name that is not an extended resource name.
-pub fn invalid_resource_name_message(name: &str) -> String {
+pub(crate) fn invalid_resource_name_message(name: &str) -> String {
     format!("the ResourceName {} is invalid", go_quote(name))
 }
 

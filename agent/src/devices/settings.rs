@@ -7,11 +7,11 @@ use std::time::Duration;
 use super::checkpoint::CHECKPOINT_FILE;
 
 /// The socket the manager serves `Registration` on, inside the plugin directory.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
+pub(crate) const KUBELET_SOCKET: &str = "kubelet.sock";
 
 /// How long a resource whose plugin went away stays in capacity (all unhealthy) before it is
 /// dropped: the kubelet's `endpointStopGracePeriod`.
-pub const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_STOP_GRACE_PERIOD: Duration = Duration::from_secs(5 * 60);
 
 /// Where the manager listens and keeps its checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl DeviceManagerConfig {
     }
 
     /// The registration socket.
-    pub fn socket_path(&self) -> PathBuf {
+    pub(crate) fn socket_path(&self) -> PathBuf {
         self.plugin_dir.join(KUBELET_SOCKET)
     }
 

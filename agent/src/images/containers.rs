@@ -11,7 +11,7 @@ use crate::act::cri::{
 
 /// What the removal did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeadRemoved {
+pub(crate) struct DeadRemoved {
     /// Exited containers removed.
     pub containers: Vec<String>,
     /// Not-ready sandboxes removed.
@@ -24,7 +24,7 @@ pub struct DeadRemoved {
 /// that is not exited (a sandbox still holding a created or running container is left
 /// alone). Fails only when the runtime cannot be reached. With `dry_run` nothing is
 /// removed: the result lists what would have been.
-pub async fn remove_dead_containers(
+pub(crate) async fn remove_dead_containers(
     client: &CriClient,
     dry_run: bool,
 ) -> Result<DeadRemoved, CriError> {

@@ -23,7 +23,7 @@ pub struct Deletion {
 
 /// What happened to a plan's deletions.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Executed {
+pub(crate) struct Executed {
     /// Deleted, in order.
     pub deleted: Vec<Deletion>,
     /// Already gone when asked (someone else removed it): the record goes, nothing is
@@ -42,7 +42,7 @@ impl Executed {
     }
 
     /// Bytes freed by deletions made for space (not for age).
-    pub fn freed_for_space(&self) -> u64 {
+    pub(crate) fn freed_for_space(&self) -> u64 {
         self.deleted
             .iter()
             .filter(|d| d.reason == DeleteReason::Space)
@@ -52,7 +52,7 @@ impl Executed {
 }
 
 /// Deletes `plan` in order with `remove` (the runtime's `RemoveImage`).
-pub async fn delete_in_order<F, Fut>(plan: Vec<Deletion>, mut remove: F) -> Executed
+pub(crate) async fn delete_in_order<F, Fut>(plan: Vec<Deletion>, mut remove: F) -> Executed
 where
     F: FnMut(String) -> Fut,
     Fut: Future<Output = Result<(), CriError>>,

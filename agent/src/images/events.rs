@@ -74,11 +74,6 @@ impl ImageGcEvent {
             _ => None,
         }
     }
-
-    /// Whether the event is a warning (everything but a finished round without errors).
-    pub fn is_warning(&self) -> bool {
-        !matches!(self, ImageGcEvent::RoundFinished { errors, .. } if errors.is_empty())
-    }
 }
 
 /// Running totals since the manager started, for metrics. Atomic so readers never wait on a
@@ -182,12 +177,10 @@ mod tests {
             errors: vec![],
             dry_run: false,
         };
-        assert!(!ok.is_warning());
         assert_eq!(ok.kubelet_reason(), None);
         let failed = ImageGcEvent::FreeDiskSpaceFailed {
             message: "x".into(),
         };
-        assert!(failed.is_warning());
         assert_eq!(failed.kubelet_reason(), Some("FreeDiskSpaceFailed"));
         let json = serde_json::to_value(ImageGcEvent::ImageGcFailed {
             message: "y".into(),

@@ -225,7 +225,7 @@ impl ImageGcManager {
     }
 
     /// Lists images from the runtime into the cache; returns how many there are.
-    pub async fn refresh_image_list(&self) -> Result<usize, ImageGcError> {
+    pub(crate) async fn refresh_image_list(&self) -> Result<usize, ImageGcError> {
         let images = self.inner.client.list_images().await?;
         let n = images.len();
         self.set_cache(images);
@@ -602,7 +602,7 @@ impl ImageGcManager {
     /// The dead-container step alone (the kubelet's `DeleteAllUnusedContainers`), for disk
     /// pressure on a filesystem that holds writable layers and logs but no images (seed 003):
     /// exited containers and not-ready sandboxes are removed, no image is touched.
-    pub async fn delete_dead_containers(&self) -> Result<Reclaimed, ImageGcError> {
+    pub(crate) async fn delete_dead_containers(&self) -> Result<Reclaimed, ImageGcError> {
         let dead = remove_dead_containers(&self.inner.client, self.inner.settings.dry_run).await?;
         self.count_dead(&dead);
         Ok(Reclaimed {

@@ -26,8 +26,8 @@ pub mod records;
 pub mod settings;
 pub mod task;
 
-pub use events::{Counters, CountersSnapshot, GcTrigger, ImageGcEvent};
-pub use manager::{GcRound, ImageGcManager, Reclaimed};
-pub use records::{ImageRecords, Record};
+pub use events::{Counters, GcTrigger, ImageGcEvent};
+pub use manager::{ImageGcManager, Reclaimed};
+pub use records::ImageRecords;
 pub use settings::{ImageGcError, ImageGcSettings};
 pub use task::GcTask;

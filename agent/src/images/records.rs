@@ -54,7 +54,7 @@ pub struct ImageRecords {
 /// image. A container's reference is matched against image ids first (containerd 1.6 puts
 /// the id in `image_ref`), then against tags and digests (newer runtimes may report a repo
 /// digest); a reference that matches no listed image is kept as given, which is harmless.
-pub fn images_in_use<'a>(
+pub(crate) fn images_in_use<'a>(
     images: &[ImageInfo],
     running_refs: impl IntoIterator<Item = &'a str>,
     sandbox_image_id: Option<&str>,
@@ -131,7 +131,7 @@ impl ImageRecords {
 
     /// The records as the decide layer's plan input, in id order, with `in_use` marking the
     /// images running containers and the sandbox hold.
-    pub fn plan_input(&self, in_use: &BTreeSet<String>) -> Vec<ImageRecord> {
+    pub(crate) fn plan_input(&self, in_use: &BTreeSet<String>) -> Vec<ImageRecord> {
         self.records
             .iter()
             .map(|(id, r)| ImageRecord {

@@ -71,7 +71,7 @@ impl ImageGcSettings {
 
     /// Whether periodic rounds run: a high threshold of 100 is the kubelet's "image GC off"
     /// (the disk-pressure reclaim still runs).
-    pub fn periodic_gc_enabled(&self) -> bool {
+    pub(crate) fn periodic_gc_enabled(&self) -> bool {
         self.policy.high_threshold_percent < 100
     }
 }

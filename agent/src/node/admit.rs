@@ -18,7 +18,7 @@ use crate::decide::quantity::Quantity;
 use crate::decide::resources::{ResourceList, CPU, EPHEMERAL_STORAGE, MEMORY, PODS};
 
 /// The kubelet's default `maxPods`, the node's `pods` capacity.
-pub const DEFAULT_MAX_PODS: i64 = 110;
+pub(crate) const DEFAULT_MAX_PODS: i64 = 110;
 
 /// The node's resources as admission compares them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,7 +144,7 @@ pub fn rejection(failure: &AdmitFailure) -> (String, String) {
 
 /// Extended resources a pod asks for (resource names with a domain, `vendor.com/gpu`, that
 /// are not `kubernetes.io/` or `hugepages-`), which the device manager admits.
-pub fn is_extended(resource: &str) -> bool {
+pub(crate) fn is_extended(resource: &str) -> bool {
     resource.contains('/') && !resource.starts_with("kubernetes.io/")
 }
 

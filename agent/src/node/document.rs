@@ -21,7 +21,7 @@ pub enum Format {
 
 impl Format {
     /// The format a manifest file's name says (`.json`, `.yaml`, `.yml`).
-    pub fn from_path(path: &std::path::Path) -> Option<Format> {
+    pub(crate) fn from_path(path: &std::path::Path) -> Option<Format> {
         match path.extension()?.to_str()? {
             "json" => Some(Format::Json),
             "yaml" | "yml" => Some(Format::Yaml),
@@ -206,7 +206,7 @@ fn is_dns_label_like(s: &str) -> bool {
 }
 
 /// A random uid in the form Kubernetes gives them (a version-4 UUID from the kernel).
-pub fn new_uid() -> String {
+pub(crate) fn new_uid() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| {

@@ -230,7 +230,7 @@ impl EventHub {
     }
 
     /// The recovery events of the start, then a subscriber for everything from now on.
-    pub fn subscribe_with_replay(&self) -> (Vec<NodeEvent>, broadcast::Receiver<NodeEvent>) {
+    pub(crate) fn subscribe_with_replay(&self) -> (Vec<NodeEvent>, broadcast::Receiver<NodeEvent>) {
         let replay = self.replay.lock().unwrap_or_else(|e| e.into_inner());
         let rx = self.tx.subscribe();
         (replay.clone(), rx)

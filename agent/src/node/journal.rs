@@ -88,7 +88,7 @@ impl KillJournal {
     /// Empties the journal unless `pending()` says a noted kill may not be in the checkpoint
     /// yet. `pending` is asked under the journal's lock, so a kill noted after it answered
     /// is appended after the truncation and kept.
-    pub fn clear_unless(&self, pending: impl FnOnce() -> bool) {
+    pub(crate) fn clear_unless(&self, pending: impl FnOnce() -> bool) {
         let guard = self.file();
         let Some(f) = guard.as_ref() else {
             return;

@@ -33,9 +33,9 @@ use super::journal::{stops_from_notes, KillJournal};
 use super::pod_record::{PodRecord, PodSource, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 use super::runtime_view::{RuntimeView, View};
 use super::settings::NodePlan;
-pub use super::view::{
-    container_state, phase_name, Applied, EvictedPod, PodView, RemoveTarget, Removed,
-};
+pub use super::view::Removed;
+pub(crate) use super::view::{container_state, phase_name};
+pub use super::view::{Applied, EvictedPod, PodView, RemoveTarget};
 use super::NodeError;
 use crate::act::cgroups::{CgroupManager, CgroupPath, Resources};
 use crate::act::kill::{kill_cgroup_now, Evicted};
@@ -49,9 +49,9 @@ use crate::record::checkpoint::Checkpoint;
 use crate::record::state_file::Generation;
 
 /// The kubelet's status message for a pod preempted by a critical pod.
-pub const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
+pub(crate) const PREEMPTION_MESSAGE: &str = "Preempted in order to admit critical pod";
 /// The kubelet's status reason for it (`events.PreemptContainer`).
-pub const PREEMPTION_REASON: &str = "Preempting";
+pub(crate) const PREEMPTION_REASON: &str = "Preempting";
 
 /// Commands queued to the owner task.
 const QUEUE: usize = 256;
@@ -307,7 +307,7 @@ impl PodManager {
     /// [`PodManager::evict`] after the caller's own [`PodManager::kill_now`] (`killed`, its
     /// result; `None` when it killed nothing): the reactor loop kills on its own task and
     /// leaves this, the bookkeeping and the runtime's stop, to a task it does not await.
-    pub async fn evict_killed(
+    pub(crate) async fn evict_killed(
         &self,
         uid: &str,
         grace: Duration,
@@ -335,7 +335,7 @@ impl PodManager {
     ///
     /// The caller notes the kill in the kill journal right after it
     /// ([`PodManager::note_eviction`]), once the eviction's message is composed.
-    pub fn kill_now(&self, uid: &str) -> Option<Evicted> {
+    pub(crate) fn kill_now(&self, uid: &str) -> Option<Evicted> {
         let cgroup = self
             .active
             .borrow()
@@ -366,7 +366,7 @@ impl PodManager {
     /// clears the journal first. The loop calls it right after the kill (or, for a grace,
     /// before the stop is queued), once the message is composed (the victim's figures are
     /// read before the SIGKILL; composing the text is not).
-    pub fn note_eviction(&self, uid: &str, reason: &str, message: &str) {
+    pub(crate) fn note_eviction(&self, uid: &str, reason: &str, message: &str) {
         self.killing.insert(uid);
         self.journal.note(uid, reason, message);
     }

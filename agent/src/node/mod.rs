@@ -27,15 +27,16 @@ mod listing;
 pub mod manager;
 mod orphans;
 pub mod pod_record;
-pub mod recover;
+pub(crate) mod recover;
 mod runtime_view;
 pub mod settings;
 pub mod static_pods;
 mod stop;
-pub mod view;
+pub(crate) mod view;
 
 pub use events::{notices_to, EventHub, NodeEvent, NodeEventKind};
-pub use manager::{Applied, EvictedPod, PodManager, PodView, RemoveTarget, Removed};
+pub use manager::{PodManager, Removed};
+pub use manager::{PodView, RemoveTarget};
 pub use settings::NodePlan;
 
 use crate::act::cgroups::CgroupError;

@@ -24,7 +24,7 @@ use crate::decide::pod::PodInfo;
 use crate::node::document::Checked;
 
 /// `status.reason` of an orphan.
-pub const ORPHANED: &str = "Orphaned";
+pub(crate) const ORPHANED: &str = "Orphaned";
 
 /// Seconds since the Unix epoch now: the clock an orphan's removal time is kept in (it
 /// must survive a restart, so not an `Instant`).

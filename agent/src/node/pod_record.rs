@@ -111,7 +111,7 @@ impl PodRecord {
     /// kubelet says of a container it cannot find, `ContainerStatusUnknown`, exit code 137.
     /// Nothing refreshes an ended pod's containers afterwards, so without this `pod ls`
     /// showed an evicted pod's container running for good.
-    pub fn end_unknown_containers(&mut self) {
+    pub(crate) fn end_unknown_containers(&mut self) {
         let now = std::time::SystemTime::now();
         for c in &mut self.containers {
             if let ContainerState::Running { started_at, .. } = c.state {

@@ -17,11 +17,11 @@ use super::document::{self, Format};
 use super::PodManager;
 
 /// How often the directory is rescanned.
-pub const RESCAN: Duration = Duration::from_secs(1);
+pub(crate) const RESCAN: Duration = Duration::from_secs(1);
 
 /// Reads every manifest in `dir`: (path, hash of path and content, document). Unreadable or
 /// malformed files are logged once per content and skipped.
-pub fn scan(
+pub(crate) fn scan(
     dir: &Path,
     warned: &mut std::collections::BTreeSet<(PathBuf, u32)>,
 ) -> Vec<(PathBuf, u32, serde_json::Value)> {

@@ -107,7 +107,7 @@ pub struct EvictedPod {
 }
 
 /// The pod's phase word as the API prints it.
-pub fn phase_name(phase: PodPhase) -> &'static str {
+pub(crate) fn phase_name(phase: PodPhase) -> &'static str {
     match phase {
         PodPhase::Pending => "Pending",
         PodPhase::Running => "Running",
@@ -117,7 +117,7 @@ pub fn phase_name(phase: PodPhase) -> &'static str {
 }
 
 /// A container state's word and reason as the API prints them.
-pub fn container_state(c: &ContainerStatus) -> (&'static str, String) {
+pub(crate) fn container_state(c: &ContainerStatus) -> (&'static str, String) {
     match &c.state {
         ContainerState::Waiting { reason, .. } => ("waiting", reason.clone()),
         ContainerState::Running { .. } => ("running", String::new()),

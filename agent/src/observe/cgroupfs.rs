@@ -49,7 +49,7 @@ pub struct MemoryUsage {
 /// kernel folds a cgroup's statistics into `memory.stat` only once more than 64 page updates
 /// per CPU are pending, and each CPU may hold up to 64 more of its own, so freed memory can
 /// read up to about two batches of pages per CPU; never under 1 MiB.
-pub fn anon_slack_bytes() -> u64 {
+pub(crate) fn anon_slack_bytes() -> u64 {
     static SLACK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *SLACK.get_or_init(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
@@ -59,7 +59,7 @@ pub fn anon_slack_bytes() -> u64 {
 
 /// The anonymous memory in a `memory.stat` text: v1 `total_rss`, v2 `anon` (each counts the
 /// cgroup and everything below it); `None` when it has neither or says no number.
-pub fn stat_anon(text: &str) -> Option<u64> {
+pub(crate) fn stat_anon(text: &str) -> Option<u64> {
     ["total_rss", "anon"]
         .into_iter()
         .find_map(|key| stat_value(text, key).ok().flatten())
@@ -67,7 +67,7 @@ pub fn stat_anon(text: &str) -> Option<u64> {
 
 /// The memory hierarchy, rooted at an injected directory, with scratch space for reads.
 #[derive(Debug)]
-pub struct CgroupFs {
+pub(crate) struct CgroupFs {
     layout: Layout,
     /// The directory of the hierarchy's root cgroup (`/sys/fs/cgroup/memory` on v1).
     root: PathBuf,
@@ -209,7 +209,7 @@ impl CgroupFs {
 
     /// Keeps the files of `cgroup` open once read ([`CgroupFs::memory`] reads it on every
     /// observation): for the few cgroups read on every pass, never per pod.
-    pub fn keep_open(&mut self, cgroup: &str) {
+    pub(crate) fn keep_open(&mut self, cgroup: &str) {
         if !self.kept_cgroups.iter().any(|c| c == cgroup) {
             self.kept_cgroups.push(cgroup.to_string());
         }
@@ -231,12 +231,6 @@ impl CgroupFs {
         let mut dir = self.root.clone();
         push_cgroup(&mut dir, cgroup)?;
         Ok(dir)
-    }
-
-    /// Whether a cgroup exists.
-    pub fn exists(&mut self, cgroup: &str) -> Result<bool, ObserveError> {
-        self.set_path(cgroup, None)?;
-        Ok(self.path.is_dir())
     }
 
     fn set_path(&mut self, cgroup: &str, file: Option<&str>) -> Result<(), ObserveError> {
@@ -343,7 +337,7 @@ impl CgroupFs {
     /// opened and kept the first time if it is not yet); any other cgroup, or one whose kept
     /// files no longer read (removed, or removed and made again), as [`CgroupFs::memory`]
     /// reads it.
-    pub fn pod_memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {
+    pub(crate) fn pod_memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {
         let pod = self.usage_files.contains_key(cgroup);
         if !pod && !self.container_files.contains_key(cgroup) {
             return self.memory(cgroup);
@@ -416,7 +410,7 @@ impl CgroupFs {
     /// reading any, and closes the others (pods gone): what keeping up with the pods costs is
     /// two opens per new pod, never a read of every pod. A cgroup that cannot be opened is left for
     /// [`CgroupFs::memory_usage`] to report.
-    pub fn keep_usage_open<S: AsRef<str>>(&mut self, cgroups: impl IntoIterator<Item = S>) {
+    pub(crate) fn keep_usage_open<S: AsRef<str>>(&mut self, cgroups: impl IntoIterator<Item = S>) {
         // A pass of its own: `cgroups` is the whole set to keep.
         self.usage_pass = self.usage_pass.wrapping_add(1);
         let pass = self.usage_pass;
@@ -434,7 +428,7 @@ impl CgroupFs {
     }
 
     /// Closes the usage files not read since the last call (pods gone from the node).
-    pub fn end_usage_pass(&mut self) {
+    pub(crate) fn end_usage_pass(&mut self) {
         let pass = self.usage_pass;
         self.usage_files.retain(|_, f| f.pass == pass);
         self.usage_pass = pass.wrapping_add(1);
@@ -627,7 +621,7 @@ pub(crate) mod fixtures {
     }
 
     /// A v2 `memory.stat`.
-    pub fn v2_stat(anon: u64, file: u64, inactive_file: u64) -> String {
+    pub(crate) fn v2_stat(anon: u64, file: u64, inactive_file: u64) -> String {
         format!(
             "anon {anon}\nfile {file}\nkernel 4096\nkernel_stack 0\nsock 0\nshmem 0\n\
              file_mapped 0\nfile_dirty 0\ninactive_anon 0\nactive_anon {anon}\n\
@@ -636,7 +630,7 @@ pub(crate) mod fixtures {
     }
 
     /// A v1 memory cgroup with usage and inactive file pages.
-    pub fn v1_memcg(root: &Path, cgroup: &str, usage: u64, inactive_file: u64) {
+    pub(crate) fn v1_memcg(root: &Path, cgroup: &str, usage: u64, inactive_file: u64) {
         set(root, cgroup, "memory.usage_in_bytes", &format!("{usage}\n"));
         set(root, cgroup, "memory.stat", &v1_stat(inactive_file));
         set(root, cgroup, "cgroup.procs", "");

@@ -41,7 +41,7 @@ pub fn statvfs(path: &Path) -> Result<FsFigures, ObserveError> {
 
 /// Disk use of a directory tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DirUsage {
+pub(crate) struct DirUsage {
     /// Bytes allocated on disk (`st_blocks × 512`, as `du` counts); a file with several hard
     /// links in the tree is counted at each of them (like `du -l`).
     pub bytes: u64,
@@ -54,7 +54,7 @@ pub struct DirUsage {
 /// Walks `dir` like `du -sx`: stays on its filesystem, does not follow symbolic links, and
 /// visits at most `max_entries` entries so a pod with millions of files cannot stall the
 /// reactor. A missing directory is zero usage (the container has not written anything yet).
-pub fn dir_usage(dir: &Path, max_entries: u64) -> Result<DirUsage, ObserveError> {
+pub(crate) fn dir_usage(dir: &Path, max_entries: u64) -> Result<DirUsage, ObserveError> {
     let top = match std::fs::symlink_metadata(dir) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DirUsage::default()),

@@ -54,12 +54,16 @@ use crate::decide::quantity::Quantity;
 use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
 
-pub use cgroupfs::{CgroupFs, Layout, MemoryUsage};
-pub use disk::{dir_usage, statvfs, DirUsage, FsFigures};
+pub use cgroupfs::Layout;
+pub(crate) use cgroupfs::{CgroupFs, MemoryUsage};
+pub use disk::statvfs;
+pub(crate) use disk::FsFigures;
 pub use error::ObserveError;
-pub use pods::{kubepods_cgroup, pod_cgroup_path, ContainerCgroup, PodCgroup, PodReads};
-pub use procfs::{ProcFs, Tasks};
-pub use psi::PsiFiles;
+pub(crate) use pods::{kubepods_cgroup, ContainerCgroup};
+pub use pods::{PodCgroup, PodReads};
+pub use procfs::ProcFs;
+pub(crate) use procfs::Tasks;
+pub(crate) use psi::PsiFiles;
 
 /// Where and what to observe; built from the config once, at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,7 +98,7 @@ pub struct ObserveSettings {
 const PSI_REREAD_NS: u64 = 1_000_000_000;
 
 /// Default cap on the entries of one ephemeral-storage walk: a few milliseconds of `stat`s.
-pub const DEFAULT_EPHEMERAL_WALK_CAP: u64 = 100_000;
+pub(crate) const DEFAULT_EPHEMERAL_WALK_CAP: u64 = 100_000;
 
 fn config_bytes(key: &str, text: &str) -> Result<u64, ObserveError> {
     let q = Quantity::parse(text).map_err(|e| ObserveError::Config {
@@ -108,7 +112,7 @@ fn config_bytes(key: &str, text: &str) -> Result<u64, ObserveError> {
 }
 
 /// `node.memoryCapacity` in bytes, `None` when unset: the one parser of the key.
-pub fn configured_memory_capacity(config: &Config) -> Result<Option<u64>, ObserveError> {
+pub(crate) fn configured_memory_capacity(config: &Config) -> Result<Option<u64>, ObserveError> {
     match config.node.memory_capacity.as_str() {
         "" => Ok(None),
         text => config_bytes("node.memoryCapacity", text).map(Some),
@@ -343,7 +347,7 @@ impl Observer {
 
     /// Like [`Observer::new`] with a memory hierarchy chosen by the caller (a fixture tree, or
     /// a known layout).
-    pub fn with_cgroupfs(
+    pub(crate) fn with_cgroupfs(
         settings: ObserveSettings,
         mut cgroups: CgroupFs,
     ) -> Result<Observer, ObserveError> {
@@ -531,7 +535,7 @@ impl Observer {
     /// file kept open for it when there is one); `None` when it cannot be read. What tells a
     /// victim whose address space is still being torn down from one that left only page
     /// cache behind ([`crate::observe::cgroupfs::MemoryUsage::anon`]).
-    pub fn pod_anon(&mut self, cgroup: &str) -> Option<u64> {
+    pub(crate) fn pod_anon(&mut self, cgroup: &str) -> Option<u64> {
         match self.cgroups.pod_memory(cgroup) {
             Ok(m) => m.map(|m| m.anon),
             Err(e) => {

@@ -66,13 +66,13 @@ pub struct ContainerCgroup {
 }
 
 /// `<cgroupRoot>/kubepods`, the cgroupfs driver's pods cgroup.
-pub fn kubepods_cgroup(cgroup_root: &str) -> String {
+pub(crate) fn kubepods_cgroup(cgroup_root: &str) -> String {
     format!("{}/kubepods", cgroup_root.trim_end_matches('/'))
 }
 
 /// The pod cgroup the cgroupfs driver creates for a pod of a QoS class: Guaranteed pods sit
 /// directly under `kubepods`, the others under their tier.
-pub fn pod_cgroup_path(cgroup_root: &str, qos: QosClass, uid: &str) -> String {
+pub(crate) fn pod_cgroup_path(cgroup_root: &str, qos: QosClass, uid: &str) -> String {
     let kubepods = kubepods_cgroup(cgroup_root);
     match qos {
         QosClass::Guaranteed => format!("{kubepods}/pod{uid}"),

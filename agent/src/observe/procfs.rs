@@ -70,7 +70,7 @@ impl ProcFs {
     /// `MemTotal` in bytes: the machine's memory capacity as cadvisor reports it. The one
     /// reader of it: the observer, the node plan and `reactor watch` all come here
     /// ([`super::memory_capacity`]).
-    pub fn mem_total_bytes(&mut self) -> Result<u64, ObserveError> {
+    pub(crate) fn mem_total_bytes(&mut self) -> Result<u64, ObserveError> {
         let text = self.read("meminfo")?;
         parse_mem_total(text)
             .map_err(|e| ObserveError::parse(&self.path_of("meminfo"), e.to_string()))
@@ -140,13 +140,13 @@ pub struct Swap {
 }
 
 /// `MemTotal:  16314204 kB` → bytes.
-pub fn parse_mem_total(meminfo: &str) -> Result<u64, MeminfoError> {
+pub(crate) fn parse_mem_total(meminfo: &str) -> Result<u64, MeminfoError> {
     parse_meminfo_bytes(meminfo, "MemTotal")
 }
 
 /// A `/proc/meminfo` line that is missing or not `N kB`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MeminfoError {
+pub(crate) enum MeminfoError {
     /// No line for the key.
     #[error("no {key} line")]
     Missing {
@@ -164,7 +164,7 @@ pub enum MeminfoError {
 }
 
 /// One `Key:  N kB` line of `/proc/meminfo` → bytes.
-pub fn parse_meminfo_bytes(meminfo: &str, key: &'static str) -> Result<u64, MeminfoError> {
+pub(crate) fn parse_meminfo_bytes(meminfo: &str, key: &'static str) -> Result<u64, MeminfoError> {
     let rest = meminfo
         .lines()
         .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))

@@ -15,7 +15,7 @@ use crate::sense::psi::parse_pressure;
 /// Where the four figures are read, in `decide::psi_conditions::PSI_CONDITIONS` order;
 /// `None` for a figure this node does not have (kubepods' on cgroup v1).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PsiFiles {
+pub(crate) struct PsiFiles {
     /// The four pressure files.
     pub files: [Option<PathBuf>; 4],
 }
@@ -51,7 +51,10 @@ impl PsiFiles {
 }
 
 /// The `full` averages of one pressure file (`None` when it has no `full` line).
-pub fn read_full(path: &Path, scratch: &mut String) -> Result<Option<FullAverages>, ObserveError> {
+pub(crate) fn read_full(
+    path: &Path,
+    scratch: &mut String,
+) -> Result<Option<FullAverages>, ObserveError> {
     scratch.clear();
     std::fs::File::open(path)
         .and_then(|mut f| f.read_to_string(scratch))

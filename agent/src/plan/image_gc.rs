@@ -86,7 +86,7 @@ struct ImageGcIn {
 /// The `plan image-gc` answer.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct ImageGcOut {
+pub(crate) struct ImageGcOut {
     /// `100 - floor(available * 100 / capacity)`; null for a zero capacity.
     pub usage_percent: Option<i64>,
     /// What space-driven GC aims to free; null below the high threshold.

@@ -15,7 +15,7 @@ use crate::decide::quantity::Quantity;
 
 /// The largest input accepted: far above any real node snapshot, low enough that a wrong file
 /// (a disk image, /dev/zero) fails fast instead of exhausting memory.
-pub const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why an input could not be used. Every variant prints as one line.
 #[derive(Debug, thiserror::Error)]

@@ -224,7 +224,7 @@ struct PressureIn {
 /// A normalized threshold in the answer.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct ThresholdOut {
+pub(crate) struct ThresholdOut {
     /// The signal.
     pub signal: String,
     /// Always `LessThan`, the kubelet's only operator.
@@ -242,7 +242,7 @@ pub struct ThresholdOut {
 /// What the manager would evict for at a step.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct EvictOut {
+pub(crate) struct EvictOut {
     /// The signal acted on.
     pub signal: String,
     /// The available level to reclaim to: threshold plus minimum reclaim.
@@ -255,7 +255,7 @@ pub struct EvictOut {
 /// The reclaim-first choice at a step (`memoryReclaim.enabled`, a memory eviction due).
 #[derive(Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct MemoryReclaimOut {
+pub(crate) struct MemoryReclaimOut {
     /// `reclaim` (ask `memory.reclaim` first; evict only if the threshold is still met
     /// after) or `skip` (evict at once).
     pub choice: String,
@@ -272,7 +272,7 @@ pub struct MemoryReclaimOut {
 
 /// One observation's outcome.
 #[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct StepOut {
+pub(crate) struct StepOut {
     /// The observation time, as given.
     pub at: String,
     /// Signals of thresholds met now (soft ones once held for their grace period).
@@ -288,7 +288,7 @@ pub struct StepOut {
 
 /// The `plan pressure` answer.
 #[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct PressurePlan {
+pub(crate) struct PressurePlan {
     /// The thresholds in force, after defaults, allocatable copies and containerfs derivation.
     pub thresholds: Vec<ThresholdOut>,
     /// One step per observation.

@@ -379,6 +379,6 @@ impl Decision {
 }
 
 /// Whether an event comes from the kernel (not the housekeeping tick).
-pub fn is_kernel_event(event: &PressureEvent) -> bool {
+pub(crate) fn is_kernel_event(event: &PressureEvent) -> bool {
     event.source != Source::Poll && !matches!(event.kind, Kind::Tick)
 }

@@ -80,15 +80,13 @@ use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
-pub use decision::{
-    Action, CrossingKillFigures, Decision, MemoryReclaim, RankedPod, SignalValue, Wake,
-};
-pub use outbox::EventTap;
-pub use pods::{ActivePod, EvictError, Evicted, EvictionStatus, PodContainer, PodControl};
-pub use reclaim::{reclaim_steps, NodeReclaim, NodeReclaimed, ReclaimError, ReclaimSteps};
+pub(crate) use decision::SignalValue;
+pub use decision::{Action, CrossingKillFigures, Decision, MemoryReclaim, Wake};
+pub use pods::{ActivePod, Evicted, PodContainer, PodControl};
+pub use reclaim::NodeReclaim;
 pub use runtime_pods::RuntimePods;
 pub use settings::{memcg_targets, ReactorSettings};
-pub use status::{ConditionState, NodePressure, SignalState, ThresholdState};
+pub use status::NodePressure;
 
 /// A running loop's outputs.
 #[derive(Clone)]

@@ -14,7 +14,7 @@ use crate::sense::{monotonic_ns, Received};
 
 /// The pod uid and container name a cgroup path points into, if it is below a pod cgroup.
 /// `container` is `None` for the pod cgroup itself.
-pub fn pod_of_cgroup(cgroup: &str) -> Option<(&str, Option<&str>)> {
+pub(crate) fn pod_of_cgroup(cgroup: &str) -> Option<(&str, Option<&str>)> {
     let mut parts = cgroup.split('/').filter(|p| !p.is_empty());
     // The pod cgroup is the first `pod<uid>` component after `kubepods`.
     parts.by_ref().find(|p| *p == "kubepods")?;

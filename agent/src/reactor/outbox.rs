@@ -12,7 +12,7 @@ use crate::record::metrics::Metrics;
 use crate::sense::Received;
 
 /// What `Reactor::with_tap` takes: called with every event the loop receives.
-pub type EventTap = Box<dyn Fn(&Received) + Send + Sync>;
+pub(crate) type EventTap = Box<dyn Fn(&Received) + Send + Sync>;
 
 /// The loop's outputs and the counters its records carry.
 pub(super) struct Outbox {

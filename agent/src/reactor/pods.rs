@@ -167,7 +167,7 @@ pub trait PodControl: Send + Sync {
 /// Asks `fetch` for each pod's writable layers and keeps the pods it knows something about;
 /// a pod the runtime cannot measure is left out of the disk figures (ranked as a pod without
 /// statistics) and logged at debug.
-pub async fn writable_layers_of<F, Fut>(
+pub(crate) async fn writable_layers_of<F, Fut>(
     uids: Vec<String>,
     fetch: F,
 ) -> BTreeMap<String, BTreeMap<String, FsStats>>

@@ -33,7 +33,7 @@ pub enum ReclaimError {
 }
 
 /// The boxed future a [`NodeReclaim`] returns (object safe, so the loop holds any).
-pub type ReclaimFuture<'a> =
+pub(crate) type ReclaimFuture<'a> =
     Pin<Box<dyn Future<Output = Result<NodeReclaimed, ReclaimError>> + Send + 'a>>;
 
 /// Which node-level steps can free the filesystem a disk signal measures.
@@ -59,7 +59,7 @@ impl ReclaimSteps {
 /// `containerfs` (and `nodefs`, the same filesystem) and unused images for `imagefs`.
 /// Nothing for memory and pids. Deleting images on pressure they cannot relieve would only
 /// make pods pull them again.
-pub fn reclaim_steps(signal: Signal, layout: FsLayout) -> ReclaimSteps {
+pub(crate) fn reclaim_steps(signal: Signal, layout: FsLayout) -> ReclaimSteps {
     const BOTH: ReclaimSteps = ReclaimSteps {
         dead_containers: true,
         unused_images: true,
@@ -134,7 +134,7 @@ impl NodeReclaim for ImageGcManager {
 
 /// Whether a threshold on `signal` may be relieved by a node-level reclaim: every disk
 /// signal under every layout (which steps, [`reclaim_steps`] says); memory and pids not.
-pub fn reclaims_node_level(signal: Signal) -> bool {
+pub(crate) fn reclaims_node_level(signal: Signal) -> bool {
     matches!(
         signal,
         Signal::NodeFsAvailable

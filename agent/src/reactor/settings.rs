@@ -130,7 +130,7 @@ impl ReactorSettings {
     /// `imagefs` when a separate image filesystem also holds the writable layers. The other
     /// thresholds keep their place (the derived ones come last). Returns whether anything
     /// changed.
-    pub fn set_layout(&mut self, layout: FsLayout) -> bool {
+    pub(crate) fn set_layout(&mut self, layout: FsLayout) -> bool {
         if layout == self.layout {
             return false;
         }
@@ -153,7 +153,10 @@ pub fn memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<Mem
 
 /// The targets of the hard memory thresholds alone: the slots whose crossing may kill
 /// ([`crate::sense::ebpf::stage`]).
-pub fn hard_memcg_targets(settings: &ReactorSettings, observer: &Observer) -> Vec<MemcgTarget> {
+pub(crate) fn hard_memcg_targets(
+    settings: &ReactorSettings,
+    observer: &Observer,
+) -> Vec<MemcgTarget> {
     targets_of(settings, observer, Threshold::is_hard)
 }
 

@@ -17,7 +17,7 @@ use crate::observe::Signals;
 
 /// The three eviction node conditions, in the order the node status lists them (KEP-5394's
 /// PSI conditions follow them with their gate on: [`Transitions::new`]).
-pub const CONDITIONS: [NodeCondition; 3] = [
+pub(crate) const CONDITIONS: [NodeCondition; 3] = [
     NodeCondition::MemoryPressure,
     NodeCondition::DiskPressure,
     NodeCondition::PidPressure,

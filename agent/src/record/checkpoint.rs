@@ -97,13 +97,8 @@ impl Checkpoint {
         self.file.path()
     }
 
-    /// The previous generation, `<name>.prev`.
-    pub fn prev_path(&self) -> PathBuf {
-        self.file.prev_path()
-    }
-
     /// Whether the last save failed (the owner retries while it does).
-    pub fn is_failing(&self) -> bool {
+    pub(crate) fn is_failing(&self) -> bool {
         self.file.is_failing()
     }
 
@@ -241,7 +236,7 @@ mod tests {
         .unwrap();
         cp.save(&sample()).unwrap();
         let full = std::fs::read(cp.path()).unwrap();
-        let prev = std::fs::read(cp.prev_path()).unwrap();
+        let prev = std::fs::read(cp.file.prev_path()).unwrap();
         for len in 0..full.len() {
             std::fs::write(cp.path(), &full[..len]).unwrap();
             let loaded = Checkpoint::new(cp.path(), "pods", 1).load::<Pods>();
@@ -253,7 +248,7 @@ mod tests {
             std::fs::remove_file(&k[0]).unwrap();
             assert!(loaded.notices.iter().all(|n| !n.message.contains('\n')));
             assert!(!cp.path().exists(), "bad file moved aside at offset {len}");
-            assert_eq!(std::fs::read(cp.prev_path()).unwrap(), prev);
+            assert_eq!(std::fs::read(cp.file.prev_path()).unwrap(), prev);
         }
     }
 

@@ -68,7 +68,7 @@ use crate::sense::{Kind, Received, Source};
 pub mod serve;
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text 1.0.0).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every family name the agent exposes, as it appears on sample lines' `# TYPE` (counters
 /// without their `_total`): for tests and docs that must name them all.
@@ -127,7 +127,7 @@ const KINDS_BY_SOURCE: [(Source, &[&str]); 4] = [
 
 /// The `kind` label of an event: the kind's name without its details (`oom-kill`), so the
 /// label set stays small; the same name as the event's JSON `type`.
-pub fn kind_label(kind: &Kind) -> &'static str {
+pub(crate) fn kind_label(kind: &Kind) -> &'static str {
     match kind {
         Kind::OomKill { .. } => "oom-kill",
         Kind::ReclaimStall { .. } => "reclaim-stall",
@@ -190,7 +190,7 @@ struct WatchLabels {
 /// How the loop re-reads the signals near a threshold: `close` every `close_poll` (nothing in
 /// the kernel watches the crossing), `kernel_watched` at the safety-net interval under an
 /// armed eBPF slot.
-pub const CLOSE_WATCHES: [&str; 2] = ["close", "kernel_watched"];
+pub(crate) const CLOSE_WATCHES: [&str; 2] = ["close", "kernel_watched"];
 
 /// The outcomes of a memory reclaim before an eviction (the decision record's
 /// `memoryReclaim.outcome`), each created at zero.
@@ -241,7 +241,7 @@ impl Admission {
 /// A signal's thresholds in the signal's unit, resolved against capacity (a percentage
 /// threshold becomes bytes), for [`Metrics::set_signal`]. `None` = no such threshold.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SignalThresholds {
+pub(crate) struct SignalThresholds {
     /// The hard eviction threshold.
     pub hard: Option<f64>,
     /// The soft eviction threshold.
@@ -593,7 +593,7 @@ impl Metrics {
     }
 
     /// Observes the time from a pressure event (from `source`) to the action taken on it.
-    pub fn observe_reaction_lag(&self, source: Source, secs: f64) {
+    pub(crate) fn observe_reaction_lag(&self, source: Source, secs: f64) {
         self.reaction_lag
             .get_or_create(&SourceLabels {
                 source: source.name(),
@@ -603,7 +603,7 @@ impl Metrics {
 
     /// Sets a signal's observed value and its thresholds (a threshold given as `None` is
     /// removed from the exposition, so a dashboard never shows a stale one).
-    pub fn set_signal(&self, signal: Signal, value: f64, thresholds: SignalThresholds) {
+    pub(crate) fn set_signal(&self, signal: Signal, value: f64, thresholds: SignalThresholds) {
         let name = signal.name();
         self.signal_value
             .get_or_create(&SignalLabels { signal: name })
@@ -625,7 +625,7 @@ impl Metrics {
     }
 
     /// Sets a node condition true (1) or false (0).
-    pub fn set_condition(&self, condition: NodeCondition, on: bool) {
+    pub(crate) fn set_condition(&self, condition: NodeCondition, on: bool) {
         self.conditions
             .get_or_create(&ConditionLabels {
                 condition: condition.name(),
@@ -634,7 +634,7 @@ impl Metrics {
     }
 
     /// Counts one pod eviction by the signal that caused it and the pod's QoS class.
-    pub fn record_eviction(&self, signal: Signal, qos: QosClass) {
+    pub(crate) fn record_eviction(&self, signal: Signal, qos: QosClass) {
         self.evictions
             .get_or_create(&EvictionLabels {
                 signal: signal.name(),
@@ -649,7 +649,7 @@ impl Metrics {
     }
 
     /// Counts one eviction a dry run would have made (nothing was evicted).
-    pub fn record_dry_run_eviction(&self, signal: Signal, qos: QosClass) {
+    pub(crate) fn record_dry_run_eviction(&self, signal: Signal, qos: QosClass) {
         self.dry_run_evictions
             .get_or_create(&EvictionLabels {
                 signal: signal.name(),
@@ -698,7 +698,7 @@ impl Metrics {
     /// Counts one memory reclaim tried (or skipped) before an eviction: its outcome (one of
     /// [`MEMORY_RECLAIM_OUTCOMES`]), what it freed and how long it took. A skipped one
     /// took no reclaim time and is not observed in the duration histogram.
-    pub fn record_memory_reclaim(&self, outcome: &str, freed_bytes: u64, took_secs: f64) {
+    pub(crate) fn record_memory_reclaim(&self, outcome: &str, freed_bytes: u64, took_secs: f64) {
         let Some(&outcome) = MEMORY_RECLAIM_OUTCOMES.iter().find(|&&o| o == outcome) else {
             return;
         };
@@ -720,7 +720,7 @@ impl Metrics {
 
     /// Counts one pass the loop's timer started near a threshold, by `watch` (one of
     /// [`CLOSE_WATCHES`]).
-    pub fn count_close_reread(&self, watch: &str) {
+    pub(crate) fn count_close_reread(&self, watch: &str) {
         if let Some(&watch) = CLOSE_WATCHES.iter().find(|&&w| w == watch) {
             self.close_rereads
                 .get_or_create(&WatchLabels { watch })

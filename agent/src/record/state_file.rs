@@ -209,7 +209,7 @@ struct Tracked {
 /// One state file with its previous generation; see the module doc. Clones share what they
 /// know about the file.
 #[derive(Debug, Clone)]
-pub struct StateFile {
+pub(crate) struct StateFile {
     path: PathBuf,
     notices: Notices,
     tracked: Arc<Mutex<Tracked>>,
@@ -252,7 +252,7 @@ impl StateFile {
     }
 
     /// The previous generation, `<name>.prev`.
-    pub fn prev_path(&self) -> PathBuf {
+    pub(crate) fn prev_path(&self) -> PathBuf {
         with_suffix(&self.path, ".prev")
     }
 
@@ -261,7 +261,7 @@ impl StateFile {
     }
 
     /// Whether the last write failed (the owner retries while it does).
-    pub fn is_failing(&self) -> bool {
+    pub(crate) fn is_failing(&self) -> bool {
         self.lock().failing.is_some()
     }
 

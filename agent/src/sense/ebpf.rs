@@ -201,7 +201,7 @@ pub const TRACEPOINTS: [TracepointSpec; 8] = [
 
 /// The `vm_event_item`s reported by default: scanning and stealing by direct (including
 /// memcg limit) reclaim and by kswapd, swap-out, and major faults (refaults under pressure).
-pub const DEFAULT_MEMCG_ITEMS: [&str; 6] = [
+pub(crate) const DEFAULT_MEMCG_ITEMS: [&str; 6] = [
     "PGSCAN_DIRECT",
     "PGSTEAL_DIRECT",
     "PGSCAN_KSWAPD",
@@ -362,14 +362,14 @@ impl EbpfSource {
     /// Where the loop stages the pod it would evict first, for the charge program to kill at
     /// a hard threshold's crossing ([`stage`]); `None` when the charge programs did not
     /// attach.
-    pub fn victim_stage(&self) -> Option<stage::VictimStage> {
+    pub(crate) fn victim_stage(&self) -> Option<stage::VictimStage> {
         self.victim_stage.clone()
     }
 
     /// A duplicate of the ring buffer's fd, to ask without reading it whether a record is
     /// waiting (`POLLIN`): the reactor loop asks before a pass its timer started
     /// ([`crate::sense::Sense::kernel_record_waiting`]). `None` if the fd cannot be duplicated.
-    pub fn ring_probe(&self) -> Option<std::os::fd::OwnedFd> {
+    pub(crate) fn ring_probe(&self) -> Option<std::os::fd::OwnedFd> {
         use std::os::fd::AsFd as _;
         self.ring.as_fd().try_clone_to_owned().ok()
     }

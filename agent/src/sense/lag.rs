@@ -16,7 +16,7 @@ use super::event::Source;
 
 /// Upper bounds (inclusive, nanoseconds) of the lag buckets: a 1-2-5 series from 1 µs to 50 s.
 /// Anything above the last bound lands in the overflow (`+Inf`) bucket.
-pub const BUCKET_BOUNDS_NS: [u64; 24] = [
+pub(crate) const BUCKET_BOUNDS_NS: [u64; 24] = [
     1_000,
     2_000,
     5_000,
@@ -73,7 +73,7 @@ impl LagHistogram {
     }
 
     /// The estimated `q`-quantile (0.0..=1.0) in nanoseconds, or `None` with no samples.
-    pub fn quantile(&self, q: f64) -> Option<u64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
         if self.count == 0 {
             return None;
         }
@@ -100,8 +100,10 @@ impl LagHistogram {
     }
 
     /// Cumulative counts per bucket as `(upper bound ns, count ≤ bound)`, the last one with
-    /// `None` for `+Inf`: the Prometheus histogram form.
-    pub fn cumulative(&self) -> Vec<(Option<u64>, u64)> {
+    /// `None` for `+Inf`: the Prometheus histogram form. Only the tests read the buckets this
+    /// way (the metrics keep their own histogram), to check where a sample lands.
+    #[cfg(test)]
+    fn cumulative(&self) -> Vec<(Option<u64>, u64)> {
         let mut total = 0;
         self.counts
             .iter()

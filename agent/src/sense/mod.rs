@@ -41,9 +41,10 @@ pub mod poll;
 pub mod psi;
 pub mod stream;
 
-pub use attach::{AttachReport, AttachedPart, MissingPart, SenseOptions, MEMCG_EVENTS_HOLD};
+pub use attach::{AttachReport, SenseOptions, MEMCG_EVENTS_HOLD};
 pub use clock::{monotonic_ns, ThreadCpu};
-pub use event::{KilledAtCrossing, Kind, PressureEvent, Source};
-pub use lag::{LagRecorder, LagSnapshot};
+pub(crate) use event::KilledAtCrossing;
+pub use event::{Kind, PressureEvent, Source};
 pub use memcg::{MemcgTarget, MemoryHierarchy};
-pub use stream::{Received, Sense, SenseError};
+pub use stream::SenseError;
+pub use stream::{Received, Sense};

@@ -24,7 +24,7 @@ use super::event::{Kind, PressureEvent, Source};
 use super::fd::register_fd;
 
 /// The node-wide memory pressure file.
-pub const PROC_PRESSURE_MEMORY: &str = "/proc/pressure/memory";
+pub(crate) const PROC_PRESSURE_MEMORY: &str = "/proc/pressure/memory";
 
 /// Which stall a trigger watches: `some` (at least one task stalled) or `full` (all
 /// non-idle tasks stalled at once).
@@ -48,7 +48,7 @@ impl Level {
 
 /// Builds the trigger string the kernel expects, NUL-terminated: the kernel's write handler
 /// drops the buffer's last byte, so without the NUL it would cut the window's last digit.
-pub fn trigger_bytes(level: Level, stall: Duration, window: Duration) -> Vec<u8> {
+pub(crate) fn trigger_bytes(level: Level, stall: Duration, window: Duration) -> Vec<u8> {
     let mut text = format!(
         "{} {} {}",
         level.name(),
@@ -95,10 +95,10 @@ impl Pressure {
 /// A pressure file that does not have the kernel's format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed pressure file: {0}")]
-pub struct PressureParseError(String);
+pub(crate) struct PressureParseError(String);
 
 /// Parses the text of a pressure file.
-pub fn parse_pressure(text: &str) -> Result<Pressure, PressureParseError> {
+pub(crate) fn parse_pressure(text: &str) -> Result<Pressure, PressureParseError> {
     let mut some = None;
     let mut full = None;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -153,7 +153,7 @@ pub(crate) struct PsiWatch {
 /// Why a PSI trigger could not be armed, for the attach report: one line naming the file and
 /// what the kernel's errno most likely means.
 #[derive(Debug, thiserror::Error)]
-pub enum PsiError {
+pub(crate) enum PsiError {
     /// The pressure file could not be opened.
     #[error("{}", open_reason(path, *errno))]
     Open {

@@ -116,7 +116,7 @@ impl Sense {
     /// though ready, may run after the loop's (an interrupted `epoll_wait` even leaves it
     /// unwoken until the runtime's next turn); the loop then waits for the record, briefly,
     /// so the pass is the kernel's, with its timestamp, rather than the timer's.
-    pub fn kernel_record_waiting(&self) -> bool {
+    pub(crate) fn kernel_record_waiting(&self) -> bool {
         use rustix::event::{PollFd, PollFlags};
         let Some(ring) = &self.ring_probe else {
             return false;
@@ -143,7 +143,7 @@ impl Sense {
 
     /// Where the loop stages the pod it would evict first, for the charge program to kill at
     /// a hard threshold's crossing ([`ebpf::stage`]); `None` without the charge programs.
-    pub fn victim_stage(&self) -> Option<VictimStage> {
+    pub(crate) fn victim_stage(&self) -> Option<VictimStage> {
         self.victim_stage.clone()
     }
 

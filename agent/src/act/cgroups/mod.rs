@@ -62,7 +62,7 @@ use crate::observe::cgroupfs::{anon_slack_bytes, stat_anon};
 pub const DEFAULT_MOUNT_ROOT: &str = "/sys/fs/cgroup";
 
 /// The top of the pod tree, below the cgroup root (the kubelet's name with cgroupfs).
-pub const KUBEPODS: &str = "kubepods";
+pub(crate) const KUBEPODS: &str = "kubepods";
 
 /// Why a cgroup operation failed. Every variant names the file or directory, and writes
 /// carry the value, so one log line is enough to reproduce the problem by hand.
@@ -345,7 +345,7 @@ impl MemoryUsage {
 }
 
 /// How long [`CgroupManager::remove`] retries by default while exiting tasks drain.
-pub const DEFAULT_REMOVE_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_REMOVE_WAIT: Duration = Duration::from_secs(2);
 
 /// One cgroup manager over either cgroup version (enum dispatch: no trait objects, and a
 /// `match` shows every place the versions differ).
@@ -429,7 +429,7 @@ impl CgroupManager {
     /// Whether containers can be given `memory.swap.max`: cgroup v2 with swap accounting
     /// (checked on `kubepods`, so after [`CgroupManager::ensure_pod_tree`]). v1: never, as
     /// the kubelet configures swap on v2 only.
-    pub fn swap_controller_available(&self) -> bool {
+    pub(crate) fn swap_controller_available(&self) -> bool {
         match self {
             CgroupManager::V1(_) => false,
             CgroupManager::V2(v2) => v2.swap_controller_available(),

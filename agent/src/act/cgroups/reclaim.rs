@@ -26,7 +26,7 @@ pub enum ReclaimWrite {
 
 impl CgroupManager {
     /// Whether this hierarchy can reclaim on demand (`memory.reclaim`: v2 only).
-    pub fn can_reclaim(&self) -> bool {
+    pub(crate) fn can_reclaim(&self) -> bool {
         matches!(self, CgroupManager::V2(_))
     }
 

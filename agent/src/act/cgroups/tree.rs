@@ -16,9 +16,9 @@ use std::time::Duration;
 use super::{CgroupError, CgroupManager, CgroupPath, Resources};
 
 /// `kubepods/burstable`.
-pub const BURSTABLE: &str = "burstable";
+pub(crate) const BURSTABLE: &str = "burstable";
 /// `kubepods/besteffort`.
-pub const BESTEFFORT: &str = "besteffort";
+pub(crate) const BESTEFFORT: &str = "besteffort";
 
 /// A QoS tier whose memory limit was set to its usage because the wanted limit was below it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -407,7 +407,7 @@ impl CriClient {
     /// status (containerd puts it in `info["info"].pid`); `None` when the container is not
     /// running or the runtime does not reveal it. CRI has no field for it, but a node agent
     /// needs it to find the process in /proc (its `oom_score_adj`, its cgroup).
-    pub async fn container_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
+    pub(crate) async fn container_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
         const RPC: &str = "ContainerStatus";
         let mut c = self.runtime.clone();
         let req = pb::ContainerStatusRequest {

@@ -153,11 +153,6 @@ impl CriError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, CriError::NotFound { .. })
     }
-
-    /// Whether the runtime is too old for the RPC.
-    pub fn is_unimplemented(&self) -> bool {
-        matches!(self, CriError::Unimplemented { .. })
-    }
 }
 
 #[cfg(test)]
@@ -174,7 +169,7 @@ mod tests {
             "StopPodSandbox: container runtime unavailable: gone"
         );
         let e = CriError::from_status("RuntimeConfig", &tonic::Status::unimplemented("no"));
-        assert!(e.is_unimplemented() && !e.is_runtime_down());
+        assert!(matches!(e, CriError::Unimplemented { .. }) && !e.is_runtime_down());
         let e = CriError::from_status("RemoveImage", &tonic::Status::not_found("x"));
         assert!(e.is_not_found());
         let e = CriError::from_status("Version", &tonic::Status::internal("boom"));

@@ -60,19 +60,19 @@ use super::runtime::{
 use crate::decide::backoff::{BackOffEntry, BackOffPolicy};
 
 /// The kubelet's label for the pod uid on sandboxes and containers.
-pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+pub(crate) const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
 /// The kubelet's label for the pod name.
-pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
+pub(crate) const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
 /// The kubelet's label for the pod namespace.
-pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+pub(crate) const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 /// The kubelet's label for the container name.
-pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+pub(crate) const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
 /// Marks what this agent created, so it never adopts (or stops) a kubelet's pods.
 pub const LABEL_MANAGED_BY: &str = "reactor.io/managed-by";
 /// The value of [`LABEL_MANAGED_BY`].
 pub const MANAGED_BY: &str = "reactor";
 /// The sandbox annotation holding the pod's [`PodSpec`] as JSON.
-pub const ANNOTATION_POD_SPEC: &str = "reactor.io/pod-spec";
+pub(crate) const ANNOTATION_POD_SPEC: &str = "reactor.io/pod-spec";
 /// How many container exits a slow subscriber may fall behind by.
 const EXIT_EVENTS: usize = 1024;
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use reap::{kill_all, kill_and_reap, kill_known, set_reaping, Killed, KnownProcess, Signalled};
+pub use reap::{kill_all, set_reaping, Killed};
+pub(crate) use reap::{kill_and_reap, kill_known};
+pub use reap::{KnownProcess, Signalled};
 
 use crate::act::cgroups::{CgroupManager, CgroupPath};
 use crate::act::runtime::{PodStatus, Runtime, RuntimeError};
@@ -83,7 +85,7 @@ pub fn kill_cgroup_now(
 /// process in `cgroup` gets SIGKILL from here at once — not whenever the runtime's own tasks
 /// are scheduled — and that moment is the kill time; with a grace period (or no cgroup) it
 /// is when the runtime reports the stop.
-pub async fn stop_and_kill<R: Runtime>(
+pub(crate) async fn stop_and_kill<R: Runtime>(
     rt: &R,
     uid: &str,
     grace: Duration,
@@ -97,7 +99,7 @@ pub async fn stop_and_kill<R: Runtime>(
 
 /// A stop begun by [`begin_kill`]: the runtime's answer if it came at the first poll, else
 /// the rest of its stop to await.
-pub type Begun<F> = (Result<Result<PodStatus, RuntimeError>, F>, Evicted);
+pub(crate) type Begun<F> = (Result<Result<PodStatus, RuntimeError>, F>, Evicted);
 
 /// The first half of [`stop_and_kill`], without awaiting: polls `stop` (the runtime's
 /// `stop_pod`) once, so the runtime is told before anything dies, then with grace 0 sends
@@ -105,7 +107,7 @@ pub type Begun<F> = (Result<Result<PodStatus, RuntimeError>, F>, Evicted);
 /// only when there is a kill, before the runtime is told) first. For a caller that must
 /// record something right after the kill and before the stop's end (the pod manager's
 /// write-ahead record), without delaying the kill by it. Finish with [`finish_kill`].
-pub fn begin_kill<F>(
+pub(crate) fn begin_kill<F>(
     stop: F,
     grace: Duration,
     cgroup: Option<&CgroupPath>,
@@ -132,7 +134,7 @@ where
 
 /// The second half of [`stop_and_kill`]: awaits the runtime's stop; with a grace period the
 /// kill time is when it reports the pod stopped.
-pub async fn finish_kill<F>(
+pub(crate) async fn finish_kill<F>(
     first: Result<Result<PodStatus, RuntimeError>, Pin<Box<F>>>,
     mut out: Evicted,
 ) -> (Result<PodStatus, RuntimeError>, Evicted)

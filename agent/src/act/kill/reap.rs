@@ -47,7 +47,7 @@ pub fn set_reaping(on: bool) {
 
 /// Sends SIGKILL to each of `pids` (thread-group ids) and then reaps each one's memory with
 /// `process_mrelease` where the kernel has it. Pids already gone are skipped.
-pub fn kill_and_reap(pids: &[u32]) -> Killed {
+pub(crate) fn kill_and_reap(pids: &[u32]) -> Killed {
     kill_all(pids).reap()
 }
 
@@ -72,7 +72,7 @@ pub struct KnownProcess {
 
 /// Sends SIGKILL to each of `known` through its pidfd: no cgroup or `/proc` read first, so
 /// it is the quickest kill there is. Exited ones are skipped.
-pub fn kill_known(known: Vec<KnownProcess>) -> Signalled {
+pub(crate) fn kill_known(known: Vec<KnownProcess>) -> Signalled {
     let mut out = Signalled::default();
     for k in known {
         if pidfd_send_signal(&k.pidfd, Signal::KILL).is_ok() {
@@ -98,7 +98,7 @@ pub fn kill_all(pids: &[u32]) -> Signalled {
 
 impl Signalled {
     /// Sends SIGKILL to those of `pids` not signalled already (by [`kill_known`]).
-    pub fn kill_rest(&mut self, pids: &[u32]) {
+    pub(crate) fn kill_rest(&mut self, pids: &[u32]) {
         for &raw in pids {
             if self.pids.contains(&raw) {
                 continue;
@@ -140,7 +140,7 @@ impl Signalled {
     /// exit path (10-20 ms here), and the loop must not look away for that long: another pod
     /// can cross a threshold meanwhile, and the victim's release is itself something the
     /// loop watches (`reactor::inflight`).
-    pub fn reap_aside(self) -> Killed {
+    pub(crate) fn reap_aside(self) -> Killed {
         let handed = if MRELEASE_MISSING.load(Ordering::Relaxed) {
             0
         } else {

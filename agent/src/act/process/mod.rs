@@ -67,7 +67,6 @@ use super::runtime::{
 use crate::decide::backoff::BackOffPolicy;
 use crate::record::checkpoint::Checkpoint;
 
-pub use spawn::start_ticks;
 pub use state::{recode_checkpoint, CHECKPOINT_KIND, CHECKPOINT_VERSION};
 
 /// How many container exits a slow subscriber may fall behind by before it misses some

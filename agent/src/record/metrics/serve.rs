@@ -108,7 +108,7 @@ impl MetricsServer {
 }
 
 /// The routes: `/metrics` and `/healthz`.
-pub fn router(metrics: Arc<Metrics>) -> Router {
+pub(crate) fn router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/metrics", get(exposition))
         .route("/healthz", get(|| async { "ok\n" }))

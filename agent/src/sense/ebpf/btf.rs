@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 
 /// Where the running kernel publishes its BTF (Linux 5.4+ with `CONFIG_DEBUG_INFO_BTF`).
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Why BTF could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum BtfError {
+pub(crate) enum BtfError {
     /// The blob does not start with the BTF magic.
     #[error("not BTF: bad magic {0:#06x}")]
     BadMagic(u16),
@@ -74,7 +74,7 @@ enum Type {
 
 /// A parsed BTF blob: named structs/unions and enums, with their members and values.
 #[derive(Debug, Default)]
-pub struct Btf {
+pub(crate) struct Btf {
     types: Vec<Type>,
     by_name: HashMap<String, Vec<u32>>,
 }
@@ -94,7 +94,7 @@ fn str_at(strings: &[u8], off: u32) -> String {
 
 impl Btf {
     /// Reads the running kernel's BTF.
-    pub fn from_kernel() -> std::io::Result<Result<Btf, BtfError>> {
+    pub(crate) fn from_kernel() -> std::io::Result<Result<Btf, BtfError>> {
         let data = std::fs::read(VMLINUX_BTF)?;
         Ok(Btf::parse(&data))
     }
@@ -227,7 +227,7 @@ impl Btf {
 
     /// Byte offset of `member` in the struct or union named `name`, looking through anonymous
     /// struct/union members as C does. `None` if absent or a bitfield.
-    pub fn member_offset(&self, name: &str, member: &str) -> Option<u64> {
+    pub(crate) fn member_offset(&self, name: &str, member: &str) -> Option<u64> {
         self.by_name.get(name)?.iter().find_map(|&id| {
             let bits = self.member_bits(id, member, 0)?;
             (bits % 8 == 0).then_some(u64::from(bits / 8))
@@ -251,25 +251,12 @@ impl Btf {
     }
 
     /// The value of `variant` in the enum named `name` (an anonymous enum when `name` is "").
-    pub fn enum_value(&self, name: &str, variant: &str) -> Option<i64> {
+    pub(crate) fn enum_value(&self, name: &str, variant: &str) -> Option<i64> {
         self.by_name.get(name)?.iter().find_map(|&id| {
             let Some(Type::Enum { values }) = self.types.get(id as usize) else {
                 return None;
             };
             values.iter().find(|(n, _)| n == variant).map(|(_, v)| *v)
-        })
-    }
-
-    /// The name of `value` in the enum named `name`.
-    pub fn enum_name(&self, name: &str, value: i64) -> Option<&str> {
-        self.by_name.get(name)?.iter().find_map(|&id| {
-            let Some(Type::Enum { values }) = self.types.get(id as usize) else {
-                return None;
-            };
-            values
-                .iter()
-                .find(|(_, v)| *v == value)
-                .map(|(n, _)| n.as_str())
         })
     }
 }
@@ -350,11 +337,10 @@ mod tests {
     }
 
     #[test]
-    fn finds_enum_values_both_ways() {
+    fn finds_enum_values_by_name() {
         let btf = Btf::parse(&sample()).unwrap();
         assert_eq!(btf.enum_value("colour", "BLUE"), Some(7));
         assert_eq!(btf.enum_value("colour", "GREEN"), None);
-        assert_eq!(btf.enum_name("colour", 0), Some("RED"));
     }
 
     #[test]

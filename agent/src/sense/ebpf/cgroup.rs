@@ -49,7 +49,7 @@ impl MemoryHierarchy {
 
 /// Finds the memory controller's hierarchy in a `/proc/self/mountinfo` text: a v1 `cgroup`
 /// mount with the `memory` option wins; otherwise a `cgroup2` mount.
-pub fn find_memory_hierarchy(mountinfo: &str) -> Option<MemoryHierarchy> {
+pub(crate) fn find_memory_hierarchy(mountinfo: &str) -> Option<MemoryHierarchy> {
     let mut v2 = None;
     for line in mountinfo.lines() {
         let Some((left, right)) = line.split_once(" - ") else {
@@ -73,7 +73,7 @@ pub fn find_memory_hierarchy(mountinfo: &str) -> Option<MemoryHierarchy> {
 
 /// The memory cgroup path in a `/proc/<pid>/cgroup` text: the v1 line naming `memory`, or the
 /// v2 `0::` line.
-pub fn parse_proc_cgroup(text: &str, v1: bool) -> Option<String> {
+pub(crate) fn parse_proc_cgroup(text: &str, v1: bool) -> Option<String> {
     text.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -230,7 +230,7 @@ impl CgroupNames {
     }
 
     /// The memory cgroup path of a live (or not yet reaped) task, from `/proc/<pid>/cgroup`.
-    pub fn by_pid(&self, pid: u32) -> Option<String> {
+    pub(crate) fn by_pid(&self, pid: u32) -> Option<String> {
         let v1 = matches!(self.hierarchy, Some(MemoryHierarchy::V1(_)));
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         parse_proc_cgroup(&text, v1)

@@ -79,7 +79,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
 }
 
 /// The command name in a NUL-padded `comm` array.
-pub fn comm_str(comm: &[u8]) -> String {
+pub(crate) fn comm_str(comm: &[u8]) -> String {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }

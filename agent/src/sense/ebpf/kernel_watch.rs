@@ -130,7 +130,7 @@ impl KernelWatch {
 
     /// Waits until the charge programs come on (at once if they came on since the last
     /// wait returned). One waiter: the reactor loop.
-    pub async fn came_on(&self) {
+    pub(crate) async fn came_on(&self) {
         self.inner.came_on.notified().await;
     }
 

@@ -116,7 +116,7 @@ impl Arming {
 /// with the programs `on` or off now: usage decides [`Arming::Far`] by itself, the working
 /// set decides [`Arming::Near`]. Both comparisons keep [`DISARM_HYSTERESIS_BYTES`] on the way
 /// down while the programs are on.
-pub fn assess(usage: u64, inactive_file: u64, level: u64, reach: u64, on: bool) -> Arming {
+pub(crate) fn assess(usage: u64, inactive_file: u64, level: u64, reach: u64, on: bool) -> Arming {
     let floor = level.saturating_sub(reach);
     if !is_near(usage, floor, on) {
         Arming::Far
@@ -130,7 +130,7 @@ pub fn assess(usage: u64, inactive_file: u64, level: u64, reach: u64, on: bool) 
 /// The usage at which a cgroup in state `arming` must be looked at again: `level - reach`
 /// while far (usage alone), `level - reach + inactive_file` while cached (the working set
 /// reaching `level - reach` by a charge under the limit).
-pub fn usage_tripwire(arming: Arming, level: u64, reach: u64, inactive_file: u64) -> u64 {
+pub(crate) fn usage_tripwire(arming: Arming, level: u64, reach: u64, inactive_file: u64) -> u64 {
     let floor = level.saturating_sub(reach);
     match arming {
         Arming::Far => floor,
@@ -140,7 +140,7 @@ pub fn usage_tripwire(arming: Arming, level: u64, reach: u64, inactive_file: u64
 
 /// How far below the tripwire usage must fall before the programs come off again, so usage
 /// hovering at the tripwire does not attach and detach them over and over.
-pub const DISARM_HYSTERESIS_BYTES: u64 = 4 << 20;
+pub(crate) const DISARM_HYSTERESIS_BYTES: u64 = 4 << 20;
 
 /// The least move worth a new v1 tripwire registration: each one waits for an RCU grace
 /// period in the kernel (see `memcg::V1_MOVE_STEP_BYTES`).
@@ -148,7 +148,7 @@ const TRIPWIRE_STEP_BYTES: u64 = 8 << 20;
 
 /// The shortest interval a growth rate is taken over ([`Tripwire::sample`]): the agent's
 /// 10 ms poll.
-pub const RATE_WINDOW: Duration = Duration::from_millis(10);
+pub(crate) const RATE_WINDOW: Duration = Duration::from_millis(10);
 
 /// The distance below a level at which the programs attach, for a working set growing at
 /// `rate_bytes_per_s`.
@@ -159,7 +159,7 @@ pub fn reach(rate_bytes_per_s: f64, near: &NearLevel) -> u64 {
 
 /// Whether usage is near a level whose tripwire is at `tripwire`: at or above it, or, for
 /// programs on already, not yet [`DISARM_HYSTERESIS_BYTES`] below it.
-pub fn is_near(usage: u64, tripwire: u64, on: bool) -> bool {
+pub(crate) fn is_near(usage: u64, tripwire: u64, on: bool) -> bool {
     if on {
         usage.saturating_add(DISARM_HYSTERESIS_BYTES) >= tripwire
     } else {
@@ -277,7 +277,7 @@ impl Tripwire {
 /// with `usage` now: none is registered, it is a step or more away, or usage has passed it
 /// (the page cache grew under it: the kernel signals only a crossing, and usage is past
 /// that one already).
-pub fn needs_placing(registered: Option<u64>, tripwire: u64, usage: u64) -> bool {
+pub(crate) fn needs_placing(registered: Option<u64>, tripwire: u64, usage: u64) -> bool {
     match registered {
         None => true,
         Some(r) => r.abs_diff(tripwire) >= TRIPWIRE_STEP_BYTES || (usage >= r && r != tripwire),

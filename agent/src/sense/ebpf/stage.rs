@@ -25,7 +25,7 @@ use crate::sense::{monotonic_ns, MemcgTarget};
 
 /// The staged victim's map and which target each usage slot watches (cheap to clone).
 #[derive(Clone)]
-pub struct VictimStage {
+pub(crate) struct VictimStage {
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -49,7 +49,7 @@ impl std::fmt::Debug for VictimStage {
 }
 
 /// The slot mask of the slots armed for any of `targets`.
-pub fn slot_mask(slots: &[(usize, MemcgTarget)], targets: &[MemcgTarget]) -> u32 {
+pub(crate) fn slot_mask(slots: &[(usize, MemcgTarget)], targets: &[MemcgTarget]) -> u32 {
     slots
         .iter()
         .filter(|(i, t)| *i < MAX_THRESHOLDS && targets.contains(t))
@@ -117,7 +117,7 @@ impl VictimStage {
 /// The staged victim could not be written to the kernel's map.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write the eBPF staged victim: {0}")]
-pub struct StageError(#[source] aya::maps::MapError);
+pub(crate) struct StageError(#[source] aya::maps::MapError);
 
 #[cfg(test)]
 mod tests {

@@ -49,11 +49,11 @@ use crate::sense::memcg::Level;
 /// A slot that fired re-arms once usage falls this far below its level: at least 4 MiB (16
 /// per-CPU charge batches), or 1% of the level on large cgroups, so usage hovering at the
 /// level (page cache coming and going) cannot turn into a stream of crossings.
-pub const MIN_HYSTERESIS_BYTES: u64 = 4 << 20;
+pub(crate) const MIN_HYSTERESIS_BYTES: u64 = 4 << 20;
 
 /// What the kernel's BTF lacks that the charge programs need.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum OffsetsError {
+pub(crate) enum OffsetsError {
     /// BTF has no such struct member.
     #[error("BTF has no {0}.{1}")]
     Member(&'static str, &'static str),
@@ -177,7 +177,7 @@ const NODES_ONLINE: &str = "/sys/devices/system/node/online";
 
 /// Highest node id + 1 from a kernel CPU/node list (`0`, `0-1`, `0,2-3`); `None` when it does
 /// not parse or names more than [`MAX_NODES`] nodes (root-cgroup thresholds are then off).
-pub fn node_count(list: &str) -> Option<u64> {
+pub(crate) fn node_count(list: &str) -> Option<u64> {
     let n = id_count(list)?;
     (n <= MAX_NODES as u64).then_some(n)
 }
@@ -670,7 +670,7 @@ async fn wake_near(near: Option<&mut Near>, poll: bool) -> Woke {
 }
 
 /// Depth of a cgroup path in its hierarchy (`/` = 0, `/kubepods/burstable` = 2).
-pub fn cgroup_level(cgroup: &str) -> u32 {
+pub(crate) fn cgroup_level(cgroup: &str) -> u32 {
     let n = Path::new(cgroup)
         .components()
         .filter(|c| matches!(c, std::path::Component::Normal(_)))
@@ -680,7 +680,7 @@ pub fn cgroup_level(cgroup: &str) -> u32 {
 
 /// The slot for a cgroup at `threshold_bytes`, armed only when usage is below it now: a
 /// crossing is a change from below to at-or-above, as with a v1 eventfd.
-pub fn slot_for(
+pub(crate) fn slot_for(
     id: u64,
     level: u32,
     threshold_bytes: u64,
@@ -708,7 +708,7 @@ pub fn slot_for(
 /// The slot for a cgroup whose working set (usage minus inactive file) is checked against
 /// `working_set_bytes`, with `inactive_bytes` of inactive file now (which the programs then
 /// follow); armed only when the working set is below the level now.
-pub fn following_slot(
+pub(crate) fn following_slot(
     id: u64,
     level: u32,
     working_set_bytes: u64,

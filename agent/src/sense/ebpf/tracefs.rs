@@ -22,7 +22,7 @@ pub fn root() -> Option<PathBuf> {
 
 /// One field of a format file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FormatField {
+pub(crate) struct FormatField {
     /// The field name (last word of its C declaration, without array brackets).
     pub name: String,
     /// Byte offset in the record.
@@ -32,7 +32,7 @@ pub struct FormatField {
 }
 
 /// Parses the `field:` lines of a tracepoint format file.
-pub fn parse_format(text: &str) -> Vec<FormatField> {
+pub(crate) fn parse_format(text: &str) -> Vec<FormatField> {
     text.lines()
         .filter_map(|line| {
             let mut decl = None;
@@ -60,7 +60,7 @@ pub fn parse_format(text: &str) -> Vec<FormatField> {
 
 /// Checks that every field the program reads is where it expects; the error names the first
 /// field that differs.
-pub fn check_layout(format: &[FormatField], expected: &[Field]) -> Result<(), LayoutError> {
+pub(crate) fn check_layout(format: &[FormatField], expected: &[Field]) -> Result<(), LayoutError> {
     for want in expected {
         match format.iter().find(|f| f.name == want.name) {
             None => return Err(LayoutError::NoField(want.name)),
@@ -80,7 +80,7 @@ pub fn check_layout(format: &[FormatField], expected: &[Field]) -> Result<(), La
 }
 
 /// Reads `<root>/events/<category>/<name>/format` and checks `expected` against it.
-pub fn check_tracepoint(
+pub(crate) fn check_tracepoint(
     root: &Path,
     category: &str,
     name: &str,
@@ -108,7 +108,7 @@ pub fn check_tracepoint(
 
 /// A field of a tracepoint's record that is not where the program reads it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LayoutError {
+pub(crate) enum LayoutError {
     /// The record has no such field.
     #[error("tracepoint has no field {0:?}")]
     NoField(&'static str),
@@ -130,7 +130,7 @@ pub enum LayoutError {
 
 /// Why a tracepoint cannot be attached to; each names the tracepoint or its file.
 #[derive(Debug, thiserror::Error)]
-pub enum TracepointError {
+pub(crate) enum TracepointError {
     /// This kernel has no such tracepoint.
     #[error("tracepoint {tracepoint} absent ({} not found)", path.display())]
     Absent {

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 /// The counters of a v2 `memory.events` file (or any flat `key value` file).
-pub type EventCounters = BTreeMap<String, u64>;
+pub(crate) type EventCounters = BTreeMap<String, u64>;
 
 /// A line of a counter file that is not `key count`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CountersError {
+pub(crate) enum CountersError {
     /// The line does not have exactly two words.
     #[error("line {0:?} is not \"key value\"")]
     NotKeyValue(String),
@@ -23,7 +23,7 @@ pub enum CountersError {
 }
 
 /// Parses a flat keyed file of counters (`memory.events`, `memory.oom_control`).
-pub fn parse_counters(text: &str) -> Result<EventCounters, CountersError> {
+pub(crate) fn parse_counters(text: &str) -> Result<EventCounters, CountersError> {
     let mut counters = EventCounters::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let mut words = line.split_whitespace();

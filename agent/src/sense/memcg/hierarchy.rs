@@ -32,7 +32,7 @@ pub enum MemoryHierarchy {
 
 /// Mount points of cgroup hierarchies found in `/proc/self/mountinfo`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CgroupMounts {
+pub(crate) struct CgroupMounts {
     /// The v1 hierarchy that has the memory controller.
     pub v1_memory: Option<PathBuf>,
     /// The cgroup2 mount.
@@ -40,7 +40,7 @@ pub struct CgroupMounts {
 }
 
 /// Finds the cgroup mounts in the text of `/proc/self/mountinfo`.
-pub fn parse_mountinfo(text: &str) -> CgroupMounts {
+pub(crate) fn parse_mountinfo(text: &str) -> CgroupMounts {
     let mut mounts = CgroupMounts::default();
     for line in text.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();

@@ -24,11 +24,8 @@ pub mod thresholds;
 pub mod v1;
 pub mod v2;
 
-pub use counters::{parse_counters, CountersError, EventCounters};
-pub use hierarchy::{cgroup_dir, parse_mountinfo, CgroupMounts, HierarchyError, MemoryHierarchy};
-pub use thresholds::{
-    node_target, node_threshold, working_set_level, Level, MemcgTarget, MemcgThresholds,
-};
+pub use hierarchy::{cgroup_dir, MemoryHierarchy};
+pub(crate) use thresholds::MemcgThresholds;
+pub use thresholds::{node_target, working_set_level, Level, MemcgTarget};
+pub(crate) use v1::V1Error;
 pub(crate) use v1::V1Registration;
-pub use v1::{v1_moves, V1Error, V1_MOVE_STEP_BYTES};
-pub use v2::{events_delta, V2Error};

@@ -56,7 +56,7 @@ impl MemcgThresholds {
 ///
 /// Where the v1 eventfd cannot follow: its threshold is on `memory.usage_in_bytes` alone and
 /// moves only when the loop re-registers it (at most once per
-/// [`super::V1_MOVE_STEP_BYTES`]), so page cache dropped since the last pass leaves it high
+/// [`super::v1::V1_MOVE_STEP_BYTES`]), so page cache dropped since the last pass leaves it high
 /// by that much; the eBPF slot, where it runs, is the one that catches that crossing on time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Level {
@@ -138,7 +138,10 @@ pub struct MemcgTarget {
 /// `hard` is met on `capacity_bytes`: decide's [`usage_at`], so the wake-up and the loop's
 /// evaluation share one figure. `None` when the kubelet ignores the threshold (`0%`, `100%`).
 /// `hard` is a quantity (`"100Mi"`) or a percentage of capacity (`"10%"`).
-pub fn node_threshold(capacity_bytes: u64, hard: &str) -> Result<Option<u64>, ThresholdError> {
+pub(crate) fn node_threshold(
+    capacity_bytes: u64,
+    hard: &str,
+) -> Result<Option<u64>, ThresholdError> {
     Ok(parse_hard("memory.available", hard)?.map(|value| usage_at(capacity_bytes, &value)))
 }
 

@@ -21,7 +21,7 @@ use crate::sense::fd::register_fd;
 
 /// Why a v1 notification could not be registered; each names the cgroup or file at fault.
 #[derive(Debug, thiserror::Error)]
-pub enum V1Error {
+pub(crate) enum V1Error {
     /// The cgroup's directory does not exist.
     #[error("cgroup {} absent", .0.display())]
     CgroupAbsent(PathBuf),
@@ -73,10 +73,10 @@ fn refusal_hint(e: &std::io::Error) -> &'static str {
 /// so a level following the page cache page by page would churn for nothing. Inside the
 /// step the v1 notification may come up to this much early and the loop's close watch
 /// finishes the approach; the eBPF slot has no such cost and follows every page.
-pub const V1_MOVE_STEP_BYTES: u64 = 1 << 20;
+pub(crate) const V1_MOVE_STEP_BYTES: u64 = 1 << 20;
 
 /// Whether a v1 threshold registered at `registered` bytes should move to `want`.
-pub fn v1_moves(registered: u64, want: u64) -> bool {
+pub(crate) fn v1_moves(registered: u64, want: u64) -> bool {
     registered.abs_diff(want) >= V1_MOVE_STEP_BYTES
 }
 

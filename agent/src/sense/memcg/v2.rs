@@ -20,7 +20,7 @@ use crate::sense::fd::register_fd;
 
 /// Why `memory.events` could not be watched or read; each names the file at fault.
 #[derive(Debug, thiserror::Error)]
-pub enum V2Error {
+pub(crate) enum V2Error {
     /// The file could not be read.
     #[error("cannot read {}: {source} (no v2 memory controller here?)", path.display())]
     Read {
@@ -62,7 +62,7 @@ const EVENT_ITEMS: [&str; 5] = ["low", "high", "max", "oom", "oom_group_kill"];
 /// What changed between two readings of `memory.events`: one [`Kind::OomKill`] when
 /// `oom_kill` moved, one [`Kind::MemcgEvent`] per other item that moved. A counter that went
 /// down (the file was recreated) counts from zero.
-pub fn events_delta(before: &EventCounters, now: &EventCounters) -> Vec<Kind> {
+pub(crate) fn events_delta(before: &EventCounters, now: &EventCounters) -> Vec<Kind> {
     let moved = |key: &str| {
         let n = now.get(key).copied().unwrap_or(0);
         let b = before.get(key).copied().unwrap_or(0);
