@@ -30,9 +30,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::decide::duration::{format_go_duration, parse_go_duration};
 use crate::decide::quantity::Quantity;
 
-pub mod kubelet;
+pub(crate) mod kubelet;
 pub mod memory;
-pub mod psi;
+pub(crate) mod psi;
 
 /// A non-negative Go duration (`"10s"`, `"1m30s"`) that prints back in Go's form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -74,7 +74,7 @@ pub fn bytes(value: i128) -> String {
 }
 
 /// CPU for people, from an exact quantity of cores (`2`, `1500m`, `100m`, `0`).
-pub fn cpu(q: Quantity) -> String {
+pub(crate) fn cpu(q: Quantity) -> String {
     let nanos = q.nanos();
     if nanos % 1_000_000_000 == 0 {
         format!("{}", nanos / 1_000_000_000)

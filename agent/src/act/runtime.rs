@@ -36,7 +36,7 @@ pub enum RestartPolicy {
 
 impl RestartPolicy {
     /// Whether a container that ended with `exit_code` is started again.
-    pub fn restarts(self, exit_code: i32) -> bool {
+    pub(crate) fn restarts(self, exit_code: i32) -> bool {
         match self {
             RestartPolicy::Always => true,
             RestartPolicy::OnFailure => exit_code != 0,

@@ -31,7 +31,7 @@ pub const MAX_MESSAGE_BYTES: usize = crate::node::document::MAX_DOCUMENT_BYTES +
 /// With the per-connection limits below this bounds what clients can make the agent hold
 /// (each request's body is buffered up to [`MAX_MESSAGE_BYTES`] while it is decoded), so a
 /// flood of clients slows the API down instead of growing the agent without end.
-pub(crate) const MAX_CONNECTIONS: usize = 128;
+pub const MAX_CONNECTIONS: usize = 128;
 /// HTTP/2 streams (calls) one connection may have open; more are refused by the HTTP/2
 /// layer (`REFUSED_STREAM`), which clients see as `Unavailable` and may retry.
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 64;

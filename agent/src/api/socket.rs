@@ -160,13 +160,8 @@ impl ApiSocket {
     }
 
     /// The listener, for the gRPC server (`tokio_stream::wrappers::UnixListenerStream`).
-    pub fn listener(&self) -> &tokio::net::UnixListener {
+    pub(crate) fn listener(&self) -> &tokio::net::UnixListener {
         &self.listener
-    }
-
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

@@ -16,10 +16,7 @@ use reactor::record::metrics::Metrics;
 /// leave the exposition. They are found by comparing with the previous round rather than
 /// taken from [`DeviceManager::capacity`], whose once-only `deleted` report belongs to node
 /// status.
-pub(crate) fn spawn(
-    devices: &Arc<DeviceManager>,
-    metrics: &Arc<Metrics>,
-) -> tokio::task::JoinHandle<()> {
+pub fn spawn(devices: &Arc<DeviceManager>, metrics: &Arc<Metrics>) -> tokio::task::JoinHandle<()> {
     let mut changes = devices.subscribe();
     let devices: Weak<DeviceManager> = Arc::downgrade(devices);
     let metrics = Arc::clone(metrics);

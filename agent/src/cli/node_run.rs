@@ -48,7 +48,7 @@ pub(crate) struct NodeParts {
 /// Starts the device manager, the runtime `runtime.kind` names, the pod manager (which
 /// re-adopts what its checkpoint and the runtime know), the static-pod watcher and, with the
 /// CRI runtime, the image GC manager's loop.
-pub(crate) async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<NodeParts> {
+pub async fn start(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<NodeParts> {
     // The event hub first: every state file's notices (set aside, failed writes) and the
     // pod recovery go to `reactor events`, the ones of the start replayed to later clients.
     let events = EventHub::new();
@@ -400,7 +400,7 @@ fn forward_image_gc(
 
 impl NodeParts {
     /// The pod manager: the reactor loop evicts through it.
-    pub(crate) fn pods(&self) -> &PodManager {
+    pub fn pods(&self) -> &PodManager {
         &self.pods
     }
 
@@ -419,7 +419,7 @@ impl NodeParts {
 
     /// Stops the API server, the image GC loop and the watchers. Pods keep running (a
     /// restarted agent re-adopts them).
-    pub(crate) async fn stop(self) {
+    pub async fn stop(self) {
         if let Some((stop, server)) = self.server {
             let _ = stop.send(());
             let _ = server.await;

@@ -28,7 +28,7 @@ impl Shutdown {
     }
 
     /// A receiver for another task to stop on.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.rx.clone()
     }
 

@@ -12,7 +12,7 @@ use super::ConfigError;
 /// The `apiVersion` of the kubelet's config file.
 pub(crate) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// Its `kind`.
-pub const KIND: &str = "KubeletConfiguration";
+pub(crate) const KIND: &str = "KubeletConfiguration";
 
 /// Every top-level field of `KubeletConfiguration` (`kubelet.config.k8s.io/v1beta1`). The ones
 /// the agent's own config also defines are read by it; the rest are ignored.
@@ -150,7 +150,7 @@ const FIELDS: &[&str] = &[
 /// Checks `apiVersion`/`kind` when present and removes them, then removes the
 /// KubeletConfiguration fields the agent does not define (`own` holds the keys it does).
 /// Returns the names set aside, sorted.
-pub fn set_aside(document: &mut Value, own: &[String]) -> Result<Vec<String>, ConfigError> {
+pub(crate) fn set_aside(document: &mut Value, own: &[String]) -> Result<Vec<String>, ConfigError> {
     let Some(map) = document.as_object_mut() else {
         return Ok(Vec::new());
     };

@@ -26,7 +26,7 @@ pub(crate) const SHARES_PER_CPU: i128 = 1024;
 /// The default CFS period, in microseconds (100 ms).
 pub const DEFAULT_QUOTA_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota, in microseconds (1 ms).
-pub(crate) const MIN_QUOTA_PERIOD_US: i64 = 1_000;
+pub const MIN_QUOTA_PERIOD_US: i64 = 1_000;
 
 /// v2 `memory.min`.
 pub(crate) const MEMORY_MIN: &str = "memory.min";
@@ -100,7 +100,7 @@ impl NodeSettings {
     /// `singleProcessOOMKill` is true. The kubelet hands it to the runtime in the container's
     /// unified settings, so an OOM kill takes every process of the container, not just the
     /// largest one (which could leave a half-dead container running).
-    pub fn oom_group(&self) -> bool {
+    pub(crate) fn oom_group(&self) -> bool {
         self.version == CgroupVersion::V2 && !self.single_process_oom_kill.unwrap_or(false)
     }
 }
@@ -255,7 +255,7 @@ pub(crate) fn kubepods_with_pods(node: &NodeSettings, pods: &[PodInfo]) -> Resou
 }
 
 /// The pod cgroup's name under the cgroupfs driver.
-pub fn pod_cgroup(pod: &PodInfo) -> String {
+pub(crate) fn pod_cgroup(pod: &PodInfo) -> String {
     match pod.qos {
         QosClass::Guaranteed => format!("kubepods/pod{}", pod.uid),
         QosClass::Burstable => format!("kubepods/burstable/pod{}", pod.uid),

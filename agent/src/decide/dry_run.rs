@@ -16,7 +16,7 @@
 
 /// One would-be eviction of the current episode.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WouldEvict {
+pub(crate) struct WouldEvict {
     /// The pod uid.
     pub uid: String,
     /// `namespace/name`.
@@ -53,13 +53,13 @@ impl DryRunLedger {
     }
 
     /// Whether `uid` was recorded in its current episode.
-    pub fn recorded(&self, uid: &str) -> bool {
+    pub(crate) fn recorded(&self, uid: &str) -> bool {
         self.recorded.iter().any(|w| w.uid == uid)
     }
 
     /// Records `would` unless its pod was recorded in this episode already; returns whether
     /// it was recorded now (the caller then emits its record and counts it).
-    pub fn record(&mut self, would: WouldEvict) -> bool {
+    pub(crate) fn record(&mut self, would: WouldEvict) -> bool {
         if self.recorded(&would.uid) {
             return false;
         }
@@ -68,7 +68,7 @@ impl DryRunLedger {
     }
 
     /// The would-be evictions of the current episodes, oldest first.
-    pub fn current(&self) -> &[WouldEvict] {
+    pub(crate) fn current(&self) -> &[WouldEvict] {
         &self.recorded
     }
 

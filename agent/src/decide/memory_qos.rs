@@ -80,7 +80,8 @@ impl SwapBehavior {
     }
 
     /// The name the kubelet uses.
-    pub fn as_str(self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SwapBehavior::NoSwap => "NoSwap",
             SwapBehavior::LimitedSwap => "LimitedSwap",
@@ -227,7 +228,7 @@ pub(crate) fn container_swap_max(
 /// `request / node memory × node swap`, truncated (`calcSwapForBurstablePods`). `None`,
 /// which the kubelet turns into no swap, when the node's memory is unknown or the request is
 /// larger than it.
-pub fn limited_swap(request: i64, memory_capacity: i64, swap_capacity: i64) -> Option<i64> {
+pub(crate) fn limited_swap(request: i64, memory_capacity: i64, swap_capacity: i64) -> Option<i64> {
     if memory_capacity <= 0 || request > memory_capacity {
         return None;
     }

@@ -54,7 +54,7 @@ pub(crate) struct ReclaimView {
 
 /// Why reclaim stops (or is not tried) with the threshold still met.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
+pub(crate) enum StopReason {
     /// The active file pages cannot cover the shortfall: the pressure is not page cache.
     FilePagesShort,
     /// The time bound passed.
@@ -65,7 +65,7 @@ pub enum StopReason {
 
 impl StopReason {
     /// The name records, events and metrics use.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StopReason::FilePagesShort => "file-pages-short",
             StopReason::TimeBound => "time-bound",
@@ -76,7 +76,7 @@ impl StopReason {
 
 /// What to do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Write this many bytes to `memory.reclaim`.
     Ask {
         /// Bytes to ask for.
@@ -88,7 +88,7 @@ pub enum Step {
 
 /// The shortfall of `threshold` on `observation`: threshold plus minimum reclaim, minus what
 /// is available, in bytes; zero when the threshold is clear.
-pub fn shortfall(threshold: &Threshold, observation: &Observation) -> u64 {
+pub(crate) fn shortfall(threshold: &Threshold, observation: &Observation) -> u64 {
     let capacity = observation.capacity.unwrap_or(Quantity::ZERO);
     let level = threshold.level(capacity, true).value();
     let available = observation.available.value();

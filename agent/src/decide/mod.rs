@@ -6,14 +6,14 @@
 
 pub mod backoff;
 pub mod cgroups;
-pub mod crossing;
-pub mod dry_run;
+pub(crate) mod crossing;
+pub(crate) mod dry_run;
 pub mod duration;
 pub(crate) mod eviction_message;
 pub mod image_gc;
 pub mod inflight;
 pub mod memory_qos;
-pub mod memory_reclaim;
+pub(crate) mod memory_reclaim;
 pub mod oom_score;
 pub mod pod;
 pub mod preempt;
@@ -27,7 +27,7 @@ pub mod resources;
 pub mod signal;
 pub mod summary;
 pub mod thresholds;
-pub mod timestamp;
+pub(crate) mod timestamp;
 
 /// `text` with its control characters escaped (`\n`, `\r`, `\u{1b}`) and the rest as
 /// written: how a refusal quotes a key or value from the input, which may hold anything, and

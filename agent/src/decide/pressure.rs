@@ -71,7 +71,7 @@ pub struct EvictionState {
 
 /// What to reclaim in this pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Reclaim {
+pub(crate) struct Reclaim {
     /// Index of the threshold acted on.
     pub threshold: usize,
     /// Its signal.
@@ -90,7 +90,7 @@ pub struct Reclaim {
 
 /// The outcome of one pass.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PassResult {
+pub(crate) struct PassResult {
     /// Thresholds met now, grace periods satisfied (indices, ascending).
     pub met: Vec<usize>,
     /// Node conditions to report (kept for the transition period after the last sighting).
@@ -123,10 +123,10 @@ pub(crate) fn thresholds_met(
         .collect()
 }
 
-/// Runs one housekeeping pass at `now`, as the kubelet's `synchronize` does up to the choice
-/// of what to reclaim. `transition_period_nanos` is `evictionPressureTransitionPeriod`.
-/// The PSI conditions are off; [`pass_with_psi`] takes their settings.
-pub fn pass(
+/// [`pass_with_psi`] with the PSI conditions off: how the tests run the kubelet's rules
+/// alone.
+#[cfg(test)]
+pub(crate) fn pass(
     thresholds: &[Threshold],
     state: &EvictionState,
     observations: &Observations,
@@ -143,7 +143,10 @@ pub fn pass(
     )
 }
 
-/// [`pass`] with KEP-5394's PSI conditions: each is seen while its rule holds on
+/// Runs one housekeeping pass at `now`, as the kubelet's `synchronize` does up to the choice
+/// of what to reclaim. `transition_period_nanos` is `evictionPressureTransitionPeriod`.
+///
+/// With KEP-5394's PSI conditions (off in `psi`'s default): each is seen while its rule holds on
 /// `observations.psi` ([`psi_conditions::step`]) and reported, like the eviction conditions,
 /// until the transition period has passed since it was last seen, so every condition the
 /// agent reports has the same one. The kubelet sets its PSI conditions in a node-status

@@ -80,7 +80,7 @@ pub struct PsiReadings {
 
 impl PsiReadings {
     /// The reading for `condition`, if it is a PSI condition and was read.
-    pub fn of(&self, condition: NodeCondition) -> Option<FullAverages> {
+    pub(crate) fn of(&self, condition: NodeCondition) -> Option<FullAverages> {
         slot(condition).and_then(|i| self.full[i])
     }
 }
@@ -106,7 +106,7 @@ impl Default for PsiSettings {
 impl PsiSettings {
     /// The PSI conditions the node reports: all four with the gate on (a condition whose
     /// threshold is 0 is reported, always False), none with it off.
-    pub fn listed(&self) -> &'static [NodeCondition] {
+    pub(crate) fn listed(&self) -> &'static [NodeCondition] {
         if self.enabled {
             &PSI_CONDITIONS
         } else {
@@ -243,7 +243,7 @@ pub(crate) fn contended(threshold: f64, was: bool, reading: Option<FullAverages>
 }
 
 /// One step of the four conditions' rule. With the gate off, nothing is ever contended.
-pub fn step(settings: &PsiSettings, state: &PsiState, readings: &PsiReadings) -> PsiState {
+pub(crate) fn step(settings: &PsiSettings, state: &PsiState, readings: &PsiReadings) -> PsiState {
     let mut next = PsiState::default();
     if !settings.enabled {
         return next;

@@ -24,7 +24,7 @@ pub enum QosClass {
 
 impl QosClass {
     /// The API spelling (`"Guaranteed"`, `"Burstable"`, `"BestEffort"`).
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             QosClass::Guaranteed => "Guaranteed",
             QosClass::Burstable => "Burstable",

@@ -35,7 +35,7 @@ pub enum QuantityError {
 
 impl Quantity {
     /// Zero, the value of an absent request.
-    pub const ZERO: Quantity = Quantity { nanos: 0 };
+    pub(crate) const ZERO: Quantity = Quantity { nanos: 0 };
 
     /// A quantity of whole units (bytes for memory, cores for cpu, a count for pods).
     pub const fn from_units(units: i64) -> Self {
@@ -45,7 +45,8 @@ impl Quantity {
     }
 
     /// A quantity of milli-units (millicores for cpu).
-    pub const fn from_millis(millis: i64) -> Self {
+    #[cfg(test)]
+    pub(crate) const fn from_millis(millis: i64) -> Self {
         Quantity {
             nanos: millis as i128 * 1_000_000,
         }
@@ -62,7 +63,7 @@ impl Quantity {
     }
 
     /// The exact value in nano-units.
-    pub const fn nanos(&self) -> i128 {
+    pub(crate) const fn nanos(&self) -> i128 {
         self.nanos
     }
 
@@ -72,14 +73,14 @@ impl Quantity {
     }
 
     /// Sum, saturating instead of overflowing on absurd inputs.
-    pub fn saturating_add(self, other: Quantity) -> Quantity {
+    pub(crate) fn saturating_add(self, other: Quantity) -> Quantity {
         Quantity {
             nanos: self.nanos.saturating_add(other.nanos),
         }
     }
 
     /// Difference, saturating instead of overflowing on absurd inputs.
-    pub fn saturating_sub(self, other: Quantity) -> Quantity {
+    pub(crate) fn saturating_sub(self, other: Quantity) -> Quantity {
         Quantity {
             nanos: self.nanos.saturating_sub(other.nanos),
         }

@@ -16,7 +16,7 @@ use crate::decide::summary::{FsStats, PodStats, StatsIndex};
 
 /// Which parts of a pod's disk use count against a filesystem (the kubelet's `fsStatsType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Charged {
+pub(crate) struct Charged {
     /// Container writable layers (`rootfs`).
     pub rootfs: bool,
     /// Container logs.
@@ -31,7 +31,7 @@ pub struct Charged {
 /// layers to `imagefs`/`containerfs` and logs plus volumes to `nodefs`; a split image
 /// filesystem charges everything but images to `nodefs`/`containerfs` and only image storage,
 /// which the Summary API does not attribute to pods, to `imagefs`.
-pub fn charged(signal: Signal, layout: FsLayout) -> Option<Charged> {
+pub(crate) fn charged(signal: Signal, layout: FsLayout) -> Option<Charged> {
     const ALL: Charged = Charged {
         rootfs: true,
         logs: true,

@@ -8,13 +8,13 @@
 use super::quantity::Quantity;
 
 /// The `cpu` resource (cores; compared in millicores).
-pub const CPU: &str = "cpu";
+pub(crate) const CPU: &str = "cpu";
 /// The `memory` resource (bytes).
 pub(crate) const MEMORY: &str = "memory";
 /// The `ephemeral-storage` resource (bytes of local disk).
 pub(crate) const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 /// The `pods` resource: every pod requests exactly one.
-pub const PODS: &str = "pods";
+pub(crate) const PODS: &str = "pods";
 /// Prefix of the huge page resources (`hugepages-2Mi`, ...).
 pub(crate) const HUGEPAGES_PREFIX: &str = "hugepages-";
 
@@ -47,17 +47,20 @@ impl ResourceList {
     }
 
     /// Whether the list names the resource (even with a zero quantity).
-    pub fn contains(&self, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.position(name).is_ok()
     }
 
     /// The cpu quantity, if present.
-    pub fn cpu(&self) -> Option<Quantity> {
+    #[cfg(test)]
+    pub(crate) fn cpu(&self) -> Option<Quantity> {
         self.get(CPU)
     }
 
     /// The memory quantity, if present.
-    pub fn memory(&self) -> Option<Quantity> {
+    #[cfg(test)]
+    pub(crate) fn memory(&self) -> Option<Quantity> {
         self.get(MEMORY)
     }
 
@@ -70,7 +73,7 @@ impl ResourceList {
     }
 
     /// Adds `quantity` to `name`, creating the entry when absent.
-    pub fn add(&mut self, name: &str, quantity: Quantity) {
+    pub(crate) fn add(&mut self, name: &str, quantity: Quantity) {
         match self.position(name) {
             Ok(i) => self.entries[i].1 = self.entries[i].1.saturating_add(quantity),
             Err(i) => self.entries.insert(i, (name.to_string(), quantity)),

@@ -96,7 +96,7 @@ impl NodeCondition {
 
 impl Signal {
     /// Every signal, in a fixed order used for stable output.
-    pub const ALL: [Signal; 9] = [
+    pub(crate) const ALL: [Signal; 9] = [
         Signal::MemoryAvailable,
         Signal::AllocatableMemoryAvailable,
         Signal::NodeFsAvailable,
@@ -129,7 +129,7 @@ impl Signal {
     }
 
     /// The resource an eviction for this signal reclaims.
-    pub fn resource(self) -> Resource {
+    pub(crate) fn resource(self) -> Resource {
         match self {
             Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
             Signal::NodeFsAvailable | Signal::ImageFsAvailable | Signal::ContainerFsAvailable => {
@@ -143,7 +143,7 @@ impl Signal {
     }
 
     /// The node condition a met threshold on this signal raises.
-    pub fn condition(self) -> NodeCondition {
+    pub(crate) fn condition(self) -> NodeCondition {
         match self.resource() {
             Resource::Memory => NodeCondition::MemoryPressure,
             Resource::EphemeralStorage | Resource::Inodes => NodeCondition::DiskPressure,

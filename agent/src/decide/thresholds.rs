@@ -45,7 +45,7 @@ pub enum ThresholdValue {
 impl ThresholdValue {
     /// The amount this value stands for on a resource of the given capacity, as the kubelet's
     /// `GetThresholdQuantity` computes it (a percentage truncates to whole units).
-    pub fn quantity(&self, capacity: Quantity) -> Quantity {
+    pub(crate) fn quantity(&self, capacity: Quantity) -> Quantity {
         match *self {
             ThresholdValue::Quantity(q) => q,
             ThresholdValue::Percentage { fraction, .. } => {
@@ -61,7 +61,7 @@ impl ThresholdValue {
     }
 
     /// The value as an operator writes it (`"10%"`, `"100Mi"`, `"5k"`).
-    pub fn display(&self, bytes: bool) -> String {
+    pub(crate) fn display(&self, bytes: bool) -> String {
         match *self {
             ThresholdValue::Quantity(q) => format_quantity(q, bytes),
             ThresholdValue::Percentage { percent, .. } => format!("{percent}%"),
@@ -105,7 +105,7 @@ impl Threshold {
 
     /// The level available must stay above: the threshold's amount, plus the minimum reclaim
     /// when `with_min_reclaim` (the level an eviction reclaims up to).
-    pub fn level(&self, capacity: Quantity, with_min_reclaim: bool) -> Quantity {
+    pub(crate) fn level(&self, capacity: Quantity, with_min_reclaim: bool) -> Quantity {
         let mut q = self.value.quantity(capacity);
         if with_min_reclaim {
             if let Some(min) = self.min_reclaim {

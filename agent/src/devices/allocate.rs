@@ -104,7 +104,7 @@ pub enum PlanError {
 
 impl Book {
     /// Devices held by pods (all, or only those in `active`) plus in-flight reservations.
-    pub fn allocated(&self, resource: &str, active: Option<&BTreeSet<String>>) -> DeviceSet {
+    pub(crate) fn allocated(&self, resource: &str, active: Option<&BTreeSet<String>>) -> DeviceSet {
         let mut out: DeviceSet = self.reserved.get(resource).cloned().unwrap_or_default();
         for (uid, containers) in &self.pods {
             if active.is_some_and(|a| !a.contains(uid)) {
@@ -129,7 +129,7 @@ impl Book {
     }
 
     /// Counts for one resource.
-    pub fn counts(&self, resource: &str) -> ResourceCapacity {
+    pub(crate) fn counts(&self, resource: &str) -> ResourceCapacity {
         let healthy = self.healthy.get(resource).map_or(0, |s| s.len()) as u64;
         let unhealthy = self.unhealthy.get(resource).map_or(0, |s| s.len()) as u64;
         ResourceCapacity {
@@ -183,7 +183,7 @@ impl Book {
     }
 
     /// The devices a container holds of a resource, if any.
-    pub fn container_devices(
+    pub(crate) fn container_devices(
         &self,
         pod: &str,
         container: &str,
@@ -268,7 +268,7 @@ impl Book {
     }
 
     /// Records a container's devices and the plugin's answer, grouped by NUMA node.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         pod: &str,
         container: &str,
@@ -297,7 +297,7 @@ impl Book {
     }
 
     /// Removes one container's assignment of one resource (rolling back a failed admission).
-    pub fn remove(&mut self, pod: &str, container: &str, resource: &str) {
+    pub(crate) fn remove(&mut self, pod: &str, container: &str, resource: &str) {
         if let Some(containers) = self.pods.get_mut(pod) {
             if let Some(resources) = containers.get_mut(container) {
                 resources.remove(resource);
@@ -416,7 +416,7 @@ impl Book {
 
 /// Picks `more` devices from `available`: the plugin's preferred ones first (those still
 /// available), then the rest in ID order.
-pub fn choose(available: &DeviceSet, more: usize, preferred: &[String]) -> DeviceSet {
+pub(crate) fn choose(available: &DeviceSet, more: usize, preferred: &[String]) -> DeviceSet {
     let mut out = DeviceSet::new();
     for d in preferred {
         if out.len() == more {

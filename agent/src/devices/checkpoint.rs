@@ -92,7 +92,7 @@ pub(crate) fn fnv32a(bytes: &[u8]) -> u32 {
 }
 
 /// The kubelet's checksum of the data.
-pub fn checksum(data: &Data) -> u64 {
+pub(crate) fn checksum(data: &Data) -> u64 {
     u64::from(fnv32a(spew_dump(data).as_bytes()))
 }
 

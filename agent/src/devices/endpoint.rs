@@ -53,7 +53,7 @@ pub async fn dial_unix(path: &Path) -> Result<Channel, tonic::transport::Error> 
 }
 
 /// Dials a plugin and returns its client.
-pub async fn dial(path: &Path) -> Result<PluginClient, tonic::transport::Error> {
+pub(crate) async fn dial(path: &Path) -> Result<PluginClient, tonic::transport::Error> {
     Ok(PluginClient::new(dial_unix(path).await?))
 }
 

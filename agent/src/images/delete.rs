@@ -37,7 +37,7 @@ pub(crate) struct Executed {
 
 impl Executed {
     /// Bytes freed by the deletions made.
-    pub fn freed_bytes(&self) -> u64 {
+    pub(crate) fn freed_bytes(&self) -> u64 {
         self.deleted.iter().map(|d| d.size_bytes).sum()
     }
 

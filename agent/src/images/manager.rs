@@ -59,7 +59,7 @@ pub struct GcRound {
 
 impl GcRound {
     /// The round's failure as the kubelet would report it from `GarbageCollect`, if any.
-    pub fn failure(&self) -> Option<String> {
+    pub(crate) fn failure(&self) -> Option<String> {
         self.shortfall.clone().or_else(|| {
             (!self.errors.is_empty())
                 .then(|| format!("errors in image deletion: [{}]", self.errors.join(", ")))

@@ -18,13 +18,13 @@
 //! ([`containers`]), the events and counters ([`events`]), the settings ([`settings`]), the
 //! manager tying them to the runtime ([`manager`]) and its loop ([`task`]).
 
-pub mod containers;
+pub(crate) mod containers;
 pub mod delete;
 pub mod events;
 pub mod manager;
 pub mod records;
 pub mod settings;
-pub mod task;
+pub(crate) mod task;
 
 pub use events::{Counters, GcTrigger, ImageGcEvent};
 pub use manager::{ImageGcManager, Reclaimed};

@@ -34,7 +34,7 @@ pub struct Record {
 
 /// What one detection changed, so the caller knows whether to write the checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DetectOutcome {
+pub(crate) struct DetectOutcome {
     /// Ids seen for the first time.
     pub added: Vec<String>,
     /// Ids no longer listed by the runtime, whose records were dropped.
@@ -88,7 +88,7 @@ impl ImageRecords {
     /// The kubelet's `detectImages`: every listed image gets a record (a new one is detected
     /// at `detected_at`), images in use are marked used at `now`, sizes and pins follow the
     /// runtime, and records of images the runtime no longer lists are dropped.
-    pub fn detect(
+    pub(crate) fn detect(
         &mut self,
         images: &[ImageInfo],
         in_use: &BTreeSet<String>,
@@ -146,7 +146,7 @@ impl ImageRecords {
     }
 
     /// Drops the record of a deleted image; returns it.
-    pub fn remove(&mut self, id: &str) -> Option<Record> {
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Record> {
         self.records.remove(id)
     }
 

@@ -32,7 +32,7 @@ pub struct NodeResources {
 /// Capacity minus `reserved` (each `systemReserved` and `kubeReserved` entry), and memory
 /// minus `hard_memory_threshold` (the resolved `evictionHard` `memory.available`), never
 /// below zero. Resources the node has no capacity for are not listed.
-pub fn allocatable(
+pub(crate) fn allocatable(
     capacity: &ResourceList,
     reserved: &[&ResourceList],
     hard_memory_threshold: Option<Quantity>,
@@ -62,7 +62,7 @@ pub fn allocatable(
 
 /// The kubelet's integer view of a quantity for `resource`: millicores for cpu, whole units
 /// (rounded up) for everything else.
-pub fn units(resource: &str, q: Quantity) -> i64 {
+pub(crate) fn units(resource: &str, q: Quantity) -> i64 {
     if resource == CPU {
         clamp_i64(q.milli_value())
     } else {
@@ -72,7 +72,11 @@ pub fn units(resource: &str, q: Quantity) -> i64 {
 
 /// Every resource shortage that keeps `pod` off a node with `allocatable` where `admitted`
 /// already run (`admitted` must hold only non-terminal pods, without `pod`). Empty: it fits.
-pub fn fit(pod: &PodInfo, admitted: &[&PodInfo], allocatable: &ResourceList) -> Vec<AdmitFailure> {
+pub(crate) fn fit(
+    pod: &PodInfo,
+    admitted: &[&PodInfo],
+    allocatable: &ResourceList,
+) -> Vec<AdmitFailure> {
     let mut failures = Vec::new();
     let allowed_pods = allocatable
         .get(PODS)
@@ -125,7 +129,7 @@ pub fn fit(pod: &PodInfo, admitted: &[&PodInfo], allocatable: &ResourceList) -> 
 /// The kubelet's rejection for a failure: reason `OutOf<resource>` and message
 /// `Node didn't have enough resource: <r>, requested: N, used: N, capacity: N`
 /// (`lifecycle.PredicateAdmitHandler` over `InsufficientResourceError`).
-pub fn rejection(failure: &AdmitFailure) -> (String, String) {
+pub(crate) fn rejection(failure: &AdmitFailure) -> (String, String) {
     match failure {
         AdmitFailure::InsufficientResource {
             resource,

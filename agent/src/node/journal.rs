@@ -1,7 +1,7 @@
 //! The kill journal: one line per eviction whose processes were killed before its stop was
 //! written ahead to the pod checkpoint.
 //!
-//! Why: an eviction's SIGKILL comes first ([`super::PodManager::evict`] kills from the
+//! Why: an eviction's SIGKILL comes first ([`super::PodManager::kill_now`] kills from the
 //! reactor loop's own thread), and the write-ahead stop record, an fsync'd checkpoint, is
 //! left to the owner task, which may first finish an apply that 50 API clients queued. An
 //! agent killed in between used to find the pod's containers dead and no stop recorded,

@@ -5,7 +5,8 @@
 //! - [`PodManager::pods`] lists every pod with what eviction needs: the decision rules' view
 //!   ([`PodInfo`]: QoS, requests, priority, criticality), the pod cgroup, phase, container
 //!   states, grace period and the current memory working set.
-//! - [`PodManager::evict`] kills one pod with a status (`Failed`, the given reason and
+//! - [`PodManager::evict_killed`] evicts one pod (killed first by [`PodManager::kill_now`]
+//!   when its grace is 0) with a status (`Failed`, the given reason and
 //!   message — `Evicted` and the kubelet's eviction message for the loop) after the given
 //!   grace, removes its pod cgroup and recomputes the QoS tiers; the pod stays listed as
 //!   Failed (as the kubelet leaves an evicted pod object) until it is removed. With grace 0
@@ -75,7 +76,7 @@ pub(super) enum After {
     Evict {
         reason: String,
         message: String,
-        /// The kill the caller made itself before asking ([`PodManager::evict`] with grace
+        /// The kill the caller made itself before asking ([`PodManager::kill_now`], for grace
         /// 0): the stop must not kill again, and reports this kill.
         killed: Option<Evicted>,
         reply: Reply<EvictedPod>,
@@ -240,7 +241,7 @@ impl PodManager {
     /// Parses, checks and admits a pod document (JSON or YAML); see the module doc of
     /// [`super`] for the order of things. A refusal for resources is an `Ok` answer with
     /// `admitted: false` and the kubelet's reason and message; bad input is an error.
-    pub async fn apply(&self, bytes: &[u8], format: Format) -> Result<Applied, NodeError> {
+    pub(crate) async fn apply(&self, bytes: &[u8], format: Format) -> Result<Applied, NodeError> {
         let value = document::parse(bytes, format)?;
         let checked = document::check(value, &self.plan.runtime_kind, false, document::new_uid)?;
         self.ask(|reply| Command::Apply {
@@ -253,7 +254,7 @@ impl PodManager {
 
     /// Stops a pod (SIGTERM, SIGKILL after `grace` or its own grace period), removes its
     /// cgroup, gives the QoS tiers its memory back, and forgets it.
-    pub async fn remove(
+    pub(crate) async fn remove(
         &self,
         target: RemoveTarget,
         grace: Option<Duration>,
@@ -276,37 +277,16 @@ impl PodManager {
         rx.await.map_err(|_| NodeError::Stopped)
     }
 
-    /// Kills pod `uid` after `grace` and marks it `Failed` with `reason` and `message` (the
+    /// Evicts pod `uid` after `grace` and marks it `Failed` with `reason` and `message` (the
     /// reactor loop's eviction: `Evicted` and the kubelet's message). Its cgroup is removed
     /// and the tiers recomputed; the pod stays listed, Failed.
     ///
-    /// With grace 0 the kill happens here, in the caller's task, before anything is queued
-    /// (`PodManager::kill_now`): the reactor loop's SIGKILL never waits for the owner task
-    /// to finish an apply or a list that 50 API clients may have queued ahead of it. The
-    /// owner task then does the bookkeeping (the stop written ahead, the runtime's stop,
-    /// the status, the cgroup) as for any eviction.
-    pub async fn evict(
-        &self,
-        uid: &str,
-        grace: Duration,
-        reason: &str,
-        message: &str,
-    ) -> Result<EvictedPod, NodeError> {
-        let killed = if grace.is_zero() {
-            let killed = self.kill_now(uid);
-            if killed.is_some() {
-                self.note_eviction(uid, reason, message);
-            }
-            killed
-        } else {
-            None
-        };
-        self.evict_killed(uid, grace, reason, message, killed).await
-    }
-
-    /// [`PodManager::evict`] after the caller's own [`PodManager::kill_now`] (`killed`, its
-    /// result; `None` when it killed nothing): the reactor loop kills on its own task and
-    /// leaves this, the bookkeeping and the runtime's stop, to a task it does not await.
+    /// With grace 0 the caller has killed already, in its own task, before anything is
+    /// queued ([`PodManager::kill_now`]; `killed` is its result, `None` when it killed
+    /// nothing): the reactor loop's SIGKILL never waits for the owner task to finish an apply
+    /// or a list that 50 API clients may have queued ahead of it. This is the bookkeeping
+    /// (the stop written ahead, the runtime's stop, the status, the cgroup), left by the loop
+    /// to a task it does not await.
     pub(crate) async fn evict_killed(
         &self,
         uid: &str,
@@ -353,7 +333,7 @@ impl PodManager {
     /// Hard before soft: SIGKILL now to every process in `cgroup`, pod `uid`'s, whose
     /// graceful eviction is under way (its runtime was told to stop already, so nothing
     /// restarts them): the loop's escalation, through its port.
-    pub fn escalate(&self, uid: &str, cgroup: &CgroupPath) -> Evicted {
+    pub(crate) fn escalate(&self, uid: &str, cgroup: &CgroupPath) -> Evicted {
         let _ = uid;
         kill_cgroup_now(&self.cgroups, cgroup, Vec::new())
     }
@@ -382,7 +362,7 @@ impl PodManager {
     /// the owner task last published them: the reactor loop reads this on every decision,
     /// so it costs a reference count (a copy only where the runtime names container cgroups
     /// its own way, CRI), never a round trip through the owner's queue.
-    pub fn active(&self) -> ActivePods {
+    pub(crate) fn active(&self) -> ActivePods {
         let published = self.active.borrow().clone();
         let named: Vec<Option<BTreeMap<String, String>>> = published
             .iter()

@@ -27,7 +27,7 @@ mod listing;
 pub mod manager;
 mod orphans;
 pub mod pod_record;
-pub(crate) mod recover;
+pub mod recover;
 mod runtime_view;
 pub mod settings;
 pub mod static_pods;

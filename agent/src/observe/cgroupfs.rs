@@ -67,7 +67,7 @@ pub(crate) fn stat_anon(text: &str) -> Option<u64> {
 
 /// The memory hierarchy, rooted at an injected directory, with scratch space for reads.
 #[derive(Debug)]
-pub(crate) struct CgroupFs {
+pub struct CgroupFs {
     layout: Layout,
     /// The directory of the hierarchy's root cgroup (`/sys/fs/cgroup/memory` on v1).
     root: PathBuf,
@@ -117,7 +117,7 @@ impl KeptFiles {
     /// the first time; `Ok(false)` when it does not exist. A kept file that can no longer be
     /// read (`ENODEV`: its cgroup was removed) is dropped and the path opened afresh, which
     /// tells a removed cgroup from a new one of the same name.
-    pub(crate) fn read(&mut self, path: &Path, buf: &mut Vec<u8>) -> Result<bool, ObserveError> {
+    pub fn read(&mut self, path: &Path, buf: &mut Vec<u8>) -> Result<bool, ObserveError> {
         if let Some(file) = self.files.get(path) {
             if pread_all(file, buf).is_ok() {
                 return Ok(true);
@@ -175,7 +175,7 @@ impl CgroupFs {
     /// unified hierarchy when it has the memory controller, else the v1 `memory` hierarchy,
     /// else a hybrid's `unified` mount with memory. Hybrid hosts whose v2 mount lacks memory
     /// (as here) resolve to v1, which is where the kernel charges pages.
-    pub fn detect(mount: &Path) -> Result<CgroupFs, ObserveError> {
+    pub(crate) fn detect(mount: &Path) -> Result<CgroupFs, ObserveError> {
         if v2_has_memory(mount) {
             return Ok(CgroupFs::new(Layout::V2, mount.to_path_buf()));
         }
@@ -216,7 +216,7 @@ impl CgroupFs {
     }
 
     /// The layout in use.
-    pub fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         self.layout
     }
 
@@ -227,7 +227,7 @@ impl CgroupFs {
 
     /// The directory of a cgroup given by its path in the hierarchy (`/kubepods/pod…`).
     /// `..` components are refused so a cgroup name from outside cannot escape the root.
-    pub fn dir(&self, cgroup: &str) -> Result<PathBuf, ObserveError> {
+    pub(crate) fn dir(&self, cgroup: &str) -> Result<PathBuf, ObserveError> {
         let mut dir = self.root.clone();
         push_cgroup(&mut dir, cgroup)?;
         Ok(dir)
@@ -266,7 +266,7 @@ impl CgroupFs {
     /// `memory.current` (v2), a counter read without the `memory.stat` walk — never below its
     /// working set; `Ok(None)` when the cgroup is gone. What the bounded memory ranking
     /// reads for every pod ([`crate::decide::rank::first_for_memory`]).
-    pub fn memory_usage(&mut self, cgroup: &str) -> Result<Option<u64>, ObserveError> {
+    pub(crate) fn memory_usage(&mut self, cgroup: &str) -> Result<Option<u64>, ObserveError> {
         let mut text = [0u8; 32];
         if let Some(files) = self.usage_files.get_mut(cgroup) {
             files.pass = self.usage_pass;
@@ -436,7 +436,7 @@ impl CgroupFs {
 
     /// The memory usage and working set of a cgroup; `Ok(None)` when the cgroup is gone
     /// (a pod that just exited), so callers treat it as "no statistics".
-    pub fn memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {
+    pub(crate) fn memory(&mut self, cgroup: &str) -> Result<Option<MemoryUsage>, ObserveError> {
         let is_root = cgroup.trim_matches('/').is_empty();
         let usage = match self.layout {
             Layout::V1 => self.read_u64(cgroup, "memory.usage_in_bytes")?,
@@ -611,7 +611,7 @@ pub(crate) mod fixtures {
     }
 
     /// A v1 `memory.stat` (the hierarchical `total_*` lines after the local ones).
-    pub fn v1_stat(inactive_file: u64) -> String {
+    pub(crate) fn v1_stat(inactive_file: u64) -> String {
         format!(
             "cache 4096\nrss 8192\nrss_huge 0\nshmem 0\nmapped_file 0\ninactive_anon 0\n\
              active_anon 8192\ninactive_file 1\nactive_file 0\nhierarchical_memory_limit \

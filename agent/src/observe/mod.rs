@@ -17,7 +17,7 @@
 //! `available`. The node's memory is read from `cgroupRoot` — the hierarchy root by default,
 //! as the kubelet reads it, or a test's own cgroup when it models a smaller node there (the
 //! same cgroup the sense layer watches). [`Signals::observations`] turns a snapshot into the
-//! input of [`crate::decide::pressure::pass`]; [`Observer::observe_pods`] fills the Summary
+//! input of [`crate::decide::pressure::pass_with_psi`]; [`Observer::observe_pods`] fills the Summary
 //! that [`crate::decide::rank::rank`] orders pods by.
 //!
 //! ```no_run
@@ -42,7 +42,7 @@ pub mod disk;
 mod error;
 pub mod pods;
 pub mod procfs;
-pub mod psi;
+pub(crate) mod psi;
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -55,14 +55,14 @@ use crate::decide::signal::{FsLayout, Signal};
 use crate::decide::summary::Summary;
 
 pub use cgroupfs::Layout;
-pub(crate) use cgroupfs::{CgroupFs, MemoryUsage};
+pub use cgroupfs::{CgroupFs, MemoryUsage};
 pub use disk::statvfs;
-pub(crate) use disk::FsFigures;
+pub use disk::FsFigures;
 pub use error::ObserveError;
-pub(crate) use pods::{kubepods_cgroup, ContainerCgroup};
+pub use pods::{kubepods_cgroup, ContainerCgroup};
 pub use pods::{PodCgroup, PodReads};
 pub use procfs::ProcFs;
-pub(crate) use procfs::Tasks;
+pub use procfs::Tasks;
 pub(crate) use psi::PsiFiles;
 
 /// Where and what to observe; built from the config once, at start.
@@ -246,7 +246,7 @@ fn bytes(n: u64) -> Quantity {
 
 impl Signals {
     /// The observations decide's threshold evaluation takes, stamped with `monotonic_ns`
-    /// (pass the same clock as `now` to [`crate::decide::pressure::pass`]).
+    /// (pass the same clock as `now` to [`crate::decide::pressure::pass_with_psi`]).
     pub fn observations(&self) -> Observations {
         let at = i128::from(self.monotonic_ns);
         let mut out = Observations::default();
@@ -383,7 +383,8 @@ impl Observer {
     }
 
     /// The memory hierarchy's layout.
-    pub fn layout(&self) -> Layout {
+    #[cfg(test)]
+    pub(crate) fn layout(&self) -> Layout {
         self.cgroups.layout()
     }
 
@@ -394,7 +395,7 @@ impl Observer {
 
     /// The id the kernel knows the cgroup at `cgroup` (a path in the hierarchy) by: its
     /// directory's inode, the kernfs id. `None` when it is gone or unreadable.
-    pub fn cgroup_id(&self, cgroup: &str) -> Option<u64> {
+    pub(crate) fn cgroup_id(&self, cgroup: &str) -> Option<u64> {
         use std::os::unix::fs::MetadataExt as _;
         let dir = self.cgroups.root().join(cgroup.trim_start_matches('/'));
         std::fs::metadata(dir).ok().map(|m| m.ino())

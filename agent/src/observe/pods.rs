@@ -66,7 +66,7 @@ pub struct ContainerCgroup {
 }
 
 /// `<cgroupRoot>/kubepods`, the cgroupfs driver's pods cgroup.
-pub(crate) fn kubepods_cgroup(cgroup_root: &str) -> String {
+pub fn kubepods_cgroup(cgroup_root: &str) -> String {
     format!("{}/kubepods", cgroup_root.trim_end_matches('/'))
 }
 
@@ -122,7 +122,7 @@ pub struct PodReads {
 
 impl PodReads {
     /// Everything the kubelet's summary gives a pod.
-    pub const ALL: PodReads = PodReads {
+    pub(crate) const ALL: PodReads = PodReads {
         pod_memory: true,
         container_memory: true,
         processes: true,
@@ -130,7 +130,7 @@ impl PodReads {
     };
 
     /// What ranking for a signal of `resource` compares ([`crate::decide::rank::rank`]).
-    pub fn ranking(resource: Resource) -> PodReads {
+    pub(crate) fn ranking(resource: Resource) -> PodReads {
         let none = PodReads {
             pod_memory: false,
             container_memory: false,

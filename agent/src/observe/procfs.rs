@@ -102,7 +102,7 @@ impl ProcFs {
     }
 
     /// The task limit and count (see the module docs).
-    pub fn tasks(&mut self) -> Result<Tasks, ObserveError> {
+    pub(crate) fn tasks(&mut self) -> Result<Tasks, ObserveError> {
         let mut max: Option<u64> = None;
         for rel in ["sys/kernel/pid_max", "sys/kernel/threads-max"] {
             let parsed = {

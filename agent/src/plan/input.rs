@@ -87,7 +87,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, InputError> {
 /// A refusal naming the field at `path`: the one place plan inputs' errors are made outside
 /// serde, so every one stays on one line, whatever the input's keys and values hold (a
 /// signal key with a line break in it was found by the `plan` fuzz target).
-pub fn invalid(path: impl std::fmt::Display, message: impl std::fmt::Display) -> InputError {
+pub(crate) fn invalid(path: impl std::fmt::Display, message: impl std::fmt::Display) -> InputError {
     InputError::Invalid(crate::decide::printable(&format!("{path}: {message}")))
 }
 
@@ -121,7 +121,7 @@ fn join_path(outer: &str, rel: &str) -> String {
 }
 
 /// Collapses any line breaks so an error is always one line on stderr.
-pub fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     text.split(['\n', '\r'])
         .map(str::trim)
         .filter(|s| !s.is_empty())

@@ -29,7 +29,7 @@ pub struct Wake {
 impl Wake {
     /// A wake-up by the loop's own timer (or its start), carrying `event`, the latest kernel
     /// event before it, if any.
-    pub fn timer(event: Option<PressureEvent>) -> Wake {
+    pub(crate) fn timer(event: Option<PressureEvent>) -> Wake {
         Wake {
             event,
             timer: true,
@@ -312,7 +312,7 @@ impl Decision {
     }
 
     /// One structured log line.
-    pub fn log(&self) {
+    pub(crate) fn log(&self) {
         let source = self
             .wake
             .event

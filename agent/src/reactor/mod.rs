@@ -7,7 +7,7 @@
 //!    grace period or a condition's transition period running out, or a memory signal close
 //!    to a threshold, which is then re-read every few milliseconds).
 //! 2. Observe the signals ([`crate::observe`]) and run one eviction-manager pass with the same
-//!    function `reactor plan pressure` uses ([`crate::decide::pressure::pass`]), keeping its
+//!    function `reactor plan pressure` uses ([`crate::decide::pressure::pass_with_psi`]), keeping its
 //!    state between passes.
 //! 3. For a disk signal, reclaim node-level resources first (dead containers, unused images:
 //!    the steps seed 003 lists for the filesystem layout observed), re-observe, and stop
@@ -49,7 +49,7 @@ mod dry_run;
 mod evict;
 mod inflight;
 mod memory_reclaim;
-pub mod oom;
+pub(crate) mod oom;
 mod outbox;
 pub mod pods;
 pub mod reclaim;
@@ -80,7 +80,7 @@ use crate::observe::{Observer, Signals};
 use crate::record::metrics::{Metrics, SignalThresholds};
 use crate::sense::{monotonic_ns, Kind, PressureEvent, Received, Sense};
 
-pub(crate) use decision::SignalValue;
+pub use decision::SignalValue;
 pub use decision::{Action, CrossingKillFigures, Decision, MemoryReclaim, Wake};
 pub use pods::{ActivePod, Evicted, PodContainer, PodControl};
 pub use reclaim::NodeReclaim;
@@ -262,7 +262,11 @@ impl<P: PodControl + 'static> Reactor<P> {
 
     /// Runs until every sense source stops or `shutdown` turns `true`; hands the sense layer
     /// back (to be shut down and asked for its lag statistics).
-    pub async fn run(mut self, mut sense: Sense, mut shutdown: watch::Receiver<bool>) -> Sense {
+    pub(crate) async fn run(
+        mut self,
+        mut sense: Sense,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Sense {
         self.baseline_oom_counts();
         self.check_memory_reclaim();
         self.close

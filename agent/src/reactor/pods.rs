@@ -78,7 +78,10 @@ pub struct EvictionStatus {
 
 impl EvictionStatus {
     /// `Failed` / `Evicted` with `message`.
-    pub fn evicted(message: String, annotations: BTreeMap<String, String>) -> EvictionStatus {
+    pub(crate) fn evicted(
+        message: String,
+        annotations: BTreeMap<String, String>,
+    ) -> EvictionStatus {
         EvictionStatus {
             phase: "Failed".to_string(),
             reason: "Evicted".to_string(),

@@ -47,7 +47,7 @@ pub struct ReclaimSteps {
 
 impl ReclaimSteps {
     /// Whether there is any step to take.
-    pub fn any(self) -> bool {
+    pub(crate) fn any(self) -> bool {
         self.dead_containers || self.unused_images
     }
 }

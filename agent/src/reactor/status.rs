@@ -115,7 +115,7 @@ pub struct WouldEvictState {
 
 /// The would-be evictions of a dry run's open episodes, their times on the wall clock of
 /// `signals`' reading.
-pub fn would_evict(
+pub(crate) fn would_evict(
     recorded: &[crate::decide::dry_run::WouldEvict],
     signals: &Signals,
 ) -> Vec<WouldEvictState> {
@@ -192,7 +192,7 @@ impl Transitions {
     }
 
     /// The conditions the node reports, in order.
-    pub fn listed(&self) -> &[NodeCondition] {
+    pub(crate) fn listed(&self) -> &[NodeCondition] {
         &self.listed
     }
 }
@@ -286,6 +286,6 @@ pub fn snapshot(
 
 /// A quantity printed the way the signal's unit is printed elsewhere (bytes as the kubelet
 /// prints them, counts as plain numbers).
-pub fn show(signal: Signal, q: Quantity) -> String {
+pub(crate) fn show(signal: Signal, q: Quantity) -> String {
     format_quantity(q, signal.resource().is_bytes())
 }

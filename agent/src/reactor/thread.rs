@@ -14,7 +14,7 @@
 //!
 //! What the loop asks of the rest of the agent (the pod manager's eviction bookkeeping,
 //! the runtime's writable layers) goes over channels that work across runtimes; the kill
-//! itself needs none of it ([`crate::node::PodManager::evict`]).
+//! itself needs none of it ([`crate::node::PodManager::kill_now`]).
 
 use tokio::sync::watch;
 

@@ -93,7 +93,7 @@ impl Checkpoint {
     }
 
     /// The file this checkpoint lives in.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.file.path()
     }
 
@@ -165,7 +165,8 @@ impl Checkpoint {
     }
 
     /// Deletes the checkpoint and its previous generation (a missing file is fine).
-    pub fn remove(&self) -> Result<(), CheckpointError> {
+    #[cfg(test)]
+    pub(crate) fn remove(&self) -> Result<(), CheckpointError> {
         Ok(self.file.remove()?)
     }
 }

@@ -104,7 +104,7 @@ pub enum NoticeAction {
 impl NoticeAction {
     /// The word events and metrics use: `set-aside`, `fell-back`, `write-failed`,
     /// `write-recovered`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             NoticeAction::SetAside => "set-aside",
             NoticeAction::FellBack => "fell-back",
@@ -134,12 +134,12 @@ impl std::fmt::Debug for Notices {
 
 impl Notices {
     /// Notices that also go to `f`.
-    pub fn to(f: impl Fn(&StateNotice) + Send + Sync + 'static) -> Notices {
+    pub(crate) fn to(f: impl Fn(&StateNotice) + Send + Sync + 'static) -> Notices {
         Notices(Some(Arc::new(f)))
     }
 
     /// Logs `n` (error for trouble, info for a recovery) and forwards it.
-    pub fn send(&self, n: &StateNotice) {
+    pub(crate) fn send(&self, n: &StateNotice) {
         let file = n.file.display();
         match n.action {
             NoticeAction::WriteRecovered => {
@@ -247,7 +247,7 @@ impl StateFile {
     }
 
     /// The current file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -423,7 +423,7 @@ impl StateFile {
     /// Writes `bytes` as the new current generation, keeping a good current file as
     /// `.prev` (see the module doc). The directory must exist. The first failure of a run
     /// and the first success after one are noticed.
-    pub fn write(&self, bytes: &[u8]) -> Result<(), WriteError> {
+    pub(crate) fn write(&self, bytes: &[u8]) -> Result<(), WriteError> {
         let mut tracked = self.lock();
         let result = self.write_locked(&mut tracked, bytes);
         let notice = match (&result, tracked.failing.take()) {
@@ -521,7 +521,8 @@ impl StateFile {
     }
 
     /// Deletes the current file and its previous generation (a missing file is fine).
-    pub fn remove(&self) -> Result<(), WriteError> {
+    #[cfg(test)]
+    pub(crate) fn remove(&self) -> Result<(), WriteError> {
         for p in [self.path.clone(), self.prev_path()] {
             match std::fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

@@ -115,7 +115,7 @@ pub(crate) struct Attachment {
 
 impl Attachment {
     /// Wraps a source's running future.
-    pub(crate) fn new(
+    pub fn new(
         source: Source,
         what: String,
         task: impl Future<Output = ()> + Send + 'static,

@@ -92,7 +92,7 @@
 //! # Ok(()) }
 //! ```
 
-pub mod btf;
+pub(crate) mod btf;
 pub mod cgroup;
 pub mod charge_switch;
 pub mod decode;

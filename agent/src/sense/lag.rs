@@ -56,7 +56,7 @@ pub struct LagHistogram {
 
 impl LagHistogram {
     /// Adds one lag sample.
-    pub fn record(&mut self, lag_ns: u64) {
+    pub(crate) fn record(&mut self, lag_ns: u64) {
         let bucket = BUCKET_BOUNDS_NS.partition_point(|&bound| bound < lag_ns);
         self.counts[bucket] += 1;
         if self.count == 0 || lag_ns < self.min_ns {
@@ -167,7 +167,7 @@ pub struct LagRecorder {
 
 impl LagRecorder {
     /// Records one event's lag against its source.
-    pub fn record(&mut self, source: Source, lag_ns: u64) {
+    pub(crate) fn record(&mut self, source: Source, lag_ns: u64) {
         self.by_source.entry(source).or_default().record(lag_ns);
     }
 

@@ -31,19 +31,19 @@
 //! [`ebpf`], [`psi`], [`memcg`] and [`poll`].
 
 pub mod attach;
-pub mod clock;
+pub(crate) mod clock;
 pub mod ebpf;
-pub mod event;
+pub(crate) mod event;
 mod fd;
 pub mod lag;
 pub mod memcg;
-pub mod poll;
-pub mod psi;
-pub mod stream;
+pub(crate) mod poll;
+pub(crate) mod psi;
+pub(crate) mod stream;
 
 pub use attach::{AttachReport, SenseOptions, MEMCG_EVENTS_HOLD};
 pub use clock::{monotonic_ns, ThreadCpu};
-pub(crate) use event::KilledAtCrossing;
+pub use event::KilledAtCrossing;
 pub use event::{Kind, PressureEvent, Source};
 pub use memcg::{MemcgTarget, MemoryHierarchy};
 pub use stream::SenseError;

@@ -62,7 +62,7 @@ pub(crate) fn trigger_bytes(level: Level, stall: Duration, window: Duration) -> 
 
 /// One line of a pressure file: the running averages (percent) and the total stall (µs).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PressureLine {
+pub(crate) struct PressureLine {
     /// Percent of the last 10 s some/all tasks were stalled.
     pub avg10: f64,
     /// Percent over the last 60 s.
@@ -75,7 +75,7 @@ pub struct PressureLine {
 
 /// A parsed pressure file (`/proc/pressure/memory`, `memory.pressure`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Pressure {
+pub(crate) struct Pressure {
     /// The `some` line.
     pub some: PressureLine,
     /// The `full` line (absent for CPU pressure on older kernels).

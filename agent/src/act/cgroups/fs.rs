@@ -26,7 +26,7 @@ pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
 }
 
 /// Reads a cgroup file whole, trimmed of its trailing newline.
-pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
+pub fn read(path: &Path) -> Result<String, CgroupError> {
     std::fs::read_to_string(path)
         .map(|s| s.trim_end().to_string())
         .map_err(|source| CgroupError::Read {

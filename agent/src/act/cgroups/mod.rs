@@ -46,7 +46,7 @@
 //! ```
 
 mod fs;
-pub mod reclaim;
+pub(crate) mod reclaim;
 pub mod tree;
 pub mod v1;
 pub mod v2;
@@ -230,7 +230,8 @@ impl CgroupPath {
     }
 
     /// The parent cgroup; `None` for the root.
-    pub fn parent(&self) -> Option<CgroupPath> {
+    #[cfg(test)]
+    pub(crate) fn parent(&self) -> Option<CgroupPath> {
         let mut parent = self.clone();
         parent.names.pop().map(|_| parent)
     }
@@ -241,7 +242,7 @@ impl CgroupPath {
     }
 
     /// `true` for the cgroup root itself.
-    pub fn is_root(&self) -> bool {
+    pub(crate) fn is_root(&self) -> bool {
         self.names.is_empty()
     }
 
@@ -375,7 +376,10 @@ impl CgroupManager {
 
     /// A v2 manager over the unified hierarchy mounted at `mount_root`, working below
     /// `cgroup_root`.
-    pub fn v2(mount_root: &Path, cgroup_root: &CgroupPath) -> Result<CgroupManager, CgroupError> {
+    pub(crate) fn v2(
+        mount_root: &Path,
+        cgroup_root: &CgroupPath,
+    ) -> Result<CgroupManager, CgroupError> {
         v2::V2::new(mount_root, cgroup_root).map(CgroupManager::V2)
     }
 
@@ -482,7 +486,7 @@ impl CgroupManager {
 
     /// The names of `cgroup`'s child cgroups, in any hierarchy (v1), sorted; none when
     /// `cgroup` does not exist. How the pod manager finds pod cgroups nobody knows about.
-    pub fn children(&self, cgroup: &CgroupPath) -> Vec<String> {
+    pub(crate) fn children(&self, cgroup: &CgroupPath) -> Vec<String> {
         let mut names: Vec<String> = self
             .procs_files(cgroup)
             .iter()

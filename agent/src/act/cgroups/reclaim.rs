@@ -17,7 +17,7 @@ use super::{CgroupError, CgroupManager, CgroupPath};
 
 /// How one `memory.reclaim` write ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReclaimWrite {
+pub(crate) enum ReclaimWrite {
     /// The kernel reclaimed what was asked.
     Done,
     /// The kernel could not reclaim all of it (`EAGAIN`); some may have been reclaimed.
@@ -32,7 +32,7 @@ impl CgroupManager {
 
     /// Asks the kernel to reclaim `bytes` from `cgroup` now (v2 `memory.reclaim`). On v1
     /// there is no such file: the write fails naming it.
-    pub fn memory_reclaim(
+    pub(crate) fn memory_reclaim(
         &self,
         cgroup: &CgroupPath,
         bytes: u64,

@@ -13,7 +13,7 @@ const OPTIONAL: [&str; 2] = ["pids", "hugetlb"];
 
 /// One mounted hierarchy: the controllers it carries and its directory for the cgroup root.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hierarchy {
+pub(crate) struct Hierarchy {
     /// Controllers mounted together here (`["cpu", "cpuacct"]` when co-mounted).
     pub controllers: Vec<String>,
     /// `<mount>/<cgroup root>`.
@@ -75,7 +75,8 @@ impl V1 {
     }
 
     /// The hierarchies in use.
-    pub fn hierarchies(&self) -> &[Hierarchy] {
+    #[cfg(test)]
+    pub(crate) fn hierarchies(&self) -> &[Hierarchy] {
         &self.hierarchies
     }
 

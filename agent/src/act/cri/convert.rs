@@ -120,7 +120,7 @@ pub(crate) fn sandbox_config(
 }
 
 /// Builds the container config the runtime gets in `CreateContainer`.
-pub(crate) fn container_config(
+pub fn container_config(
     rpc: &'static str,
     c: &ContainerSpec,
 ) -> Result<pb::ContainerConfig, CriError> {
@@ -288,7 +288,7 @@ pub(crate) fn container(c: pb::Container) -> ContainerInfo {
 }
 
 /// `pod_sandbox_id` is not part of CRI's `ContainerStatus`; the caller supplies it if known.
-pub(crate) fn container_status(s: pb::ContainerStatus) -> ContainerStatus {
+pub fn container_status(s: pb::ContainerStatus) -> ContainerStatus {
     let meta = s.metadata.unwrap_or_default();
     ContainerStatus {
         info: ContainerInfo {
@@ -319,7 +319,7 @@ pub(crate) fn container_pid(info: &HashMap<String, String>) -> Option<u32> {
     (pid != 0).then_some(pid)
 }
 
-pub(crate) fn container_stats(s: pb::ContainerStats) -> ContainerStats {
+pub fn container_stats(s: pb::ContainerStats) -> ContainerStats {
     let attrs = s.attributes.unwrap_or_default();
     let cpu = s.cpu.unwrap_or_default();
     let mem = s.memory.unwrap_or_default();
@@ -362,7 +362,7 @@ pub(crate) fn filesystem_usage(u: pb::FilesystemUsage) -> FilesystemUsage {
     }
 }
 
-pub(crate) fn cgroup_driver(d: i32) -> Option<CgroupDriver> {
+pub fn cgroup_driver(d: i32) -> Option<CgroupDriver> {
     match pb::CgroupDriver::try_from(d) {
         Ok(pb::CgroupDriver::Cgroupfs) => Some(CgroupDriver::Cgroupfs),
         Ok(pb::CgroupDriver::Systemd) => Some(CgroupDriver::Systemd),

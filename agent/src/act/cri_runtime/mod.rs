@@ -72,7 +72,7 @@ pub const LABEL_MANAGED_BY: &str = "reactor.io/managed-by";
 /// The value of [`LABEL_MANAGED_BY`].
 pub const MANAGED_BY: &str = "reactor";
 /// The sandbox annotation holding the pod's [`PodSpec`] as JSON.
-pub(crate) const ANNOTATION_POD_SPEC: &str = "reactor.io/pod-spec";
+pub const ANNOTATION_POD_SPEC: &str = "reactor.io/pod-spec";
 /// How many container exits a slow subscriber may fall behind by.
 const EXIT_EVENTS: usize = 1024;
 

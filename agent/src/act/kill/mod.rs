@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use reap::{kill_all, set_reaping, Killed};
-pub(crate) use reap::{kill_and_reap, kill_known};
+pub use reap::{kill_and_reap, kill_known};
 pub use reap::{KnownProcess, Signalled};
 
 use crate::act::cgroups::{CgroupManager, CgroupPath};

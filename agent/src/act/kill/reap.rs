@@ -47,7 +47,7 @@ pub fn set_reaping(on: bool) {
 
 /// Sends SIGKILL to each of `pids` (thread-group ids) and then reaps each one's memory with
 /// `process_mrelease` where the kernel has it. Pids already gone are skipped.
-pub(crate) fn kill_and_reap(pids: &[u32]) -> Killed {
+pub fn kill_and_reap(pids: &[u32]) -> Killed {
     kill_all(pids).reap()
 }
 
@@ -72,7 +72,7 @@ pub struct KnownProcess {
 
 /// Sends SIGKILL to each of `known` through its pidfd: no cgroup or `/proc` read first, so
 /// it is the quickest kill there is. Exited ones are skipped.
-pub(crate) fn kill_known(known: Vec<KnownProcess>) -> Signalled {
+pub fn kill_known(known: Vec<KnownProcess>) -> Signalled {
     let mut out = Signalled::default();
     for k in known {
         if pidfd_send_signal(&k.pidfd, Signal::KILL).is_ok() {
@@ -128,7 +128,7 @@ impl Signalled {
     }
 
     /// How many processes were sent SIGKILL.
-    pub fn killed(&self) -> usize {
+    pub(crate) fn killed(&self) -> usize {
         self.killed
     }
 
@@ -165,7 +165,7 @@ impl Signalled {
     /// Reaps every signalled process's memory with `process_mrelease`, in this thread (it
     /// blocks while the kernel frees the pages: that is the work the victims' exit paths
     /// would otherwise do later).
-    pub fn reap(self) -> Killed {
+    pub(crate) fn reap(self) -> Killed {
         let mut out = Killed {
             killed: self.killed,
             reaped: 0,

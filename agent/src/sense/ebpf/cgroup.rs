@@ -153,11 +153,6 @@ impl CgroupNames {
         }
     }
 
-    /// The hierarchy in use.
-    pub fn hierarchy(&self) -> Option<&MemoryHierarchy> {
-        self.hierarchy.as_ref()
-    }
-
     /// Whether ids are resolved by kernfs file handle (no walk) rather than by walking.
     pub fn resolves_by_handle(&self) -> bool {
         self.mount.is_some()
@@ -237,7 +232,7 @@ impl CgroupNames {
     }
 
     /// Remembers that `path` has this id (learned elsewhere), saving a lookup later.
-    pub fn remember(&mut self, id: u64, path: String) {
+    pub(crate) fn remember(&mut self, id: u64, path: String) {
         if id != 0 {
             self.cache.insert(id, path);
         }

@@ -56,7 +56,7 @@ use super::kernel_watch::KernelWatch;
 const RESUME_WAIT: Duration = Duration::from_secs(2);
 
 /// The loaded programs, and each charge program's tracepoint and link while it is attached.
-pub(crate) struct Programs {
+pub struct Programs {
     pub(crate) ebpf: Ebpf,
     pub(crate) charge: Vec<ChargeLink>,
     /// `count_memcg_events`, when it attaches only on reclaim (empty when it stays attached).
@@ -215,10 +215,7 @@ impl ChargeSwitch {
     /// A switch over `programs`, with the thread that detaches them. `None` when the
     /// thread cannot be started (the programs then simply stay attached).
     /// `events_hold`: how long the memcg events program stays after the last reclaim stall.
-    pub(crate) fn new(
-        programs: &Arc<Mutex<Programs>>,
-        events_hold: Duration,
-    ) -> Option<ChargeSwitch> {
+    pub fn new(programs: &Arc<Mutex<Programs>>, events_hold: Duration) -> Option<ChargeSwitch> {
         let (tx, rx) = mpsc::channel();
         let weak = Arc::downgrade(programs);
         let served = weak.clone();
@@ -253,7 +250,7 @@ impl ChargeSwitch {
 
     /// Says whether a watched cgroup is near its level; returns at once (the switch's thread
     /// attaches or detaches the programs, unless a pause holds them off).
-    pub(crate) fn near(&self, near: bool) {
+    pub fn near(&self, near: bool) {
         let _ = self.tx.send(Ask::Near(near));
     }
 

@@ -23,7 +23,7 @@ pub enum Record {
 
 impl Record {
     /// The common header.
-    pub fn header(&self) -> &Header {
+    pub(crate) fn header(&self) -> &Header {
         match self {
             Record::Oom(e) => &e.header,
             Record::Stall(e) => &e.header,

@@ -66,7 +66,7 @@ struct Slot {
 /// What the last look found for one watched cgroup: why the charge programs are on or off
 /// for it ([`super::near`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ArmingReport {
+pub(crate) struct ArmingReport {
     /// Far, cached or near.
     pub arming: Arming,
     /// Its usage, bytes.
@@ -81,7 +81,7 @@ pub struct ArmingReport {
 
 /// One watched cgroup's arming, for `reactor status`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchedArming {
+pub(crate) struct WatchedArming {
     /// The cgroup (`/kubepods`).
     pub cgroup: String,
     /// What the last look found.
@@ -100,7 +100,7 @@ impl KernelWatch {
     /// Whether the kernel will write a record when `cgroup`'s working set reaches
     /// `working_set_bytes` (within `slack_bytes` above it): the charge programs are on and an
     /// armed slot following the page cache watches that cgroup at or below that level.
-    pub fn watches(&self, cgroup: &str, working_set_bytes: u64, slack_bytes: u64) -> bool {
+    pub(crate) fn watches(&self, cgroup: &str, working_set_bytes: u64, slack_bytes: u64) -> bool {
         if !self.inner.attached.load(Ordering::Acquire) {
             return false;
         }
@@ -177,7 +177,7 @@ impl KernelWatch {
 
     /// Each watched cgroup's arming as the last look found it (none where the programs are
     /// not armed only near a level), one per cgroup: its nearest slot.
-    pub fn arming(&self) -> Vec<WatchedArming> {
+    pub(crate) fn arming(&self) -> Vec<WatchedArming> {
         let slots = self.slots();
         let mut out: Vec<WatchedArming> = Vec::new();
         for slot in slots.iter() {

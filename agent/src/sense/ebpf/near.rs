@@ -91,7 +91,7 @@ impl Default for NearLevel {
 /// Where one watched cgroup stands, as a look found it (see the module's doc); ordered from
 /// far to near.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Arming {
+pub(crate) enum Arming {
     /// Usage alone is out of reach of the level.
     Far,
     /// Usage is within reach only by its page cache; the working set is not.
@@ -102,7 +102,7 @@ pub enum Arming {
 
 impl Arming {
     /// A word for `reactor status`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Arming::Far => "far",
             Arming::Cached => "cached",
@@ -152,7 +152,7 @@ pub(crate) const RATE_WINDOW: Duration = Duration::from_millis(10);
 
 /// The distance below a level at which the programs attach, for a working set growing at
 /// `rate_bytes_per_s`.
-pub fn reach(rate_bytes_per_s: f64, near: &NearLevel) -> u64 {
+pub(crate) fn reach(rate_bytes_per_s: f64, near: &NearLevel) -> u64 {
     let ahead = rate_bytes_per_s.max(0.0) * near.lead.as_secs_f64();
     (ahead as u64).max(near.reach_floor_bytes)
 }

@@ -57,7 +57,7 @@ pub(crate) fn slot_mask(slots: &[(usize, MemcgTarget)], targets: &[MemcgTarget])
 }
 
 impl VictimStage {
-    pub(crate) fn new(map: Array<MapData, StagedVictim>) -> VictimStage {
+    pub fn new(map: Array<MapData, StagedVictim>) -> VictimStage {
         VictimStage {
             inner: Arc::new(Mutex::new(Inner {
                 map,
@@ -77,7 +77,7 @@ impl VictimStage {
     /// slots armed for `hard` (the hard memory thresholds' targets) until `max_age` from now,
     /// or clears the stage (`None`, or no slot among them; written only if something was
     /// staged). Returns whether a victim is staged now.
-    pub fn stage(
+    pub(crate) fn stage(
         &self,
         victim: Option<(u64, u32)>,
         hard: &[MemcgTarget],
@@ -108,7 +108,7 @@ impl VictimStage {
 
     /// The kernel killed the staged victim's process and cleared the stage: the next
     /// [`VictimStage::stage`] writes anew.
-    pub fn killed(&self) {
+    pub(crate) fn killed(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.staged = false;
     }

@@ -269,7 +269,7 @@ impl std::fmt::Debug for UsageThresholds {
 }
 
 impl UsageThresholds {
-    pub(crate) fn new(
+    pub fn new(
         map: Array<MapData, ThresholdTable>,
         offsets: &ThresholdOffsets,
         kernel_watch: KernelWatch,

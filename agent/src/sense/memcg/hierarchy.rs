@@ -69,7 +69,7 @@ impl MemoryHierarchy {
     /// Finds the memory controller: the v1 memory hierarchy if one is mounted (the
     /// controller can be bound to only one hierarchy), else cgroup2 if its root lists
     /// `memory` in `cgroup.controllers`.
-    pub fn detect() -> Result<MemoryHierarchy, HierarchyError> {
+    pub(crate) fn detect() -> Result<MemoryHierarchy, HierarchyError> {
         let text = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| HierarchyError::Mountinfo(std::sync::Arc::new(e)))?;
         let mounts = parse_mountinfo(&text);
@@ -104,7 +104,7 @@ impl MemoryHierarchy {
 
     /// The directory of a cgroup given as a path inside the hierarchy; refuses paths that
     /// would leave it (`..`).
-    pub fn dir(&self, cgroup: &str) -> Result<PathBuf, HierarchyError> {
+    pub(crate) fn dir(&self, cgroup: &str) -> Result<PathBuf, HierarchyError> {
         cgroup_dir(self.root(), cgroup)
     }
 }

@@ -21,11 +21,11 @@
 pub mod counters;
 pub mod hierarchy;
 pub mod thresholds;
-pub mod v1;
-pub mod v2;
+pub(crate) mod v1;
+pub(crate) mod v2;
 
 pub use hierarchy::{cgroup_dir, MemoryHierarchy};
-pub(crate) use thresholds::MemcgThresholds;
+pub use thresholds::MemcgThresholds;
 pub use thresholds::{node_target, working_set_level, Level, MemcgTarget};
 pub(crate) use v1::V1Error;
 pub(crate) use v1::V1Registration;

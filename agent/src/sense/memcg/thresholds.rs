@@ -26,7 +26,7 @@ pub struct MemcgThresholds {
 impl MemcgThresholds {
     /// The targets as they were given to [`crate::sense::Sense::start`] (their base
     /// thresholds).
-    pub fn targets(&self) -> impl Iterator<Item = &MemcgTarget> {
+    pub(crate) fn targets(&self) -> impl Iterator<Item = &MemcgTarget> {
         self.armed.iter().map(|(t, _)| t)
     }
 

@@ -186,7 +186,7 @@ pub(crate) struct V1Registration {
 
 impl V1Registration {
     /// Starts registering a threshold at `bytes` on `dir`'s `memory.usage_in_bytes`.
-    pub(crate) fn start(dir: &Path, bytes: u64) -> V1Registration {
+    pub fn start(dir: &Path, bytes: u64) -> V1Registration {
         let at = dir.to_path_buf();
         V1Registration {
             bytes,
