@@ -30,9 +30,12 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::decide::duration::{format_go_duration, parse_go_duration};
 use crate::decide::quantity::Quantity;
 
+mod error;
 pub(crate) mod kubelet;
 pub mod memory;
 pub(crate) mod psi;
+
+pub use error::ConfigError;
 
 /// A non-negative Go duration (`"10s"`, `"1m30s"`) that prints back in Go's form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -144,7 +147,7 @@ pub struct Config {
     /// The kubelet's `memorySwap`: `swapBehavior` `NoSwap` (the default, also `""`) or
     /// `LimitedSwap`, which gives Burstable containers swap in proportion to their memory
     /// request on cgroup v2.
-    pub memory_swap: memory::MemorySwapConfig,
+    pub memory_swap: MemorySwapConfig,
     /// Refuse to start when the node has swap (the kubelet's default `true`); a node that
     /// runs with swap sets `false`.
     pub fail_swap_on: bool,
@@ -355,7 +358,7 @@ impl Default for Config {
             single_process_oom_kill: None,
             feature_gates: BTreeMap::new(),
             memory_throttling_factor: crate::decide::memory_qos::DEFAULT_THROTTLING_FACTOR,
-            memory_swap: memory::MemorySwapConfig::default(),
+            memory_swap: MemorySwapConfig::default(),
             fail_swap_on: true,
             system_memory_contention_threshold: crate::decide::psi_conditions::DEFAULT_THRESHOLD,
             system_disk_contention_threshold: crate::decide::psi_conditions::DEFAULT_THRESHOLD,
@@ -420,43 +423,12 @@ impl Default for LogConfig {
     }
 }
 
-/// A config file that cannot be used: where, and why, in one line.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not YAML/JSON.
-    #[error("config is not valid YAML: {0}")]
-    Syntax(String),
-    /// A key is unknown or a value has the wrong form or range. Both parts are printed with
-    /// control characters escaped: a key is the file's own text, and a YAML key may hold a
-    /// line break, which would split the one-line error (found by the `config` fuzz target).
-    #[error(
-        "config key {}: {}",
-        crate::decide::printable(key),
-        crate::decide::printable(reason)
-    )]
-    Invalid {
-        /// The key path, dotted (`sense.psiWindow`).
-        key: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-}
-
-impl ConfigError {
-    fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            key: key.into(),
-            reason: reason.into(),
-        }
-    }
+/// `memorySwap` ([`memory`] checks it).
+#[derive(Clone, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MemorySwapConfig {
+    /// `NoSwap` (or empty, the default) or `LimitedSwap`.
+    pub swap_behavior: String,
 }
 
 impl Config {

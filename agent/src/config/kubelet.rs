@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// The `apiVersion` of the kubelet's config file.
 pub(crate) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";

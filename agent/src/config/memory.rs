@@ -4,18 +4,8 @@
 //! `failSwapOn` at start in `pkg/kubelet/cm/container_manager_linux.go`). The values
 //! themselves are used by `decide::memory_qos`.
 
-use serde::{Deserialize, Serialize};
-
 use super::{Config, ConfigError};
 use crate::decide::memory_qos::SwapBehavior;
-
-/// `memorySwap`.
-#[derive(Clone, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct MemorySwapConfig {
-    /// `NoSwap` (or empty, the default) or `LimitedSwap`.
-    pub swap_behavior: String,
-}
 
 impl Config {
     /// Whether the `MemoryQoS` feature gate is on.

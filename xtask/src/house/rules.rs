@@ -99,15 +99,6 @@ pub(super) fn too_long(
 pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     (
         &[
-            "agent/src/config.rs",
-            "agent/src/config/kubelet.rs",
-            "agent/src/config/memory.rs",
-        ],
-        "memory.rs is an `impl Config` block of the parent's type, and kubelet.rs returns its \
-         `ConfigError`; the parent calls both",
-    ),
-    (
-        &[
             "agent/src/act/cgroups/fs.rs",
             "agent/src/act/cgroups/mod.rs",
             "agent/src/act/cgroups/v1.rs",
