@@ -99,16 +99,6 @@ pub(super) fn too_long(
 pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     (
         &[
-            "agent/src/act/cgroups/fs.rs",
-            "agent/src/act/cgroups/mod.rs",
-            "agent/src/act/cgroups/v1.rs",
-            "agent/src/act/cgroups/v2.rs",
-        ],
-        "v1 and v2 write the parent's `CgroupPath` and `Resources` through its `files_for`, \
-         and the parent picks `V1` or `V2`",
-    ),
-    (
-        &[
             "tests/src/v2/agent.rs",
             "tests/src/v2/chaos.rs",
             "tests/src/v2/kernel.rs",

@@ -31,12 +31,6 @@ pub struct Clamped {
     pub set: i64,
 }
 
-fn tier(name: &str) -> CgroupPath {
-    CgroupPath {
-        names: vec![super::KUBEPODS.to_string(), name.to_string()],
-    }
-}
-
 impl CgroupManager {
     /// Creates `kubepods`, `kubepods/burstable` and `kubepods/besteffort` (idempotent) and
     /// writes the `kubepods` values (node allocatable).
@@ -45,7 +39,7 @@ impl CgroupManager {
         self.create(&top)?;
         self.apply(&top, kubepods)?;
         for name in [BURSTABLE, BESTEFFORT] {
-            self.create(&tier(name))?;
+            self.create(&CgroupPath::qos_tier(name))?;
         }
         Ok(())
     }
@@ -59,7 +53,7 @@ impl CgroupManager {
     ) -> Result<Vec<Clamped>, CgroupError> {
         let mut clamped = Vec::new();
         for (name, wanted_values) in [(BURSTABLE, burstable), (BESTEFFORT, besteffort)] {
-            let cgroup = tier(name);
+            let cgroup = CgroupPath::qos_tier(name);
             let mut values = *wanted_values;
             let mut retries = 0;
             loop {
@@ -134,7 +128,7 @@ mod tests {
             .unwrap();
         assert!(clamped.is_empty());
         assert_eq!(
-            m.read_file(&tier(BESTEFFORT), "memory.limit_in_bytes")
+            m.read_file(&CgroupPath::qos_tier(BESTEFFORT), "memory.limit_in_bytes")
                 .unwrap(),
             "5368709120"
         );
