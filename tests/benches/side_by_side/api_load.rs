@@ -22,8 +22,8 @@ use reactor_tests::agent::TestAgent;
 use serde_json::json;
 use tonic::transport::Channel;
 
+use crate::opts::Opts;
 use crate::report::{ratio, ratio_json, Dist, Part, Table};
-use crate::Opts;
 
 pub(crate) const CLIENTS: usize = 50;
 pub(crate) const NODE: &str = "node: {memoryCapacity: 512Mi, cpuCapacity: '2'}\n\

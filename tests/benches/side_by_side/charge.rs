@@ -58,9 +58,9 @@ use reactor_tests::stats::{median, range, trimmed_ratio, Estimate, TRIM};
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
+use crate::opts::Opts;
 use crate::page_cache::{self, CacheFile, MemStat};
 use crate::report::{Part, Table};
-use crate::Opts;
 
 /// The first argument that makes this binary the charging child.
 pub const CHILD_FLAG: &str = "--charge-child";

@@ -58,9 +58,9 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::lag::node_runtime;
 use crate::oom::{start_mode_with, Basis, Clock, HOG_MI, MODES};
+use crate::opts::Opts;
 use crate::page_cache::{self, CacheFile, MemStat};
 use crate::report::{Dist, Part, Table};
-use crate::Opts;
 
 const CAPACITY_MI: u64 = 512;
 const HARD_MI: u64 = 100;

@@ -25,8 +25,8 @@ use reactor_tests::TestMemcg;
 use serde_json::json;
 
 use crate::lag::{self, Until};
+use crate::opts::Opts;
 use crate::report::{Dist, Part, Table};
-use crate::Opts;
 
 const PRINTK: &str = "/proc/sys/kernel/printk";
 

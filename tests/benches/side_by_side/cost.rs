@@ -16,8 +16,8 @@ use reactor::decide::signal::{FsLayout, Signal};
 use reactor::decide::summary::Summary;
 use serde_json::json;
 
+use crate::opts::Opts;
 use crate::report::{Dist, Part, Table};
-use crate::Opts;
 
 const SIZES: [usize; 4] = [100, 1_000, 10_000, 100_000];
 const SEC: i128 = 1_000_000_000;

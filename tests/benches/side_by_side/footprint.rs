@@ -25,8 +25,8 @@ use reactor_tests::agent::TestAgent;
 use reactor_tests::TestMemcg;
 use serde_json::json;
 
+use crate::opts::Opts;
 use crate::report::{Part, Table};
-use crate::Opts;
 
 const MI: u64 = 1 << 20;
 

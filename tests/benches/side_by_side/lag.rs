@@ -31,8 +31,8 @@ use reactor::sense::{monotonic_ns, Kind, MemcgTarget, Received, Sense, SenseOpti
 use reactor_tests::{memhog_bin, TestMemcg};
 use serde_json::json;
 
+use crate::opts::Opts;
 use crate::report::{ratio, ratio_json, Dist, Part, Table};
-use crate::Opts;
 
 const MI: u64 = 1 << 20;
 /// The storm's memcg limit.

@@ -69,9 +69,9 @@ use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::opts::Opts;
 use crate::page_cache::{CacheCgroup, MemStat};
 use crate::report::{Dist, Part, Table};
-use crate::Opts;
 
 const CAPACITY_MI: u64 = 512;
 /// The variants' short names for `--oom-variants`: the node as it is, and full of page cache.

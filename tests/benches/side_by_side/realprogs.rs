@@ -51,9 +51,9 @@ use reactor_tests::stats::{median, quartiles, range, trimmed_ratio, Estimate, TR
 use reactor_tests::TestMemcg;
 use serde_json::{json, Value};
 
+use crate::opts::Opts;
 use crate::page_cache::{CacheCgroup, MemStat};
 use crate::report::{Part, Table};
-use crate::Opts;
 
 const MI: u64 = 1 << 20;
 /// Each run's memory limit: well above what any of the three needs (python3's run peaks near

@@ -25,8 +25,8 @@ use reactor_tests::TestMemcg;
 use serde_json::json;
 
 use crate::lag::{deployed_runtime, REALTIME_PRIORITY};
+use crate::opts::Opts;
 use crate::report::{Part, Table};
-use crate::Opts;
 
 /// The first argument that makes this binary the page-faulting child.
 pub const CHILD_FLAG: &str = "--fault-child";

@@ -22,8 +22,8 @@ use serde_json::json;
 
 use crate::api_load::{client, load_client, one_eviction, Ended, CLIENTS, NODE, SENSE};
 use crate::footprint::status_kib;
+use crate::opts::Opts;
 use crate::report::{ratio, ratio_json, Dist, Part, Table};
-use crate::Opts;
 
 /// How often a hog starts.
 const PERIOD: Duration = Duration::from_secs(30);

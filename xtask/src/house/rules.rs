@@ -114,25 +114,6 @@ pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "tests/benches/side_by_side/api_load.rs",
-            "tests/benches/side_by_side/charge.rs",
-            "tests/benches/side_by_side/concurrent.rs",
-            "tests/benches/side_by_side/console.rs",
-            "tests/benches/side_by_side/cost.rs",
-            "tests/benches/side_by_side/footprint.rs",
-            "tests/benches/side_by_side/lag.rs",
-            "tests/benches/side_by_side/main.rs",
-            "tests/benches/side_by_side/oom.rs",
-            "tests/benches/side_by_side/oom_ref.rs",
-            "tests/benches/side_by_side/read_floor.rs",
-            "tests/benches/side_by_side/realprogs.rs",
-            "tests/benches/side_by_side/ring.rs",
-            "tests/benches/side_by_side/soak.rs",
-        ],
-        "every part reads the `Opts` main parses, and main runs the parts",
-    ),
-    (
-        &[
             "tests/benches/side_by_side/oom.rs",
             "tests/benches/side_by_side/oom_ref.rs",
         ],
