@@ -96,31 +96,14 @@ pub(super) fn too_long(
 /// one, or a new circle among the files of a known one (the circles left without the
 /// parent's file are checked too), is a fault; the check prints every known circle on each
 /// run, and an entry that matches no circle is a fault, so the list can only shrink.
-pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
-    (
-        &[
-            "tests/src/v2/agent.rs",
-            "tests/src/v2/chaos.rs",
-            "tests/src/v2/kernel.rs",
-            "tests/src/v2/memory_qos.rs",
-            "tests/src/v2/mod.rs",
-            "tests/src/v2/oom.rs",
-            "tests/src/v2/pods.rs",
-            "tests/src/v2/pressure.rs",
-            "tests/src/v2/psi_conditions.rs",
-            "tests/src/v2/reclaim.rs",
-        ],
-        "the guest checks use the parent's cgroup helpers, and the parent lists the checks",
-    ),
-    (
-        &[
-            "tests/benches/side_by_side/oom.rs",
-            "tests/benches/side_by_side/oom_ref.rs",
-        ],
-        "two siblings: part 2's reference run uses the part's hog and clean-up, and the part \
+pub(super) const KNOWN_CIRCLES: &[(&[&str], &str)] = &[(
+    &[
+        "tests/benches/side_by_side/oom.rs",
+        "tests/benches/side_by_side/oom_ref.rs",
+    ],
+    "two siblings: part 2's reference run uses the part's hog and clean-up, and the part \
          runs the reference; with oom.rs's split (KNOWN_LONG)",
-    ),
-];
+)];
 
 /// Files over [`MAX_LINES`] that the tree held when the check first read every crate, each
 /// with the count it may not pass and why it stays for now; printed on each run, and a
