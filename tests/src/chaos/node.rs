@@ -139,7 +139,8 @@ pub(super) struct OomWatch {
 }
 
 impl OomWatch {
-    pub(super) fn start(kubepods: PathBuf) -> OomWatch {
+    /// Watches the container memcgs under `kubepods`; `v2` says which counter file they have.
+    pub(super) fn start(kubepods: PathBuf, v2: bool) -> OomWatch {
         let kills: Arc<Mutex<Vec<(Instant, PathBuf, u64)>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (k, s) = (Arc::clone(&kills), Arc::clone(&stop));
@@ -153,7 +154,7 @@ impl OomWatch {
                     listed = Instant::now();
                 }
                 for d in &dirs {
-                    let Some(n) = check::oom_kills(d) else {
+                    let Some(n) = check::oom_kills(d, v2) else {
                         continue;
                     };
                     let before = seen.entry(d.clone()).or_insert(0);

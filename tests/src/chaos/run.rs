@@ -162,7 +162,7 @@ pub fn run(opts: &Options) -> Result<Outcome, Box<Outcome>> {
         freezers: Vec::new(),
         frozen_v2: Vec::new(),
         thawer: Thawer::start(),
-        oom: OomWatch::start(kubepods),
+        oom: OomWatch::start(kubepods, opts.v2.is_some()),
         out: Outcome::default(),
         recent: VecDeque::new(),
         cache_dir,
