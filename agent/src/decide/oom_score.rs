@@ -113,33 +113,33 @@ mod tests {
 
     const GI: i64 = 1 << 30;
 
-    fn pod(name: &str, uid: &str, containers: Value) -> PodInfo {
-        PodInfo::from_json(json!({"metadata": {"name": name, "uid": uid},
+    /// cpu and memory, as a container's requests or limits give them.
+    type CpuMemory<'a> = Option<(&'a str, &'a str)>;
+
+    /// A pod of `containers`, each `(name, requests, limits)`.
+    fn pod(containers: &[(&str, CpuMemory, CpuMemory)]) -> PodInfo {
+        let res = |r: Option<(&str, &str)>| r.map(|(cpu, mem)| json!({"cpu": cpu, "memory": mem}));
+        let containers: Vec<Value> = containers
+            .iter()
+            .map(|(name, req, lim)| {
+                json!({"name": name, "resources": {"requests": res(*req), "limits": res(*lim)}})
+            })
+            .collect();
+        PodInfo::from_json(json!({"metadata": {"name": "p", "uid": "u"},
             "spec": {"containers": containers}}))
         .unwrap()
-    }
-
-    fn res(cpu: &str, mem: &str) -> Value {
-        json!({"cpu": cpu, "memory": mem})
     }
 
     /// The three pods of the seed's worked example (pod cgroups), on an 8Gi machine.
     #[test]
     fn seed_004_worked_example() {
         let cap = Some(8 * GI);
-        let g = pod(
-            "pod-guaranteed-1",
-            "g1",
-            json!([{"name": "container3", "resources": {"requests": res("1", "1Gi"), "limits": res("1", "1Gi")}}]),
-        );
-        let b = pod(
-            "pod-burstable-1",
-            "b1",
-            json!([
-                {"name": "container1", "resources": {"requests": res("1", "1Gi"), "limits": res("1", "1Gi")}},
-                {"name": "container2", "resources": {"requests": res("1", "1Gi"), "limits": res("2", "2Gi")}}]),
-        );
-        let e = pod("pod-besteffort-1", "e1", json!([{"name": "container4"}]));
+        let g = pod(&[("container3", Some(("1", "1Gi")), Some(("1", "1Gi")))]);
+        let b = pod(&[
+            ("container1", Some(("1", "1Gi")), Some(("1", "1Gi"))),
+            ("container2", Some(("1", "1Gi")), Some(("2", "2Gi"))),
+        ]);
+        let e = pod(&[("container4", None, None)]);
         assert_eq!(g.qos, QosClass::Guaranteed);
         assert_eq!(b.qos, QosClass::Burstable);
         assert_eq!(e.qos, QosClass::BestEffort);
@@ -152,14 +152,12 @@ mod tests {
     #[test]
     fn burstable_oom_score_adj_bounds() {
         let cap = Some(8 * GI);
-        let p = pod(
-            "b",
-            "u",
-            json!([
+        let p = PodInfo::from_json(json!({"metadata": {"name": "b", "uid": "u"}, "spec": {
+            "containers": [
                 {"name": "none", "resources": {"requests": {"cpu": "1"}}},
                 {"name": "all", "resources": {"requests": {"memory": "8Gi"}}},
-                {"name": "tiny", "resources": {"requests": {"memory": "1Mi"}}}]),
-        );
+                {"name": "tiny", "resources": {"requests": {"memory": "1Mi"}}}]}}))
+        .unwrap();
         // No memory request: 1000 would tie best-effort, so 999.
         assert_eq!(oom_score_adj(&p, &p.containers[0], cap), Some(999));
         // The whole machine: 0, raised to the floor 3.
