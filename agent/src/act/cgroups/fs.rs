@@ -87,6 +87,22 @@ pub(crate) fn mkdir(path: &Path) -> Result<bool, CgroupError> {
     }
 }
 
+/// The pids in the `cgroup.procs` of every cgroup of `dirs`' subtrees, sorted, each once (a
+/// process moving between two cgroups while they are read can show in both).
+pub(crate) fn pids_below<'a>(
+    dirs: impl IntoIterator<Item = &'a Path>,
+) -> Result<Vec<u32>, CgroupError> {
+    let mut pids = Vec::new();
+    for dir in dirs {
+        for d in subtree_leaf_first(dir)? {
+            pids.extend(read_pids(&d.join("cgroup.procs"))?);
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
 /// Every cgroup directory at or below `dir`, deepest first (the order rmdir needs).
 pub(crate) fn subtree_leaf_first(dir: &Path) -> Result<Vec<std::path::PathBuf>, CgroupError> {
     let mut out = Vec::new();

@@ -247,6 +247,12 @@ impl CgroupManager {
     /// Removes `cgroup` and everything below it, leaf first, retrying for up to `wait` while
     /// the kernel drains exiting tasks. Kills nothing; an absent cgroup is fine.
     pub fn remove(&self, cgroup: &CgroupPath, wait: Duration) -> Result<(), CgroupError> {
+        if cgroup.is_root() {
+            return Err(CgroupError::BadName {
+                name: "/".into(),
+                reason: "refusing to remove the cgroup root",
+            });
+        }
         dispatch!(self, remove(cgroup, wait))
     }
 
@@ -298,5 +304,20 @@ mod tests {
             err.contains("missing") && err.contains("does not exist"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_cgroup_root_is_never_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("agent")).unwrap();
+        std::fs::write(tmp.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        std::fs::write(tmp.path().join("agent/cgroup.controllers"), "").unwrap();
+        let m = CgroupManager::v2(tmp.path(), &CgroupPath::parse("agent").unwrap()).unwrap();
+        let err = m.remove(&CgroupPath::root(), Duration::ZERO).unwrap_err();
+        assert!(
+            matches!(err, CgroupError::BadName { .. }) && err.to_string().contains("cgroup root"),
+            "{err}"
+        );
+        assert!(tmp.path().join("agent").is_dir());
     }
 }

@@ -162,28 +162,19 @@ impl V1 {
     }
 
     pub(super) fn procs_recursive(&self, cgroup: &CgroupPath) -> Result<Vec<u32>, CgroupError> {
-        let mut pids = Vec::new();
-        for h in &self.hierarchies {
-            for dir in fs::subtree_leaf_first(&cgroup.under(&h.root))? {
-                pids.extend(fs::read_pids(&dir.join("cgroup.procs"))?);
-            }
-        }
-        pids.sort_unstable();
-        pids.dedup();
-        Ok(pids)
+        let dirs: Vec<PathBuf> = self
+            .hierarchies
+            .iter()
+            .map(|h| cgroup.under(&h.root))
+            .collect();
+        fs::pids_below(dirs.iter().map(PathBuf::as_path))
     }
 
     pub(super) fn memory_procs_recursive(
         &self,
         cgroup: &CgroupPath,
     ) -> Result<Vec<u32>, CgroupError> {
-        let mut pids = Vec::new();
-        for dir in fs::subtree_leaf_first(&self.dir("memory", cgroup))? {
-            pids.extend(fs::read_pids(&dir.join("cgroup.procs"))?);
-        }
-        pids.sort_unstable();
-        pids.dedup();
-        Ok(pids)
+        fs::pids_below([self.dir("memory", cgroup).as_path()])
     }
 
     pub(super) fn memory_usage(&self, cgroup: &CgroupPath) -> Result<MemoryUsage, CgroupError> {
@@ -197,13 +188,8 @@ impl V1 {
         Ok(fs::read_key(&self.file(cgroup, "memory.oom_control"), "oom_kill")?.unwrap_or(0))
     }
 
+    /// Removes `cgroup`'s subtree (never the root: [`super::CgroupManager::remove`] refuses it).
     pub(super) fn remove(&self, cgroup: &CgroupPath, wait: Duration) -> Result<(), CgroupError> {
-        if cgroup.is_root() {
-            return Err(CgroupError::BadName {
-                name: "/".into(),
-                reason: "refusing to remove the cgroup root",
-            });
-        }
         for h in &self.hierarchies {
             super::remove_tree(&cgroup.under(&h.root), wait, |d| {
                 fs::read_pids(&d.join("cgroup.procs")).unwrap_or_default()

@@ -102,13 +102,7 @@ impl V2 {
     }
 
     pub(super) fn procs_recursive(&self, cgroup: &CgroupPath) -> Result<Vec<u32>, CgroupError> {
-        let mut pids = Vec::new();
-        for dir in fs::subtree_leaf_first(&cgroup.under(&self.root))? {
-            pids.extend(fs::read_pids(&dir.join("cgroup.procs"))?);
-        }
-        pids.sort_unstable();
-        pids.dedup();
-        Ok(pids)
+        fs::pids_below([cgroup.under(&self.root).as_path()])
     }
 
     pub(super) fn memory_procs_recursive(
@@ -129,13 +123,8 @@ impl V2 {
         Ok(fs::read_key(&self.file(cgroup, "memory.events"), "oom_kill")?.unwrap_or(0))
     }
 
+    /// Removes `cgroup`'s subtree (never the root: [`super::CgroupManager::remove`] refuses it).
     pub(super) fn remove(&self, cgroup: &CgroupPath, wait: Duration) -> Result<(), CgroupError> {
-        if cgroup.is_root() {
-            return Err(CgroupError::BadName {
-                name: "/".into(),
-                reason: "refusing to remove the cgroup root",
-            });
-        }
         super::remove_tree(&cgroup.under(&self.root), wait, |d| {
             fs::read_pids(&d.join("cgroup.procs")).unwrap_or_default()
         })
