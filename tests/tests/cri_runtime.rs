@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reactor::act::cgroups::{CgroupManager, CgroupPath, Resources};
@@ -30,6 +31,7 @@ use reactor::decide::oom_score::oom_score_adj;
 use reactor::decide::pod::PodInfo;
 use reactor::decide::quantity::Quantity;
 use reactor_tests::cgroup_root::{TestCgroupRoot, MOUNT_ROOT};
+use reactor_tests::freezer::Freezer;
 use reactor_tests::{containerd_available, require, Containerd, TestImage};
 
 const IMAGE: &str = "localhost/reactor/app:1";
@@ -247,6 +249,16 @@ fn procs(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Whether SIGKILL is pending for `pid` (bit 8 of `SigPnd` or `ShdPnd` in its status).
+fn sigkill_pending(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
+        .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+        .any(|mask| mask & (1 << 8) != 0)
+}
+
 fn read_trim(p: impl AsRef<Path>) -> String {
     std::fs::read_to_string(p.as_ref())
         .unwrap_or_else(|e| panic!("{}: {e}", p.as_ref().display()))
@@ -351,6 +363,75 @@ async fn burstable_pod_runs_in_its_pod_cgroup_with_decides_values_and_stops_with
     drop(rt);
     let spec_ref = &spec;
     s.finish(&[spec_ref]).await;
+}
+
+/// A stop of a container that cannot exit (its processes frozen: the SIGKILL is pending, and
+/// containerd waits for the exit) holds the runtime's operations for as long as containerd
+/// waits. Chaos under containerd saw `reactor pod ls` take 60–82 s there: the pod manager's
+/// owner task lists through `list_pods`, which waited behind the stop. The listing now
+/// answers from the last relist while the stop is still pending, and the stop ends once the
+/// processes are thawed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_waiting_on_a_frozen_container_does_not_hold_up_the_listing() {
+    if !ready() || !require(Freezer::available(), "the v1 freezer hierarchy") {
+        return;
+    }
+    let s = setup("crirt-frozen");
+    let rt = Arc::new(s.runtime().await);
+    let uid = "crirt-f-0001";
+    let spec = s.pod(
+        uid,
+        RestartPolicy::Never,
+        vec![busybox("app", &["sleep", "3600"])],
+    );
+    rt.run_pod(spec.clone())
+        .await
+        .unwrap_or_else(|e| panic!("run_pod: {e}\n{}", s.ctd.log_tail()));
+    let (_, ids) = rt.container_ids(uid).unwrap();
+    let dir = s.memory_dir(&spec.cgroup.join(&ids["app"]).unwrap());
+    let pids = eventually("the container's processes", || async {
+        let p = procs(&dir);
+        (!p.is_empty()).then_some(p)
+    })
+    .await;
+    let freezer = Freezer::new(&format!("{}-frozen", s.root.name)).unwrap();
+    for pid in &pids {
+        freezer.add(*pid).unwrap();
+    }
+    assert!(freezer.freeze(Duration::from_secs(10)).unwrap(), "frozen");
+
+    let stopping = Arc::clone(&rt);
+    let stop = tokio::spawn(async move { stopping.stop_pod(uid, Duration::ZERO).await });
+    // The stop's SIGKILL reaches the frozen processes, which cannot act on it.
+    eventually(
+        "the stop's SIGKILL pending on the frozen processes",
+        || async { pids.iter().any(|p| sigkill_pending(*p)).then_some(()) },
+    )
+    .await;
+    // A deadlock guard, not a measure: the old listing waited for the stop, which cannot end
+    // while the processes are frozen.
+    let listed = tokio::time::timeout(Duration::from_secs(30), rt.list_pods())
+        .await
+        .expect("the listing answered while the stop was pending")
+        .unwrap();
+    assert!(!stop.is_finished(), "the stop ended before the thaw");
+    assert!(listed.iter().any(|p| p.uid == uid), "{listed:?}");
+
+    drop(freezer);
+    let last = tokio::time::timeout(Duration::from_secs(60), stop)
+        .await
+        .expect("the stop ended after the thaw")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("stop_pod: {e}\n{}", s.ctd.log_tail()));
+    assert!(
+        last.containers
+            .iter()
+            .all(|c| matches!(c.state, ContainerState::Terminated(_))),
+        "{last:?}"
+    );
+    assert!(rt.list_pods().await.unwrap().is_empty());
+    drop(rt);
+    s.finish(&[&spec]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,10 @@ use super::{lock, time_of, waiting, Inner, PodEntry, LABEL_MANAGED_BY, MANAGED_B
 use crate::act::cri::{self, CriError};
 use crate::act::runtime::{ContainerExit, ContainerState, PodSpec, RuntimeError, Terminated};
 
+/// How long a listing waits for a CRI sequence in flight before it answers from the last
+/// relist ([`Inner::refresh_unless_busy`]).
+const LIST_WAIT: Duration = Duration::from_secs(1);
+
 /// How long after a SIGKILL exit the runtime may still fill in the reason (`OOMKilled`).
 const REASON_SETTLE: Duration = Duration::from_millis(500);
 
@@ -282,6 +286,20 @@ impl Inner {
     /// A relist under the lock, reporting an outage as the trait does.
     pub(super) async fn refresh(&self) -> Result<(), RuntimeError> {
         let _ops = self.ops.lock().await;
+        self.relist().await.map_err(|e| self.err(e))
+    }
+
+    /// [`refresh`](Self::refresh), unless a CRI sequence holds the lock for longer than
+    /// [`LIST_WAIT`]: then the last relist stands. A relist or a start holds it for
+    /// milliseconds; a stop whose container cannot exit (frozen, or stuck in the kernel) holds
+    /// it for as long as the runtime waits, a minute and more under containerd, and a listing
+    /// of every pod must not wait behind one pod: the pod manager lists from its owner task.
+    /// What the sequence in flight changes, it records itself as it goes.
+    pub(super) async fn refresh_unless_busy(&self) -> Result<(), RuntimeError> {
+        let Ok(_ops) = tokio::time::timeout(LIST_WAIT, self.ops.lock()).await else {
+            tracing::debug!("a runtime operation is in flight: listing from the last relist");
+            return Ok(());
+        };
         self.relist().await.map_err(|e| self.err(e))
     }
 }

@@ -257,7 +257,7 @@ impl Runtime for CriRuntime {
     }
 
     async fn list_pods(&self) -> Result<Vec<PodStatus>, RuntimeError> {
-        self.inner.refresh().await?;
+        self.inner.refresh_unless_busy().await?;
         Ok(lock(&self.inner.pods)
             .values()
             .map(Inner::status_of)
