@@ -59,7 +59,6 @@ mod cost;
 mod footprint;
 mod lag;
 mod oom;
-mod oom_ref;
 mod opts;
 mod page_cache;
 mod read_floor;

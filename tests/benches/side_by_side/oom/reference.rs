@@ -20,7 +20,8 @@ use reactor::sense::monotonic_ns;
 use reactor_tests::node::Node;
 use serde_json::json;
 
-use crate::oom::{clean_up, start_hog, Basis, Row};
+use super::hog::{clean_up, start_hog};
+use super::records::{Basis, Row};
 use crate::read_floor::{Probe, Read};
 use crate::report::{Dist, Part};
 
