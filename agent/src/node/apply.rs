@@ -371,6 +371,10 @@ impl<R: Runtime + 'static> Actor<R> {
                 &cgroup,
                 &Resources::from(&pod_config(&self.plan.cgroups, &checked.info)),
             )?;
+            // The loop knows the pod, its cgroup there to open, before its processes run: a
+            // container the kernel OOM-kills in its first milliseconds is then recorded as
+            // this pod's, not only as a cgroup's.
+            self.publish_active();
             self.rt.run_pod(spec).await?;
             Ok::<(), NodeError>(())
         }

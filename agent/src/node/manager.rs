@@ -571,7 +571,7 @@ impl<R: Runtime + 'static> Actor<R> {
     }
 
     /// Republishes the running pods for [`PodManager::active`] when they changed.
-    fn publish_active(&self) {
+    pub(super) fn publish_active(&self) {
         let active: Vec<ActivePod> = self
             .pods
             .values()

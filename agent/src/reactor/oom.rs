@@ -57,7 +57,9 @@ impl<P: PodControl + 'static> Reactor<P> {
     /// whose kill counters moved. Counted as pressure the agent did not prevent.
     pub(super) fn record_oom(&mut self, r: &Received, pid: Option<u32>, comm: Option<String>) {
         let pods = self.pods.pods();
-        let mut hits: Vec<(Option<&ActivePod>, Option<String>)> = Vec::new();
+        // Each kill: the pod as the loop knows it, its uid (from the cgroup path when the pod
+        // is not listed), and the container's name.
+        let mut hits: Vec<(Option<&ActivePod>, Option<String>, Option<String>)> = Vec::new();
         let mapped = r.event.cgroup.as_deref().and_then(pod_of_cgroup);
         if let Some((uid, container)) = mapped {
             let pod = pods.iter().find(|p| p.info.uid == uid);
@@ -84,7 +86,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 (None, c) => c.map(str::to_string),
                 (Some(_), None) => None,
             };
-            hits.push((pod, name));
+            hits.push((pod, Some(uid.to_string()), name));
         } else {
             let mut seen = BTreeSet::new();
             for p in pods.iter() {
@@ -101,7 +103,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                     let known = self.oom_counts.get(&key).copied().unwrap_or(0);
                     if now > known && seen.insert(key.clone()) {
                         self.oom_counts.insert(key, now);
-                        hits.push((Some(p), Some(c.name.clone())));
+                        hits.push((Some(p), Some(p.info.uid.clone()), Some(c.name.clone())));
                     }
                 }
             }
@@ -112,7 +114,7 @@ impl<P: PodControl + 'static> Reactor<P> {
             tracing::debug!(cgroup = ?r.event.cgroup, "kernel OOM kill with no new pod container kill");
             return;
         }
-        for (pod, container) in hits {
+        for (pod, uid, container) in hits {
             self.out.unprevented_ooms += 1;
             let restarting = pod.map(|p| p.restart_policy.restarts(137));
             let wake = Wake {
@@ -122,7 +124,7 @@ impl<P: PodControl + 'static> Reactor<P> {
                 coalesced: 1,
             };
             let action = Action::OomKilled {
-                uid: pod.map(|p| p.info.uid.clone()),
+                uid,
                 pod: pod.map(|p| p.info.name.clone()),
                 container,
                 pid,
