@@ -330,6 +330,15 @@ impl Node {
         .expect("node setup");
         let cgroup = CgroupPath::pod(qos_dir, uid).expect("node setup");
         self.cgroups.create(&cgroup).expect("node setup");
+        // Known to the loop before its processes run, as the pod manager makes it: a
+        // container the kernel OOM-kills at once is still recorded as this pod's.
+        self.pods.add(ActivePod {
+            info,
+            cgroup: cgroup.clone(),
+            containers: vec![PodContainer::named("app")],
+            restart_policy: policy,
+            termination_grace_period: Some(30),
+        });
         let mut command = vec![memhog_bin().display().to_string()];
         command.extend(args.iter().map(|a| a.to_string()));
         self.runtime
@@ -359,13 +368,6 @@ impl Node {
             })
             .await
             .expect("node setup");
-        self.pods.add(ActivePod {
-            info,
-            cgroup,
-            containers: vec![PodContainer::named("app")],
-            restart_policy: policy,
-            termination_grace_period: Some(30),
-        });
     }
 
     /// Sets a running pod's `terminationGracePeriodSeconds` as the loop sees it (the pods
