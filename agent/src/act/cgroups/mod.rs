@@ -22,9 +22,10 @@
 //!   that the ancestor offers in `cgroup.controllers`.
 //! - **Values.** [`Resources`] holds the kubelet's `ResourceConfig` in v1 units (cpu shares,
 //!   CFS quota and period in µs, memory bytes, pids) and converts from `decide`'s
-//!   [`ResourceConfig`](crate::decide::cgroups::ResourceConfig); which file gets which value on each version (shares → `cpu.weight`,
-//!   quota and period → one `cpu.max`, ...) is `decide::cgroups::files`, the same mapping
-//!   `reactor plan cgroups` prints, so the plan and the writer cannot drift apart.
+//!   [`ResourceConfig`](crate::decide::cgroups::ResourceConfig); which file gets which
+//!   value on each version (shares → `cpu.weight`, quota and period → one `cpu.max`, ...)
+//!   is `decide::cgroups::files`, the same mapping `reactor plan cgroups` prints, so the
+//!   plan and the writer cannot drift apart.
 //! - **Lowering a memory limit below usage.** On v1 the kernel reclaims, and if it cannot get
 //!   below the new limit the write fails with `EBUSY`: that is
 //!   [`CgroupError::LimitBelowUsage`] with the usage at the time. On v2 the kernel reclaims
