@@ -651,6 +651,66 @@ async fn soft_threshold_shorter_than_its_grace_evicts_nothing_and_conditions_cle
     node.finish().await;
 }
 
+/// A kernel OOM kill in a pod cgroup the loop does not list (a pod it was never told of, or
+/// one it has forgotten) still names the pod by the uid in its cgroup path; what only the
+/// pod's record knows (its name, whether it restarts) stays unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oom_kill_in_a_pod_the_loop_does_not_list_still_names_its_uid() {
+    if !ready() {
+        return;
+    }
+    let mut node = Node::start(NodeSpec {
+        name: "reactor-oom-unlisted",
+        capacity_mi: 512,
+        hard: &[("allocatableMemory.available", "16Mi")],
+        soft: &[],
+        min_reclaim: &[],
+        transition: Duration::from_secs(2),
+        ebpf: true,
+        deferred: false,
+    })
+    .await;
+    require(
+        node.ebpf_attached,
+        "eBPF attached (oom:mark_victim names the victim's cgroup)",
+    );
+    // 32 MiB/s into a 32Mi limit: the kernel kills it about a second after it starts, by
+    // which time the loop has been told to forget the pod.
+    node.run_limited(
+        "u",
+        Some("burstable"),
+        burstable("16Mi"),
+        &["128", "32"],
+        RestartPolicy::Never,
+        Some(32 << 20),
+    )
+    .await;
+    node.pods.remove("u");
+    let mut found = None;
+    while let Some(d) = node.next_action(Duration::from_secs(15)).await {
+        if let Action::OomKilled { .. } = d.action {
+            found = Some(d);
+            break;
+        }
+    }
+    let d = found.expect("an OOMKilled record");
+    let Action::OomKilled {
+        uid,
+        pod,
+        container,
+        restarting,
+        ..
+    } = &d.action
+    else {
+        unreachable!()
+    };
+    assert_eq!(uid.as_deref(), Some("u"), "{:?}", d.action);
+    assert_eq!(container.as_deref(), Some("app"), "{:?}", d.action);
+    assert_eq!((pod, restarting), (&None, &None), "{:?}", d.action);
+    let _ = node.runtime.stop_pod("u", Duration::ZERO).await;
+    node.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_oom_kill_is_mapped_to_its_pod_and_container() {
     if !ready() {
