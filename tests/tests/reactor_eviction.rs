@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use reactor::act::cgroups::CgroupPath;
 use reactor::act::runtime::{RestartPolicy, Runtime};
-use reactor::reactor::Action;
+use reactor::reactor::{Action, Decision};
 use reactor::sense::Source;
 use reactor_tests::node::{burstable, guaranteed, Node, NodeSpec, MI};
 use reactor_tests::{is_root, memhog_bin, message_container_usage, require};
@@ -651,16 +651,11 @@ async fn soft_threshold_shorter_than_its_grace_evicts_nothing_and_conditions_cle
     node.finish().await;
 }
 
-/// A kernel OOM kill in a pod cgroup the loop does not list (a pod it was never told of, or
-/// one it has forgotten) still names the pod by the uid in its cgroup path; what only the
-/// pod's record knows (its name, whether it restarts) stays unknown.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_oom_kill_in_a_pod_the_loop_does_not_list_still_names_its_uid() {
-    if !ready() {
-        return;
-    }
-    let mut node = Node::start(NodeSpec {
-        name: "reactor-oom-unlisted",
+/// A 512 MiB node with eBPF on, as the OOM-kill records need it (`oom:mark_victim` names
+/// the victim's cgroup).
+async fn oom_node(name: &'static str) -> Node {
+    let node = Node::start(NodeSpec {
+        name,
         capacity_mi: 512,
         hard: &[("allocatableMemory.available", "16Mi")],
         soft: &[],
@@ -674,6 +669,28 @@ async fn an_oom_kill_in_a_pod_the_loop_does_not_list_still_names_its_uid() {
         node.ebpf_attached,
         "eBPF attached (oom:mark_victim names the victim's cgroup)",
     );
+    node
+}
+
+/// The loop's first `OomKilled` record (within 15 s of the previous action).
+async fn first_oom_kill(node: &mut Node) -> Decision {
+    while let Some(d) = node.next_action(Duration::from_secs(15)).await {
+        if let Action::OomKilled { .. } = d.action {
+            return d;
+        }
+    }
+    panic!("no OOMKilled record");
+}
+
+/// A kernel OOM kill in a pod cgroup the loop does not list (a pod it was never told of, or
+/// one it has forgotten) still names the pod by the uid in its cgroup path; what only the
+/// pod's record knows (its name, whether it restarts) stays unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oom_kill_in_a_pod_the_loop_does_not_list_still_names_its_uid() {
+    if !ready() {
+        return;
+    }
+    let mut node = oom_node("reactor-oom-unlisted").await;
     // 32 MiB/s into a 32Mi limit: the kernel kills it about a second after it starts, by
     // which time the loop has been told to forget the pod.
     node.run_limited(
@@ -686,14 +703,7 @@ async fn an_oom_kill_in_a_pod_the_loop_does_not_list_still_names_its_uid() {
     )
     .await;
     node.pods.remove("u");
-    let mut found = None;
-    while let Some(d) = node.next_action(Duration::from_secs(15)).await {
-        if let Action::OomKilled { .. } = d.action {
-            found = Some(d);
-            break;
-        }
-    }
-    let d = found.expect("an OOMKilled record");
+    let d = first_oom_kill(&mut node).await;
     let Action::OomKilled {
         uid,
         pod,
@@ -716,21 +726,7 @@ async fn kernel_oom_kill_is_mapped_to_its_pod_and_container() {
     if !ready() {
         return;
     }
-    let mut node = Node::start(NodeSpec {
-        name: "reactor-oom",
-        capacity_mi: 512,
-        hard: &[("allocatableMemory.available", "16Mi")],
-        soft: &[],
-        min_reclaim: &[],
-        transition: Duration::from_secs(2),
-        ebpf: true,
-        deferred: false,
-    })
-    .await;
-    require(
-        node.ebpf_attached,
-        "eBPF attached (oom:mark_victim names the victim's cgroup)",
-    );
+    let mut node = oom_node("reactor-oom").await;
     // A container limited to 32Mi that wants 128Mi: the kernel kills it, not the agent.
     node.run_limited(
         "o",
@@ -741,14 +737,7 @@ async fn kernel_oom_kill_is_mapped_to_its_pod_and_container() {
         Some(32 << 20),
     )
     .await;
-    let mut found = None;
-    while let Some(d) = node.next_action(Duration::from_secs(15)).await {
-        if let Action::OomKilled { .. } = d.action {
-            found = Some(d);
-            break;
-        }
-    }
-    let d = found.expect("an OOMKilled record");
+    let d = first_oom_kill(&mut node).await;
     let Action::OomKilled {
         uid,
         container,
